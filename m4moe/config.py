@@ -1,0 +1,360 @@
+"""Model configuration: frozen, validated dataclasses built from absl flags.
+
+Every field of :class:`MoeConfig` and :class:`ModelConfig` is also an absl
+flag of the same name, so a zoo entry under ``configs/`` is a plain absl
+flagfile (``--d_model=1024`` ...). A bad value fails at construction with a
+:class:`ConfigError` that names the flag and says how to fix it.
+
+Two ways to get a config:
+
+* In an absl app: call :func:`define_model_flags` at import time, then
+  :func:`model_config_from_flags` on ``absl.flags.FLAGS`` in ``main``.
+* Anywhere else (tests, ``m4moe-info``): :func:`load_model_config` parses a
+  flagfile (or a named zoo entry such as ``"tiny/moe"``) into a config with a
+  private :class:`absl.flags.FlagValues`, touching no global state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import os
+import pathlib
+from typing import Any, Mapping, Sequence
+
+from absl import flags
+
+ROUTERS = ("top2", "top1", "noisy_topk", "expert_choice")
+SECOND_EXPERT_POLICIES = ("random", "all", "sampling")
+DISPATCH_IMPLEMENTATIONS = ("einsum", "index")
+ACTIVATION_DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+  """A configuration value is invalid; the message names the flag and the fix."""
+
+
+def _require(condition: bool, flag: str, value: Any, fix: str) -> None:
+  if not condition:
+    raise ConfigError(f"--{flag}={value!r} is invalid: {fix}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoeConfig:
+  """Mixture-of-Experts settings shared by every MoE layer of a model.
+
+  Attributes:
+    num_experts: E, experts per MoE layer. 0 makes every FFN dense.
+    expert_hidden_dim: H, hidden width of each expert's FFN.
+    moe_layer_interval: every ``interval``-th FFN layer is an MoE layer.
+    moe_layer_offset: layer ``i`` (0-based, per stack) is MoE iff
+      ``i % interval == offset``; GShard's "every other layer" is (2, 1).
+    router: one of ``top2`` (GShard Algorithm 1), ``top1`` (Switch),
+      ``noisy_topk`` (Shazeer et al. 2017), ``expert_choice`` (encoder only).
+    num_selected_experts: k for ``noisy_topk`` (top2 uses 2, top1 uses 1).
+    second_expert_policy: top2 only: ``random`` (dispatch iff 2*g2 > U(0,1),
+      the paper's), ``all`` (always) or ``sampling`` (sample e2 from the gates).
+    group_size: S, tokens per dispatch group (local group dispatching).
+    train_capacity_factor: capacity C = factor * k * S / E while training.
+    eval_capacity_factor: the same at eval/inference; 0 means no-drop
+      (C = S, so no token is ever dropped and outputs do not depend on what
+      else shares the group).
+    aux_loss_weight: multiplier of the load-balancing loss.
+    z_loss_weight: multiplier of the router z-loss (0 disables it).
+    router_jitter: multiplicative jitter U(1-eps, 1+eps) on router inputs
+      while training (Switch; 0 disables it).
+    expert_dropout_rate: dropout on the expert hidden activations, separate
+      from the model's dropout.
+    no_token_left_behind: re-route overflowed tokens to their next-best
+      expert with room (Switch Transformer appendix).
+    dispatch: ``index`` (gather/segment-sum, O(S*k*M) memory) or ``einsum``
+      (Algorithm 2 one-hot einsums, O(S*E*C*M)).
+  """
+
+  num_experts: int = 0
+  expert_hidden_dim: int = 256
+  moe_layer_interval: int = 2
+  moe_layer_offset: int = 1
+  router: str = "top2"
+  num_selected_experts: int = 2
+  second_expert_policy: str = "random"
+  group_size: int = 1024
+  train_capacity_factor: float = 1.25
+  eval_capacity_factor: float = 0.0
+  aux_loss_weight: float = 1e-2
+  z_loss_weight: float = 0.0
+  router_jitter: float = 0.0
+  expert_dropout_rate: float = 0.0
+  no_token_left_behind: bool = False
+  dispatch: str = "index"
+
+  def __post_init__(self) -> None:
+    _require(self.num_experts >= 0, "num_experts", self.num_experts,
+             "use 0 for a dense model or a positive expert count")
+    _require(self.expert_hidden_dim > 0, "expert_hidden_dim",
+             self.expert_hidden_dim, "use a positive width")
+    _require(self.moe_layer_interval >= 1, "moe_layer_interval",
+             self.moe_layer_interval, "use 1 (every layer) or more")
+    _require(0 <= self.moe_layer_offset < self.moe_layer_interval,
+             "moe_layer_offset", self.moe_layer_offset,
+             f"use a value in [0, --moe_layer_interval={self.moe_layer_interval})")
+    _require(self.router in ROUTERS, "router", self.router,
+             f"choose one of {', '.join(ROUTERS)}")
+    _require(self.second_expert_policy in SECOND_EXPERT_POLICIES,
+             "second_expert_policy", self.second_expert_policy,
+             f"choose one of {', '.join(SECOND_EXPERT_POLICIES)}")
+    _require(self.dispatch in DISPATCH_IMPLEMENTATIONS, "dispatch",
+             self.dispatch, f"choose one of {', '.join(DISPATCH_IMPLEMENTATIONS)}")
+    _require(self.group_size >= 1, "group_size", self.group_size,
+             "use a positive number of tokens per group")
+    _require(self.train_capacity_factor > 0, "train_capacity_factor",
+             self.train_capacity_factor, "use a positive factor (1.0-2.0 is usual)")
+    _require(self.eval_capacity_factor >= 0, "eval_capacity_factor",
+             self.eval_capacity_factor, "use 0 for no-drop or a positive factor")
+    for name in ("aux_loss_weight", "z_loss_weight", "router_jitter"):
+      value = getattr(self, name)
+      _require(value >= 0, name, value, "use a non-negative value")
+    _require(0 <= self.expert_dropout_rate < 1, "expert_dropout_rate",
+             self.expert_dropout_rate, "use a rate in [0, 1)")
+    if self.num_experts:
+      k = self.top_k
+      _require(1 <= k <= self.num_experts, "num_selected_experts",
+               self.num_selected_experts,
+               f"k must be in [1, --num_experts={self.num_experts}]")
+      _require(not (self.router == "top2" and self.num_experts < 2),
+               "num_experts", self.num_experts,
+               "top2 routing needs at least 2 experts; use --router=top1")
+
+  @property
+  def enabled(self) -> bool:
+    return self.num_experts > 0
+
+  @property
+  def top_k(self) -> int:
+    """Experts each token is sent to (expert_choice: average per token)."""
+    if self.router == "top2":
+      return 2
+    if self.router == "top1":
+      return 1
+    return self.num_selected_experts
+
+  def capacity(self, *, group_size: int, training: bool) -> int:
+    """C, expert capacity per group: ceil(factor * k * S / E), at least 1.
+
+    With ``eval_capacity_factor == 0`` at eval time this is S (no drops).
+    """
+    factor = self.train_capacity_factor if training else self.eval_capacity_factor
+    if factor == 0:
+      return group_size
+    raw = factor * self.top_k * group_size / self.num_experts
+    return max(1, min(group_size, int(-(-raw // 1))))
+
+  def is_moe_layer(self, layer_index: int) -> bool:
+    return (self.enabled and
+            layer_index % self.moe_layer_interval == self.moe_layer_offset)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+  """Transformer encoder-decoder hyper-parameters (paper Appendix A.2 names).
+
+  Attributes:
+    src_vocab_size: multilingual source vocabulary (paper: 64k).
+    tgt_vocab_size: target vocabulary (paper: 32k English).
+    d_model: M, model width.
+    num_heads: attention heads.
+    d_kv: key/value width per head (paper: 128, independent of d_model).
+    d_ff: hidden width of the dense feed-forward layers.
+    num_encoder_layers, num_decoder_layers: "36L" is 18 + 18.
+    dropout_rate: dropout on inputs and residual branches.
+    attention_dropout_rate: dropout on attention probabilities.
+    activation_dtype: ``float32`` or ``bfloat16`` activations; weights, the
+      router and the loss stay float32.
+    init_scale: truncated-normal init with sigma = sqrt(init_scale / fan_in)
+      (Switch recommends 0.1).
+    max_length: longest sequence the positional encoding is built for.
+    moe: the Mixture-of-Experts settings.
+  """
+
+  src_vocab_size: int = 8000
+  tgt_vocab_size: int = 8000
+  d_model: int = 128
+  num_heads: int = 4
+  d_kv: int = 32
+  d_ff: int = 512
+  num_encoder_layers: int = 2
+  num_decoder_layers: int = 2
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  activation_dtype: str = "float32"
+  init_scale: float = 1.0
+  max_length: int = 512
+  moe: MoeConfig = dataclasses.field(default_factory=MoeConfig)
+
+  def __post_init__(self) -> None:
+    for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads",
+                 "d_kv", "d_ff", "max_length"):
+      value = getattr(self, name)
+      _require(value > 0, name, value, "use a positive integer")
+    for name in ("num_encoder_layers", "num_decoder_layers"):
+      value = getattr(self, name)
+      _require(value >= 1, name, value, "use at least one layer")
+    for name in ("dropout_rate", "attention_dropout_rate"):
+      value = getattr(self, name)
+      _require(0 <= value < 1, name, value, "use a rate in [0, 1)")
+    _require(self.activation_dtype in ACTIVATION_DTYPES, "activation_dtype",
+             self.activation_dtype, f"choose one of {', '.join(ACTIVATION_DTYPES)}")
+    _require(self.init_scale > 0, "init_scale", self.init_scale,
+             "use a positive scale (1.0 is standard, Switch uses 0.1)")
+
+  @property
+  def num_layers(self) -> int:
+    """L as the paper counts it: encoder plus decoder layers."""
+    return self.num_encoder_layers + self.num_decoder_layers
+
+  def moe_layer_indices(self, num_layers: int) -> tuple[int, ...]:
+    """Indices of the MoE layers in a stack of ``num_layers`` layers."""
+    return tuple(i for i in range(num_layers) if self.moe.is_moe_layer(i))
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def to_flags(self) -> list[str]:
+    """The config as absl flag strings, loadable with :func:`load_model_config`."""
+    out = []
+    for field, value in _flat_items(self):
+      if isinstance(value, bool):
+        out.append(f"--{field}" if value else f"--no{field}")
+      else:
+        out.append(f"--{field}={value}")
+    return out
+
+
+def _flat_fields() -> list[tuple[str, dataclasses.Field, type]]:
+  """(flag name, dataclass field, owning class) for every config flag."""
+  out = []
+  for cls in (ModelConfig, MoeConfig):
+    for field in dataclasses.fields(cls):
+      if field.name == "moe":
+        continue
+      out.append((field.name, field, cls))
+  return out
+
+
+def _flat_items(config: ModelConfig) -> list[tuple[str, Any]]:
+  items = []
+  for name, _, cls in _flat_fields():
+    owner = config.moe if cls is MoeConfig else config
+    items.append((name, getattr(owner, name)))
+  return items
+
+
+_ENUMS = {
+    "router": ROUTERS,
+    "second_expert_policy": SECOND_EXPERT_POLICIES,
+    "dispatch": DISPATCH_IMPLEMENTATIONS,
+    "activation_dtype": ACTIVATION_DTYPES,
+}
+
+
+def _field_help(cls: type, name: str) -> str:
+  doc = cls.__doc__ or ""
+  marker = f"    {name}:"
+  for part in doc.split("\n"):
+    if part.startswith(marker):
+      return part[len(marker):].strip()
+  # Multi-name attribute lines such as "num_encoder_layers, num_decoder_layers:".
+  for part in doc.split("\n"):
+    head, _, tail = part.strip().partition(":")
+    if name in [h.strip() for h in head.split(",")]:
+      return tail.strip()
+  return name
+
+
+def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines one absl flag per config field on ``flag_values`` (idempotent)."""
+  for name, field, cls in _flat_fields():
+    if name in flag_values:
+      continue
+    default = field.default
+    help_text = _field_help(cls, name)
+    if name in _ENUMS:
+      flags.DEFINE_enum(name, default, list(_ENUMS[name]), help_text,
+                        flag_values=flag_values)
+    elif isinstance(default, bool):
+      flags.DEFINE_bool(name, default, help_text, flag_values=flag_values)
+    elif isinstance(default, int):
+      flags.DEFINE_integer(name, default, help_text, flag_values=flag_values)
+    elif isinstance(default, float):
+      flags.DEFINE_float(name, default, help_text, flag_values=flag_values)
+    else:
+      flags.DEFINE_string(name, default, help_text, flag_values=flag_values)
+
+
+def model_config_from_flags(
+    flag_values: flags.FlagValues = flags.FLAGS,
+    **overrides: Any) -> ModelConfig:
+  """Builds a validated :class:`ModelConfig` from parsed flags.
+
+  Args:
+    flag_values: parsed flags on which :func:`define_model_flags` was called.
+    **overrides: field values that win over the flags (e.g. vocabulary sizes
+      read from the trained SentencePiece models).
+  """
+  model_kwargs: dict[str, Any] = {}
+  moe_kwargs: dict[str, Any] = {}
+  for name, _, cls in _flat_fields():
+    value = overrides.get(name, flag_values[name].value)
+    (moe_kwargs if cls is MoeConfig else model_kwargs)[name] = value
+  return ModelConfig(moe=MoeConfig(**moe_kwargs), **model_kwargs)
+
+
+def config_from_dict(values: Mapping[str, Any]) -> ModelConfig:
+  """Inverse of :meth:`ModelConfig.to_dict` (e.g. from a checkpoint's JSON)."""
+  values = dict(values)
+  moe = MoeConfig(**values.pop("moe", {}))
+  return ModelConfig(moe=moe, **values)
+
+
+def resolve_config_path(name_or_path: str | os.PathLike[str]) -> pathlib.Path:
+  """Finds a flagfile: an existing path, or a zoo name such as ``tiny/moe``.
+
+  Zoo names are looked up in the installed ``m4moe.configs`` package (the
+  repository's ``configs/`` directory).
+
+  Raises:
+    ConfigError: if neither exists; lists the zoo entries.
+  """
+  path = pathlib.Path(name_or_path)
+  if path.is_file():
+    return path
+  zoo = pathlib.Path(str(importlib.resources.files("m4moe.configs")))
+  candidate = zoo / (str(name_or_path).removesuffix(".flags") + ".flags")
+  if candidate.is_file():
+    return candidate
+  known = sorted(str(p.relative_to(zoo).with_suffix(""))
+                 for p in zoo.rglob("*.flags"))
+  raise ConfigError(
+      f"config {str(name_or_path)!r} is neither a file nor a zoo entry; "
+      f"pass a flagfile path or one of: {', '.join(known)}")
+
+
+def load_model_config(name_or_path: str | os.PathLike[str],
+                      extra_flags: Sequence[str] = (),
+                      **overrides: Any) -> ModelConfig:
+  """Parses a flagfile (path or zoo name) into a validated ModelConfig.
+
+  Uses a private FlagValues, so it is safe to call from tests and libraries.
+  ``extra_flags`` (e.g. ``["--num_experts=8"]``) are applied after the file.
+
+  Raises:
+    ConfigError: the file is missing, has an unknown flag, or a bad value.
+  """
+  path = resolve_config_path(name_or_path)
+  flag_values = flags.FlagValues()
+  define_model_flags(flag_values)
+  try:
+    flag_values(["m4moe", f"--flagfile={path}", *extra_flags])
+  except flags.Error as e:
+    raise ConfigError(f"{path}: {e}") from e
+  return model_config_from_flags(flag_values, **overrides)

@@ -1,0 +1,408 @@
+"""Parameter, FLOP and per-device memory counts from a ModelConfig alone.
+
+Nothing here builds a variable or a tensor, so the paper's 1T-weight model is
+counted in microseconds. The counts follow the parameterisation of
+:class:`m4moe.model.Transformer` exactly; :func:`variable_specs` lists every
+variable the model creates (name, shape, kind), and ``tests/test_cost.py``
+checks the total against the sizes of a built tiny model's ``tf.Variable``s.
+
+Dimensions cheat sheet:
+  M: d_model.            V_s, V_t: source and target vocabulary sizes.
+  N: attention heads.    K: d_kv, key/value width per head.
+  F: dense FFN hidden.   H: expert hidden.       E: experts per MoE layer.
+  k: experts per token (top2: 2, top1: 1, noisy_topk / expert_choice: the
+     configured ``num_selected_experts``, an average for expert_choice).
+  S: group size.         C: expert capacity per group.
+  L_s, L_t: source and target sequence lengths.
+
+Parameterisation counted (one ``tf.Variable`` per line, no biases anywhere):
+  source embedding <V_s, M>; target embedding <V_t, M>; output (softmax)
+  projection <M, V_t>, NOT tied to the target embedding; sinusoidal positions
+  (no variables); per attention block (encoder self, decoder self, decoder
+  cross): query, key, value <M, N, K> and output <N, K, M>; per dense FFN:
+  wi <M, F>, wo <F, M>; per MoE layer: router wg <M, E>, wi <E, M, H>,
+  wo <E, H, M>; a layer-norm scale <M> before every sub-layer and one final
+  layer-norm scale <M> per stack.
+
+FLOPs are forward multiply-adds times 2 per "token", where a token means one
+source token through the encoder plus one target token through the decoder
+(the paper's batches count source tokens; MT pairs have about as many target
+tokens). Counted: every matmul with a weight (attention projections, dense
+FFN, the k selected experts, the router, the output projection) and the two
+attention matmuls QK^T and AV over the full (masked) key length. Not counted:
+embedding gathers, softmax, layer norm, ReLU, dropout, the loss, and the
+dispatch/combine data movement (reported separately as ``einsum_dispatch`` for
+``--dispatch=einsum``, whose one-hot einsums are real matmuls).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+from m4moe.config import ModelConfig
+
+KINDS = ("embedding", "output", "attention", "ffn", "router", "expert",
+         "layer_norm")
+_ACTIVATION_BYTES = {"float32": 4, "bfloat16": 2}
+_WEIGHT_BYTES = 4  # Weights, gradients and optimizer slots are float32.
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableSpec:
+  """One model variable: path-like name, shape and kind (one of KINDS)."""
+
+  name: str
+  shape: tuple[int, ...]
+  kind: str
+
+  @property
+  def size(self) -> int:
+    return math.prod(self.shape)
+
+
+def _attention_specs(config: ModelConfig, prefix: str) -> list[VariableSpec]:
+  m, n, k = config.d_model, config.num_heads, config.d_kv
+  specs = [VariableSpec(f"{prefix}/layer_norm/scale", (m,), "layer_norm")]
+  for proj in ("query", "key", "value"):
+    specs.append(VariableSpec(f"{prefix}/{proj}", (m, n, k), "attention"))
+  specs.append(VariableSpec(f"{prefix}/output", (n, k, m), "attention"))
+  return specs
+
+
+def _ffn_specs(config: ModelConfig, prefix: str,
+               is_moe: bool) -> list[VariableSpec]:
+  m = config.d_model
+  specs = [VariableSpec(f"{prefix}/layer_norm/scale", (m,), "layer_norm")]
+  if not is_moe:
+    f = config.d_ff
+    specs.append(VariableSpec(f"{prefix}/wi", (m, f), "ffn"))
+    specs.append(VariableSpec(f"{prefix}/wo", (f, m), "ffn"))
+    return specs
+  e, h = config.moe.num_experts, config.moe.expert_hidden_dim
+  specs.append(VariableSpec(f"{prefix}/router/wg", (m, e), "router"))
+  specs.append(VariableSpec(f"{prefix}/experts/wi", (e, m, h), "expert"))
+  specs.append(VariableSpec(f"{prefix}/experts/wo", (e, h, m), "expert"))
+  return specs
+
+
+def _stack_specs(config: ModelConfig, stack: str) -> list[VariableSpec]:
+  num_layers = (config.num_encoder_layers if stack == "encoder"
+                else config.num_decoder_layers)
+  specs = []
+  for i in range(num_layers):
+    prefix = f"{stack}/layer_{i:03d}"
+    specs += _attention_specs(config, f"{prefix}/self_attention")
+    if stack == "decoder":
+      specs += _attention_specs(config, f"{prefix}/cross_attention")
+    specs += _ffn_specs(config, f"{prefix}/ffn", config.moe.is_moe_layer(i))
+  specs.append(VariableSpec(f"{stack}/final_layer_norm/scale",
+                            (config.d_model,), "layer_norm"))
+  return specs
+
+
+def variable_specs(config: ModelConfig) -> tuple[VariableSpec, ...]:
+  """Every variable of the Transformer built from ``config``, in model order."""
+  m = config.d_model
+  return tuple([
+      VariableSpec("source_embedding", (config.src_vocab_size, m), "embedding"),
+      VariableSpec("target_embedding", (config.tgt_vocab_size, m), "embedding"),
+      *_stack_specs(config, "encoder"),
+      *_stack_specs(config, "decoder"),
+      VariableSpec("output_projection", (m, config.tgt_vocab_size), "output"),
+  ])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParamBreakdown:
+  """Parameter counts by kind; ``total`` is the model's num_params."""
+
+  embedding: int
+  output: int
+  attention: int
+  ffn: int
+  router: int
+  expert: int
+  layer_norm: int
+
+  @property
+  def total(self) -> int:
+    return sum(dataclasses.asdict(self).values())
+
+  @property
+  def non_expert(self) -> int:
+    """Everything but the experts: replicated on every device under GShard."""
+    return self.total - self.expert
+
+
+def param_breakdown(config: ModelConfig) -> ParamBreakdown:
+  counts = {kind: 0 for kind in KINDS}
+  for spec in variable_specs(config):
+    counts[spec.kind] += spec.size
+  return ParamBreakdown(**counts)
+
+
+def num_params(config: ModelConfig) -> int:
+  """Total trainable parameters of the Transformer built from ``config``."""
+  return param_breakdown(config).total
+
+
+def num_moe_layers(config: ModelConfig) -> int:
+  """MoE layers in both stacks (paper: L/2 for "every other layer")."""
+  return (len(config.moe_layer_indices(config.num_encoder_layers)) +
+          len(config.moe_layer_indices(config.num_decoder_layers)))
+
+
+def num_experts_total(config: ModelConfig) -> int:
+  """E times the number of MoE layers (SPEC Table 1's "total experts")."""
+  return config.moe.num_experts * num_moe_layers(config)
+
+
+def params_per_expert(config: ModelConfig) -> int:
+  """wi <M, H> plus wo <H, M> of one expert; 0 for a dense model."""
+  if not config.moe.enabled:
+    return 0
+  return 2 * config.d_model * config.moe.expert_hidden_dim
+
+
+def active_params_per_token(config: ModelConfig) -> int:
+  """Parameters one (source, target) token pair touches: all but the experts,
+  plus k of the E experts in every MoE layer (embedding rows counted whole)."""
+  k = config.moe.top_k if config.moe.enabled else 0
+  return (param_breakdown(config).non_expert +
+          k * params_per_expert(config) * num_moe_layers(config))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlopsPerToken:
+  """Forward FLOPs per (source token, target token); see the module doc.
+
+  Attributes:
+    source_length, target_length: L_s, L_t used for the attention terms.
+    matmul: 2 x active weight-matmul parameters (embeddings excluded).
+    attention: QK^T and AV over the full key lengths, all layers.
+    einsum_dispatch: one-hot dispatch + combine einsums (2 x 2 E C M per MoE
+      layer with the training capacity) for ``--dispatch=einsum``, else 0.
+      Not part of ``forward``: it is an implementation overhead.
+  """
+
+  source_length: int
+  target_length: int
+  matmul: int
+  attention: int
+  einsum_dispatch: int
+
+  @property
+  def forward(self) -> int:
+    return self.matmul + self.attention
+
+  @property
+  def train(self) -> int:
+    """Forward plus backward, the usual 3x forward."""
+    return 3 * self.forward
+
+
+def _attention_flops(config: ModelConfig, *, source_length: int,
+                     target_length: int) -> int:
+  # Per query and layer: QK^T and AV each cost 2 * N * K * keys.
+  per_key = 4 * config.num_heads * config.d_kv
+  encoder_keys = config.num_encoder_layers * source_length
+  decoder_keys = config.num_decoder_layers * (target_length + source_length)
+  return per_key * (encoder_keys + decoder_keys)
+
+
+def flops_per_token(config: ModelConfig, *, source_length: int | None = None,
+                    target_length: int | None = None) -> FlopsPerToken:
+  """Forward FLOPs per token pair; lengths default to ``config.max_length``."""
+  source_length = source_length or config.max_length
+  target_length = target_length or config.max_length
+  matmul_params = (active_params_per_token(config) -
+                   param_breakdown(config).embedding)
+  dispatch = 0
+  if config.moe.enabled and config.moe.dispatch == "einsum":
+    capacity = config.moe.capacity(group_size=config.moe.group_size,
+                                   training=True)
+    dispatch = (4 * config.moe.num_experts * capacity * config.d_model *
+                num_moe_layers(config))
+  return FlopsPerToken(
+      source_length=source_length, target_length=target_length,
+      matmul=2 * matmul_params,
+      attention=_attention_flops(config, source_length=source_length,
+                                 target_length=target_length),
+      einsum_dispatch=dispatch)
+
+
+def adafactor_slot_size(shape: Sequence[int]) -> int:
+  """Adafactor's second-moment slot size with beta1 = 0 (no momentum).
+
+  Rank >= 2: factored over the last two dimensions, i.e. row and column
+  statistics <..., r> and <..., c> (leading dimensions such as E kept).
+  Rank < 2: a full accumulator of the variable's size.
+  """
+  if len(shape) < 2:
+    return math.prod(shape)
+  lead = math.prod(shape[:-2])
+  return lead * (shape[-2] + shape[-1])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceEstimate:
+  """Per-device memory (bytes) and compute for one training step on a mesh.
+
+  Layout assumed (GShard): the batch is split over all ``data x expert``
+  devices (one dispatch group or more per device); expert weights <E, ...>
+  are split over the ``expert`` axis and replicated over ``data``; every
+  other weight is replicated. Weights, gradients and Adafactor slots are
+  float32; activations use ``activation_dtype``.
+
+  Attributes:
+    data_axis, expert_axis: mesh axis sizes; num_devices is their product.
+    batch_tokens: source tokens per global batch (as many target tokens).
+    tokens_per_device: batch_tokens / num_devices.
+    replicated_params: non-expert parameters, on every device.
+    expert_params_per_device: E / expert_axis experts of every MoE layer.
+    weight_bytes, gradient_bytes, optimizer_bytes: float32 copies of the
+      local weights, their gradients and Adafactor's factored slots.
+    activation_bytes: activations kept for the backward pass without
+      rematerialisation (rough: see ``_activations_per_token``).
+    train_flops: forward + backward FLOPs on this device per step, experts
+      computed at their full capacity (empty buffer slots cost too).
+  """
+
+  data_axis: int
+  expert_axis: int
+  batch_tokens: int
+  tokens_per_device: int
+  replicated_params: int
+  expert_params_per_device: int
+  weight_bytes: int
+  gradient_bytes: int
+  optimizer_bytes: int
+  activation_bytes: int
+  train_flops: int
+
+  @property
+  def num_devices(self) -> int:
+    return self.data_axis * self.expert_axis
+
+  @property
+  def params_per_device(self) -> int:
+    return self.replicated_params + self.expert_params_per_device
+
+  @property
+  def total_bytes(self) -> int:
+    return (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes +
+            self.activation_bytes)
+
+
+def _activations_per_token(config: ModelConfig, *, source_length: int,
+                           target_length: int) -> int:
+  """Activation values stored per token pair for the backward pass.
+
+  Per attention block: its layer-norm input M, q/k/v/context 4 N K and the
+  probabilities N x keys. Per dense FFN: M + F. Per MoE layer: M, the gates
+  E, and for each of the capacity_factor x k buffer slots a token fills on
+  average the dispatched input M and hidden H. Plus the logits V_t.
+  """
+  m, nk = config.d_model, config.num_heads * config.d_kv
+
+  def attn(keys: int) -> int:
+    return m + 4 * nk + config.num_heads * keys
+
+  total = config.num_encoder_layers * attn(source_length)
+  total += config.num_decoder_layers * (attn(target_length) +
+                                        attn(source_length))
+  moe_layers = num_moe_layers(config)
+  dense_layers = config.num_layers - moe_layers
+  total += dense_layers * (m + config.d_ff)
+  if moe_layers:
+    slots = config.moe.train_capacity_factor * config.moe.top_k
+    total += moe_layers * int(m + config.moe.num_experts + slots *
+                              (m + config.moe.expert_hidden_dim))
+  return total + config.tgt_vocab_size
+
+
+def _check_mesh(config: ModelConfig, *, data_axis: int, expert_axis: int,
+                batch_tokens: int) -> None:
+  if data_axis < 1 or expert_axis < 1:
+    raise ValueError(f"mesh axes must be >= 1, got data={data_axis}, "
+                     f"expert={expert_axis}")
+  if config.moe.enabled and config.moe.num_experts % expert_axis:
+    raise ValueError(
+        f"--num_experts={config.moe.num_experts} is not divisible by the "
+        f"expert axis {expert_axis}; choose an axis size dividing E")
+  if batch_tokens < data_axis * expert_axis:
+    raise ValueError(f"batch_tokens={batch_tokens} is smaller than the "
+                     f"{data_axis * expert_axis} devices; give every device "
+                     "at least one token")
+
+
+def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
+                    batch_tokens: int, sequence_length: int | None = None
+                    ) -> DeviceEstimate:
+  """Per-device memory and FLOPs for one training step (see DeviceEstimate).
+
+  Raises:
+    ValueError: an axis < 1, E not divisible by ``expert_axis``, or fewer
+      tokens than devices.
+  """
+  _check_mesh(config, data_axis=data_axis, expert_axis=expert_axis,
+              batch_tokens=batch_tokens)
+  length = sequence_length or config.max_length
+  devices = data_axis * expert_axis
+  tokens = batch_tokens // devices
+  local = [(s.shape[0] // expert_axis, *s.shape[1:]) if s.kind == "expert"
+           else s.shape for s in variable_specs(config)]
+  breakdown = param_breakdown(config)
+  expert_local = breakdown.expert // expert_axis
+  flops = flops_per_token(config, source_length=length, target_length=length)
+  expert_flops = 2 * params_per_expert(config) * num_moe_layers(config)
+  capacity_extra = (config.moe.train_capacity_factor - 1) * config.moe.top_k
+  forward = tokens * (flops.forward + flops.einsum_dispatch +
+                      int(capacity_extra * expert_flops))
+  act_bytes = _ACTIVATION_BYTES[config.activation_dtype]
+  return DeviceEstimate(
+      data_axis=data_axis, expert_axis=expert_axis, batch_tokens=batch_tokens,
+      tokens_per_device=tokens, replicated_params=breakdown.non_expert,
+      expert_params_per_device=expert_local,
+      weight_bytes=_WEIGHT_BYTES * (breakdown.non_expert + expert_local),
+      gradient_bytes=_WEIGHT_BYTES * (breakdown.non_expert + expert_local),
+      optimizer_bytes=_WEIGHT_BYTES * sum(adafactor_slot_size(s)
+                                          for s in local),
+      activation_bytes=act_bytes * tokens * _activations_per_token(
+          config, source_length=length, target_length=length),
+      train_flops=3 * forward)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelCost:
+  """Everything :func:`model_cost` computes, for ``m4moe-info``."""
+
+  num_params: int
+  params: ParamBreakdown
+  num_moe_layers: int
+  num_experts_total: int
+  params_per_expert: int
+  expert_params: int
+  active_params_per_token: int
+  flops: FlopsPerToken
+
+  @property
+  def flops_per_token(self) -> int:
+    return self.flops.forward
+
+
+def model_cost(config: ModelConfig, *, source_length: int | None = None,
+               target_length: int | None = None) -> ModelCost:
+  """All the counts above for one config (lengths for the attention FLOPs)."""
+  breakdown = param_breakdown(config)
+  return ModelCost(
+      num_params=breakdown.total, params=breakdown,
+      num_moe_layers=num_moe_layers(config),
+      num_experts_total=num_experts_total(config),
+      params_per_expert=params_per_expert(config),
+      expert_params=breakdown.expert,
+      active_params_per_token=active_params_per_token(config),
+      flops=flops_per_token(config, source_length=source_length,
+                            target_length=target_length))

@@ -1,0 +1,245 @@
+"""Adafactor (Shazeer & Stern, 2018) over plain ``tf.Variable``s.
+
+This is the optimiser of the GShard paper (§4, A.2): factored second moments,
+no first moment (beta1 = 0), second-moment decay ``1 - t^(-0.8)``, update
+clipping at 1.0 and a learning rate of 1.0 with reciprocal-square-root decay
+after 10k warm-up steps.
+
+Why our own implementation: ``keras.optimizers.Adafactor`` fails on DTensor
+variables (see the repository's toolchain notes) and always allocates a
+full-size ``velocity`` slot per variable even when it factors. Here a
+variable of rank >= 2 gets only its row and column factors over the last two
+dimensions, so an expert weight ``<float32>[E, M, H]`` has slots
+``<float32>[E, M]`` and ``<float32>[E, H]`` (factored per expert) and never a
+full-size second moment. The tests check it step by step against Keras.
+
+Learning-rate convention (the one of Lingvo / T5 / Mesh TensorFlow):
+``lr(t) = learning_rate * rsqrt(max(t, warmup_steps))`` for ``t = 1, 2, ...``
+(``schedule="rsqrt"``), so "lr 1.0, 10k warm-up" is a constant 0.01 for the
+first 10k updates, then ``1/sqrt(t)`` -- exactly the Adafactor paper's relative
+step ``min(1e-2, 1/sqrt(t))``. With ``multiply_by_parameter_scale`` the step is
+additionally scaled by ``max(epsilon2, RMS(x))`` (the paper's relative step).
+
+Differences from ``keras.optimizers.Adafactor`` (documented for the oracle
+test): Keras always caps the rate at ``1/sqrt(t)`` (``rho_t = min(lr,
+1/sqrt(t))``) and always multiplies by the parameter scale; its schedule is
+called with the 0-based ``iterations`` while the update uses ``t =
+iterations + 1``. Our rate is exactly the schedule (no hidden cap), and
+parameter scaling is optional. With an rsqrt schedule (which never exceeds
+``1/sqrt(t)``) passed to Keras as a schedule of ``iterations + 1`` the two
+agree; that is the tested setting. Keras forms the full ``v = r c / mean(r)``;
+we multiply ``g`` by the row and column factors instead (equal up to rounding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import tensorflow as tf
+
+SCHEDULES = ("rsqrt", "constant")
+
+
+class OptimizerConfigError(ValueError):
+  """An optimiser setting is invalid; the message names the flag and the fix."""
+
+
+def _require(condition: bool, flag: str, value: object, fix: str) -> None:
+  if not condition:
+    raise OptimizerConfigError(f"--{flag}={value!r} is invalid: {fix}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdafactorConfig:
+  """Adafactor hyper-parameters (defaults: GShard paper / Adafactor paper).
+
+  Attributes:
+    learning_rate: multiplier of the schedule (paper: 1.0).
+    warmup_steps: updates at the constant rate ``learning_rate /
+      sqrt(warmup_steps)`` before the rsqrt decay starts (paper: 10000).
+    schedule: ``rsqrt`` (see module docstring) or ``constant``
+      (``lr(t) = learning_rate``).
+    decay_exponent: second-moment decay ``beta2_t = 1 - t^(-decay_exponent)``.
+    beta1: first-moment (momentum on the clipped update) decay; 0 disables
+      the first-moment slot entirely (paper: 0).
+    clipping_threshold: update clipping ``d``: ``u / max(1, RMS(u) / d)``;
+      0 disables clipping (paper: 1.0).
+    epsilon1: added to squared gradients (paper: 1e-30).
+    epsilon2: lower bound of the parameter scale (paper: 1e-3).
+    multiply_by_parameter_scale: scale the step by ``max(epsilon2, RMS(x))``.
+    factored: factor the second moment of rank >= 2 variables over their
+      last two dimensions.
+  """
+
+  learning_rate: float = 1.0
+  warmup_steps: int = 10000
+  schedule: str = "rsqrt"
+  decay_exponent: float = 0.8
+  beta1: float = 0.0
+  clipping_threshold: float = 1.0
+  epsilon1: float = 1e-30
+  epsilon2: float = 1e-3
+  multiply_by_parameter_scale: bool = True
+  factored: bool = True
+
+  def __post_init__(self) -> None:
+    _require(self.learning_rate > 0, "learning_rate", self.learning_rate,
+             "use a positive rate (the paper uses 1.0)")
+    _require(self.warmup_steps >= 1, "warmup_steps", self.warmup_steps,
+             "use at least 1 (the paper uses 10000)")
+    _require(self.schedule in SCHEDULES, "lr_schedule", self.schedule,
+             f"choose one of {', '.join(SCHEDULES)}")
+    _require(0 < self.decay_exponent <= 1, "decay_exponent",
+             self.decay_exponent, "use a value in (0, 1] (the paper uses 0.8)")
+    _require(0 <= self.beta1 < 1, "beta1", self.beta1,
+             "use a value in [0, 1); 0 means no first moment")
+    _require(self.clipping_threshold >= 0, "clipping_threshold",
+             self.clipping_threshold, "use 0 (off) or a positive threshold")
+    _require(self.epsilon1 > 0, "epsilon1", self.epsilon1, "use a tiny positive value")
+    _require(self.epsilon2 >= 0, "epsilon2", self.epsilon2, "use a non-negative value")
+
+  def learning_rate_at(self, step: tf.Tensor) -> tf.Tensor:
+    """The rate of update number ``step`` (1-based).
+
+    Args:
+      step: <int64 or float32>[] the 1-based update count t.
+
+    Returns:
+      <float32>[] the learning rate.
+    """
+    step = tf.cast(step, tf.float32)
+    if self.schedule == "constant":
+      return tf.constant(self.learning_rate, tf.float32)
+    return self.learning_rate * tf.math.rsqrt(
+        tf.maximum(step, float(self.warmup_steps)))
+
+
+def _rms(x: tf.Tensor) -> tf.Tensor:
+  return tf.sqrt(tf.reduce_mean(tf.square(x)))
+
+
+class _Slots(tf.Module):
+  """Slots of one variable: ``vr``/``vc`` (factored) or ``v``; ``m`` if beta1."""
+
+  def __init__(self, variable: tf.Variable, *, config: AdafactorConfig,
+               index: int):
+    super().__init__(name=f"slots_{index}")
+    shape = variable.shape.as_list()
+    base = variable.name.split(":")[0]
+    self.factored = config.factored and len(shape) >= 2
+
+    def zeros(slot_shape, suffix):
+      return tf.Variable(tf.zeros(slot_shape, tf.float32), trainable=False,
+                         name=f"{base}/{suffix}")
+
+    if self.factored:
+      self.vr = zeros(shape[:-1], "vr")
+      self.vc = zeros(shape[:-2] + shape[-1:], "vc")
+      self.v = None
+    else:
+      self.vr = self.vc = None
+      self.v = zeros(shape, "v")
+    self.m = zeros(shape, "m") if config.beta1 > 0 else None
+
+
+class Adafactor(tf.Module):
+  """Adafactor with factored second moments; checkpointable via tf.train.
+
+  Usage::
+
+    opt = Adafactor(AdafactorConfig())
+    opt.build(model.trainable_variables)   # creates slots (outside tf.function)
+    opt.apply_gradients(grads, model.trainable_variables)
+
+  ``iterations`` (<int64>[]) counts applied updates; the update uses
+  ``t = iterations + 1``. Slots live in ``self.slots`` (one module per
+  variable, in the order given to :meth:`build`), so a ``tf.train.Checkpoint``
+  holding the optimiser saves and restores them.
+  """
+
+  def __init__(self, config: AdafactorConfig = AdafactorConfig(), *,
+               name: str = "adafactor"):
+    super().__init__(name=name)
+    self.config = config
+    self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                  name="iterations")
+    self.slots: list[_Slots] = []
+    self._variable_refs: list = []
+
+  @property
+  def built(self) -> bool:
+    return bool(self._variable_refs)
+
+  def build(self, variables: Sequence[tf.Variable]) -> None:
+    """Creates the slots of ``variables`` (idempotent for the same list)."""
+    refs = [v.ref() for v in variables]
+    if self.built:
+      if refs != self._variable_refs:
+        raise ValueError("Adafactor.build was already called with a different "
+                         "variable list; build one optimiser per model")
+      return
+    with tf.init_scope():
+      self.slots = [_Slots(v, config=self.config, index=i)
+                    for i, v in enumerate(variables)]
+    self._variable_refs = refs
+
+  def learning_rate(self) -> tf.Tensor:
+    """<float32>[] the rate the next update will use."""
+    return self.config.learning_rate_at(self.iterations + 1)
+
+  def apply_gradients(self, gradients: Sequence[tf.Tensor],
+                      variables: Sequence[tf.Variable]) -> tf.Tensor:
+    """Applies one update to every variable.
+
+    Args:
+      gradients: dense gradients, one per variable, same shapes (None skips
+        the variable this step).
+      variables: the variables given to :meth:`build`, in the same order.
+
+    Returns:
+      <float32>[] the learning rate used.
+    """
+    if [v.ref() for v in variables] != self._variable_refs:
+      raise ValueError("apply_gradients needs exactly the variables given to "
+                       "build(), in the same order")
+    step = self.iterations + 1
+    lr = self.config.learning_rate_at(step)
+    beta2 = 1.0 - tf.pow(tf.cast(step, tf.float32), -self.config.decay_exponent)
+    for grad, var, slots in zip(gradients, variables, self.slots):
+      if grad is not None:
+        self._update_one(tf.convert_to_tensor(grad), var, slots, lr=lr,
+                         beta2=beta2)
+    self.iterations.assign_add(1)
+    return lr
+
+  def _preconditioned(self, grad: tf.Tensor, slots: _Slots, *,
+                      beta2: tf.Tensor) -> tf.Tensor:
+    """Updates the second-moment slots and returns ``g / sqrt(v_hat)``."""
+    grad_sq = tf.square(grad) + self.config.epsilon1
+    if slots.factored:
+      vr = slots.vr.assign(beta2 * slots.vr + (1 - beta2) *
+                           tf.reduce_mean(grad_sq, axis=-1))
+      vc = slots.vc.assign(beta2 * slots.vc + (1 - beta2) *
+                           tf.reduce_mean(grad_sq, axis=-2))
+      row = tf.math.rsqrt(vr / tf.reduce_mean(vr, axis=-1, keepdims=True))
+      col = tf.math.rsqrt(vc)
+      return grad * row[..., :, tf.newaxis] * col[..., tf.newaxis, :]
+    v = slots.v.assign(beta2 * slots.v + (1 - beta2) * grad_sq)
+    return grad / tf.sqrt(v)
+
+  def _update_one(self, grad: tf.Tensor, var: tf.Variable, slots: _Slots, *,
+                  lr: tf.Tensor, beta2: tf.Tensor) -> None:
+    config = self.config
+    grad = tf.cast(grad, tf.float32)
+    value = tf.cast(var, tf.float32)
+    update = self._preconditioned(grad, slots, beta2=beta2)
+    if config.clipping_threshold > 0:
+      update /= tf.maximum(1.0, _rms(update) / config.clipping_threshold)
+    if slots.m is not None:
+      update = slots.m.assign(config.beta1 * slots.m +
+                              (1 - config.beta1) * update)
+    step_size = lr
+    if config.multiply_by_parameter_scale:
+      step_size = lr * tf.maximum(config.epsilon2, _rms(value))
+    var.assign(tf.cast(value - step_size * update, var.dtype))

@@ -21,8 +21,8 @@ Parameterisation counted (one ``tf.Variable`` per line, no biases anywhere):
   (no variables); per attention block (encoder self, decoder self, decoder
   cross): query, key, value <M, N, K> and output <N, K, M>; per dense FFN:
   wi <M, F>, wo <F, M>; per MoE layer: router wg <M, E>, wi <E, M, H>,
-  wo <E, H, M>; a layer-norm scale <M> before every sub-layer and one final
-  layer-norm scale <M> per stack.
+  wo <E, H, M>; a layer norm (scale <M> and bias <M>) before every sub-layer
+  and one final layer norm per stack.
 
 FLOPs are forward multiply-adds times 2 per "token", where a token means one
 source token through the encoder plus one target token through the decoder
@@ -62,9 +62,14 @@ class VariableSpec:
     return math.prod(self.shape)
 
 
+def _layer_norm_specs(d_model: int, prefix: str) -> list[VariableSpec]:
+  return [VariableSpec(f"{prefix}/scale", (d_model,), "layer_norm"),
+          VariableSpec(f"{prefix}/bias", (d_model,), "layer_norm")]
+
+
 def _attention_specs(config: ModelConfig, prefix: str) -> list[VariableSpec]:
   m, n, k = config.d_model, config.num_heads, config.d_kv
-  specs = [VariableSpec(f"{prefix}/layer_norm/scale", (m,), "layer_norm")]
+  specs = _layer_norm_specs(m, f"{prefix}/layer_norm")
   for proj in ("query", "key", "value"):
     specs.append(VariableSpec(f"{prefix}/{proj}", (m, n, k), "attention"))
   specs.append(VariableSpec(f"{prefix}/output", (n, k, m), "attention"))
@@ -74,7 +79,7 @@ def _attention_specs(config: ModelConfig, prefix: str) -> list[VariableSpec]:
 def _ffn_specs(config: ModelConfig, prefix: str,
                is_moe: bool) -> list[VariableSpec]:
   m = config.d_model
-  specs = [VariableSpec(f"{prefix}/layer_norm/scale", (m,), "layer_norm")]
+  specs = _layer_norm_specs(m, f"{prefix}/layer_norm")
   if not is_moe:
     f = config.d_ff
     specs.append(VariableSpec(f"{prefix}/wi", (m, f), "ffn"))
@@ -97,9 +102,7 @@ def _stack_specs(config: ModelConfig, stack: str) -> list[VariableSpec]:
     if stack == "decoder":
       specs += _attention_specs(config, f"{prefix}/cross_attention")
     specs += _ffn_specs(config, f"{prefix}/ffn", config.moe.is_moe_layer(i))
-  specs.append(VariableSpec(f"{stack}/final_layer_norm/scale",
-                            (config.d_model,), "layer_norm"))
-  return specs
+  return specs + _layer_norm_specs(config.d_model, f"{stack}/final_layer_norm")
 
 
 def variable_specs(config: ModelConfig) -> tuple[VariableSpec, ...]:

@@ -17,7 +17,9 @@ Dimensions cheat sheet:
 
 Parameterisation counted (one ``tf.Variable`` per line, no biases anywhere):
   source embedding <V_s, M>; target embedding <V_t, M>; output (softmax)
-  projection <M, V_t>, NOT tied to the target embedding; sinusoidal positions
+  projection <M, V_t>, untied as ``Transformer``'s default (pass
+  ``share_target_embedding=True`` to count the tied variant, which reuses the
+  target embedding as softmax weights and has no projection); sinusoidal positions
   (no variables); per attention block (encoder self, decoder self, decoder
   cross): query, key, value <M, N, K> and output <N, K, M>; per dense FFN:
   wi <M, F>, wo <F, M>; per MoE layer: router wg <M, E>, wi <E, M, H>,
@@ -105,16 +107,20 @@ def _stack_specs(config: ModelConfig, stack: str) -> list[VariableSpec]:
   return specs + _layer_norm_specs(config.d_model, f"{stack}/final_layer_norm")
 
 
-def variable_specs(config: ModelConfig) -> tuple[VariableSpec, ...]:
-  """Every variable of the Transformer built from ``config``, in model order."""
+def variable_specs(config: ModelConfig, *, share_target_embedding: bool = False
+                   ) -> tuple[VariableSpec, ...]:
+  """Every variable of ``Transformer(config=config, share_target_embedding=...)``."""
   m = config.d_model
-  return tuple([
+  specs = [
       VariableSpec("source_embedding", (config.src_vocab_size, m), "embedding"),
       VariableSpec("target_embedding", (config.tgt_vocab_size, m), "embedding"),
       *_stack_specs(config, "encoder"),
       *_stack_specs(config, "decoder"),
-      VariableSpec("output_projection", (m, config.tgt_vocab_size), "output"),
-  ])
+  ]
+  if not share_target_embedding:
+    specs.append(
+        VariableSpec("output_projection", (m, config.tgt_vocab_size), "output"))
+  return tuple(specs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,16 +145,20 @@ class ParamBreakdown:
     return self.total - self.expert
 
 
-def param_breakdown(config: ModelConfig) -> ParamBreakdown:
+def param_breakdown(config: ModelConfig, *,
+                    share_target_embedding: bool = False) -> ParamBreakdown:
   counts = {kind: 0 for kind in KINDS}
-  for spec in variable_specs(config):
+  for spec in variable_specs(config,
+                             share_target_embedding=share_target_embedding):
     counts[spec.kind] += spec.size
   return ParamBreakdown(**counts)
 
 
-def num_params(config: ModelConfig) -> int:
+def num_params(config: ModelConfig, *,
+               share_target_embedding: bool = False) -> int:
   """Total trainable parameters of the Transformer built from ``config``."""
-  return param_breakdown(config).total
+  return param_breakdown(
+      config, share_target_embedding=share_target_embedding).total
 
 
 def num_moe_layers(config: ModelConfig) -> int:
@@ -169,12 +179,19 @@ def params_per_expert(config: ModelConfig) -> int:
   return 2 * config.d_model * config.moe.expert_hidden_dim
 
 
-def active_params_per_token(config: ModelConfig) -> int:
-  """Parameters one (source, target) token pair touches: all but the experts,
-  plus k of the E experts in every MoE layer (embedding rows counted whole)."""
+def _active_expert_params(config: ModelConfig) -> int:
+  """k experts in every MoE layer: the expert weights one token uses."""
   k = config.moe.top_k if config.moe.enabled else 0
-  return (param_breakdown(config).non_expert +
-          k * params_per_expert(config) * num_moe_layers(config))
+  return k * params_per_expert(config) * num_moe_layers(config)
+
+
+def active_params_per_token(config: ModelConfig, *,
+                            share_target_embedding: bool = False) -> int:
+  """Parameters one (source, target) token pair touches: all but the experts,
+  plus k of the E experts in every MoE layer (embedding tables counted whole)."""
+  breakdown = param_breakdown(config,
+                              share_target_embedding=share_target_embedding)
+  return breakdown.non_expert + _active_expert_params(config)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -220,8 +237,10 @@ def flops_per_token(config: ModelConfig, *, source_length: int | None = None,
   """Forward FLOPs per token pair; lengths default to ``config.max_length``."""
   source_length = source_length or config.max_length
   target_length = target_length or config.max_length
-  matmul_params = (active_params_per_token(config) -
-                   param_breakdown(config).embedding)
+  # The softmax matmul <M, V_t> costs the same whether tied or not.
+  breakdown = param_breakdown(config)
+  matmul_params = (breakdown.attention + breakdown.ffn + breakdown.router +
+                   breakdown.output + _active_expert_params(config))
   dispatch = 0
   if config.moe.enabled and config.moe.dispatch == "einsum":
     capacity = config.moe.capacity(group_size=config.moe.group_size,
@@ -342,8 +361,8 @@ def _check_mesh(config: ModelConfig, *, data_axis: int, expert_axis: int,
 
 
 def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
-                    batch_tokens: int, sequence_length: int | None = None
-                    ) -> DeviceEstimate:
+                    batch_tokens: int, sequence_length: int | None = None,
+                    share_target_embedding: bool = False) -> DeviceEstimate:
   """Per-device memory and FLOPs for one training step (see DeviceEstimate).
 
   Raises:
@@ -356,8 +375,10 @@ def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
   devices = data_axis * expert_axis
   tokens = batch_tokens // devices
   local = [(s.shape[0] // expert_axis, *s.shape[1:]) if s.kind == "expert"
-           else s.shape for s in variable_specs(config)]
-  breakdown = param_breakdown(config)
+           else s.shape for s in variable_specs(
+               config, share_target_embedding=share_target_embedding)]
+  breakdown = param_breakdown(config,
+                              share_target_embedding=share_target_embedding)
   expert_local = breakdown.expert // expert_axis
   flops = flops_per_token(config, source_length=length, target_length=length)
   expert_flops = 2 * params_per_expert(config) * num_moe_layers(config)
@@ -397,15 +418,18 @@ class ModelCost:
 
 
 def model_cost(config: ModelConfig, *, source_length: int | None = None,
-               target_length: int | None = None) -> ModelCost:
+               target_length: int | None = None,
+               share_target_embedding: bool = False) -> ModelCost:
   """All the counts above for one config (lengths for the attention FLOPs)."""
-  breakdown = param_breakdown(config)
+  breakdown = param_breakdown(config,
+                              share_target_embedding=share_target_embedding)
   return ModelCost(
       num_params=breakdown.total, params=breakdown,
       num_moe_layers=num_moe_layers(config),
       num_experts_total=num_experts_total(config),
       params_per_expert=params_per_expert(config),
       expert_params=breakdown.expert,
-      active_params_per_token=active_params_per_token(config),
+      active_params_per_token=active_params_per_token(
+          config, share_target_embedding=share_target_embedding),
       flops=flops_per_token(config, source_length=source_length,
                             target_length=target_length))

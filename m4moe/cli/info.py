@@ -3,7 +3,7 @@
 Usage:
   m4moe-info --flagfile=configs/gshard/moe_2048e_36l.flags [--json]
   m4moe-info --config=gshard/moe_2048e_36l [--json]
-  m4moe-info --config=tiny/moe --batch_tokens=4096 --expert_axis=8
+  m4moe-info --config=tiny/moe --batch_tokens=4096 --mesh=data:2,expert:8
 
 Counts come from :mod:`m4moe.cost` and never build a variable, so the 1T
 model is instant. With ``--batch_tokens`` a per-device memory/FLOPs estimate
@@ -24,6 +24,7 @@ from absl import flags
 
 from m4moe import config as config_lib
 from m4moe import cost
+from m4moe import mesh as mesh_lib
 
 config_lib.define_model_flags()
 _CONFIG = flags.DEFINE_string(
@@ -38,9 +39,12 @@ _SEQ_LEN = flags.DEFINE_integer(
 _BATCH_TOKENS = flags.DEFINE_integer(
     "batch_tokens", 0, "Source tokens per global batch for the per-device "
     "estimate; 0 skips the estimate.")
-_DATA_AXIS = flags.DEFINE_integer("data_axis", 1, "Data mesh axis size.")
-_EXPERT_AXIS = flags.DEFINE_integer(
-    "expert_axis", 1, "Expert mesh axis size (must divide --num_experts).")
+_MESH = flags.DEFINE_string(
+    "mesh", "data:1", "Device mesh for the per-device estimate, e.g. "
+    "data:2,expert:4 (the expert axis size must divide --num_experts).")
+_SHARE_TARGET_EMBEDDING = flags.DEFINE_bool(
+    "share_target_embedding", False, "Count the Transformer with the target "
+    "embedding tied to the softmax weights (default: untied projection).")
 
 # GShard Table 1 (E, L) -> (total experts, weights as the paper rounds them).
 PAPER_TABLE1: dict[tuple[int, int], tuple[int, float]] = {
@@ -67,12 +71,18 @@ def _paper_row(config: config_lib.ModelConfig,
   }
 
 
-def collect(config: config_lib.ModelConfig, *, source: str, seq_len: int,
-            batch_tokens: int, data_axis: int,
-            expert_axis: int) -> dict[str, Any]:
-  """Everything m4moe-info reports, as a JSON-ready dict."""
+def collect(config: config_lib.ModelConfig, *, source: str, seq_len: int = 0,
+            batch_tokens: int = 0, mesh: mesh_lib.MeshShape | None = None,
+            share_target_embedding: bool = False) -> dict[str, Any]:
+  """Everything m4moe-info reports, as a JSON-ready dict.
+
+  Raises:
+    ValueError: the mesh has a ``model`` axis (not estimated) or does not
+      fit the config (see :func:`m4moe.cost.estimate_device`).
+  """
   model_cost = cost.model_cost(config, source_length=seq_len or None,
-                               target_length=seq_len or None)
+                               target_length=seq_len or None,
+                               share_target_embedding=share_target_embedding)
   flops = model_cost.flops
   info: dict[str, Any] = {
       "config": source,
@@ -90,9 +100,16 @@ def collect(config: config_lib.ModelConfig, *, source: str, seq_len: int,
       "paper": _paper_row(config, model_cost),
   }
   if batch_tokens:
+    mesh = mesh or mesh_lib.MeshShape.single_device()
+    if mesh.axis_size("model") != 1:
+      raise ValueError(f"--mesh={mesh}: the estimate covers data and expert "
+                       "axes only; drop the model axis")
     device = cost.estimate_device(
-        config, data_axis=data_axis, expert_axis=expert_axis,
-        batch_tokens=batch_tokens, sequence_length=seq_len or None)
+        config, data_axis=mesh.axis_size("data"),
+        expert_axis=mesh.axis_size("expert"), batch_tokens=batch_tokens,
+        sequence_length=seq_len or None,
+        share_target_embedding=share_target_embedding)
+    info["mesh"] = str(mesh)
     info["device"] = {**dataclasses.asdict(device),
                       "num_devices": device.num_devices,
                       "params_per_device": device.params_per_device,
@@ -163,7 +180,8 @@ def main(argv: Sequence[str]) -> None:
     config, source = _load_config(sys.argv)
     info = collect(config, source=source, seq_len=_SEQ_LEN.value,
                    batch_tokens=_BATCH_TOKENS.value,
-                   data_axis=_DATA_AXIS.value, expert_axis=_EXPERT_AXIS.value)
+                   mesh=mesh_lib.MeshShape.parse(_MESH.value),
+                   share_target_embedding=_SHARE_TARGET_EMBEDDING.value)
   except (config_lib.ConfigError, ValueError) as e:
     print(f"m4moe-info: error: {e}", file=sys.stderr)
     sys.exit(1)

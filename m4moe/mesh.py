@@ -1,0 +1,190 @@
+"""Named device meshes: parsing ``--mesh=data:2,expert:4`` and validation.
+
+A mesh is an ordered tuple of named axes with sizes, e.g. ``data:2,expert:4``
+is a 2 x 4 grid of 8 devices (device ``i`` sits at row-major coordinates of
+``i``). Axis names come from a fixed vocabulary (:data:`KNOWN_AXES`):
+
+* ``data``: groups / batch rows are split over it (data parallelism);
+* ``expert``: the E experts of every MoE layer are split over it;
+* ``model``: reserved for tensor (Megatron-style) parallelism of dense weights.
+
+Model code annotates tensors with axis *names*; an axis absent from the mesh
+counts as size 1, so the same model code runs on ``data:8`` (pure data
+parallelism), ``expert:4`` or ``data:2,expert:4``.
+
+This module is pure Python (no TensorFlow import) so that command-line tools
+can parse and validate a mesh before TensorFlow initialises its devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Sequence
+
+KNOWN_AXES = ("data", "expert", "model")
+
+# One entry per tensor dimension: a mesh axis name, or None (not split).
+PartitionSpec = tuple[str | None, ...]
+
+_AXIS_RE = re.compile(r"^([a-z_]+):([0-9]+)$")
+
+
+class MeshError(ValueError):
+  """A mesh or a sharding request is invalid; the message says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+  """An ordered, named device mesh shape such as ``data:2,expert:4``.
+
+  Attributes:
+    axes: ``((name, size), ...)`` in mesh order (row-major over devices).
+  """
+
+  axes: tuple[tuple[str, int], ...]
+
+  def __post_init__(self) -> None:
+    if not self.axes:
+      raise MeshError("a mesh needs at least one axis, e.g. --mesh=data:1")
+    names = [name for name, _ in self.axes]
+    for name, size in self.axes:
+      if name not in KNOWN_AXES:
+        raise MeshError(f"mesh axis {name!r} is unknown; use names from "
+                        f"{', '.join(KNOWN_AXES)} (e.g. --mesh=data:2,expert:4)")
+      if not isinstance(size, int) or size < 1:
+        raise MeshError(f"mesh axis {name}:{size} needs a positive integer size")
+    if len(set(names)) != len(names):
+      raise MeshError(f"mesh axes {names} repeat a name; give each axis once")
+
+  @classmethod
+  def parse(cls, text: str, *, flag: str = "mesh") -> "MeshShape":
+    """Parses ``"data:2,expert:4"``; ``flag`` names the source in errors."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+      raise MeshError(f"--{flag}={text!r} is empty; use e.g. "
+                      f"--{flag}=data:2,expert:4 (axes {', '.join(KNOWN_AXES)})")
+    axes = []
+    for part in parts:
+      match = _AXIS_RE.match(part)
+      if not match:
+        raise MeshError(f"--{flag}={text!r}: {part!r} is not 'name:size'; use "
+                        f"e.g. --{flag}=data:2,expert:4")
+      axes.append((match.group(1), int(match.group(2))))
+    try:
+      return cls(tuple(axes))
+    except MeshError as e:
+      raise MeshError(f"--{flag}={text!r}: {e}") from None
+
+  @classmethod
+  def single_device(cls) -> "MeshShape":
+    return cls((("data", 1),))
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return tuple(name for name, _ in self.axes)
+
+  @property
+  def sizes(self) -> tuple[int, ...]:
+    return tuple(size for _, size in self.axes)
+
+  @property
+  def size(self) -> int:
+    """Number of devices."""
+    return math.prod(self.sizes)
+
+  def axis_size(self, name: str) -> int:
+    """Size of axis ``name``; 1 if the mesh has no such axis."""
+    check_axis_name(name)
+    return dict(self.axes).get(name, 1)
+
+  def axis_index(self, name: str) -> int | None:
+    """Position of axis ``name`` in the mesh, or None if absent."""
+    check_axis_name(name)
+    return self.names.index(name) if name in self.names else None
+
+  def __str__(self) -> str:
+    return ",".join(f"{name}:{size}" for name, size in self.axes)
+
+  def mesh_axes_of(self, spec: PartitionSpec) -> tuple[str | None, ...]:
+    """``spec`` with the axes absent from this mesh replaced by None."""
+    check_spec(spec)
+    return tuple(a if a in self.names else None for a in spec)
+
+
+def check_axis_name(name: str) -> None:
+  if name not in KNOWN_AXES:
+    raise MeshError(f"axis {name!r} is unknown; use one of "
+                    f"{', '.join(KNOWN_AXES)}")
+
+
+def check_spec(spec: Sequence[str | None]) -> None:
+  """Checks that ``spec`` names known axes, each at most once."""
+  used = [a for a in spec if a is not None]
+  for name in used:
+    check_axis_name(name)
+  if len(set(used)) != len(used):
+    raise MeshError(f"partition spec {tuple(spec)} splits two dimensions over "
+                    "the same mesh axis; use each axis at most once")
+
+
+def validate_mesh(mesh: MeshShape, *, num_devices: int | None = None,
+                  num_experts: int | None = None,
+                  num_groups: int | None = None,
+                  batch_size: int | None = None) -> None:
+  """Checks a mesh against the devices, the model and the batch.
+
+  Args:
+    mesh: the mesh to check.
+    num_devices: devices available (e.g. ``len(tf.config.list_logical_devices
+      ('CPU'))``); the mesh must use exactly this many.
+    num_experts: E of the model (``--num_experts``); must be divisible by the
+      ``expert`` axis. 0 (dense) requires an ``expert`` axis of size 1.
+    num_groups: G, dispatch groups per step; divisible by ``data`` axis.
+    batch_size: sentences per step; divisible by the ``data`` axis.
+
+  Raises:
+    MeshError: naming the flag and the fix.
+  """
+  if num_devices is not None and mesh.size != num_devices:
+    raise MeshError(
+        f"--mesh={mesh} uses {mesh.size} devices but {num_devices} are "
+        f"available; make the axis sizes multiply to {num_devices} (e.g. "
+        f"--mesh=data:{num_devices}), or on CPU create {mesh.size} virtual "
+        "devices with sharding.configure_virtual_cpus before TensorFlow runs")
+  experts = mesh.axis_size("expert")
+  if num_experts is not None:
+    if num_experts == 0 and experts > 1:
+      raise MeshError(f"--mesh={mesh} has expert:{experts} but the model is "
+                      "dense (--num_experts=0); move those devices to data")
+    if num_experts and num_experts % experts:
+      raise MeshError(
+          f"--num_experts={num_experts} is not divisible by the mesh's "
+          f"expert:{experts} axis (--mesh={mesh}); use an expert axis size "
+          f"that divides {num_experts} (e.g. {math.gcd(num_experts, experts)})")
+  data = mesh.axis_size("data")
+  for value, what, flag in ((num_groups, "groups per step (G)", "group_size"),
+                            (batch_size, "sentences per batch", "batch_size")):
+    if value is not None and value % data:
+      raise MeshError(
+          f"{value} {what} is not divisible by the mesh's data:{data} axis "
+          f"(--mesh={mesh}); change --{flag} or the data axis so it divides")
+
+
+def check_divisible(shape: Sequence[int | None], spec: PartitionSpec,
+                    mesh: MeshShape, *, what: str) -> None:
+  """Raises MeshError if a split dimension is not divisible by its axis."""
+  if len(spec) > len(shape):
+    raise MeshError(f"{what}: partition spec {tuple(spec)} has more entries "
+                    f"than the tensor's rank {len(shape)} (shape {list(shape)})")
+  for dim, axis in enumerate(spec):
+    size = shape[dim]
+    if axis is None or size is None:
+      continue
+    parts = mesh.axis_size(axis)
+    if size % parts:
+      raise MeshError(
+          f"{what}: dimension {dim} of shape {list(shape)} has size {size}, "
+          f"not divisible by mesh axis {axis}:{parts} (--mesh={mesh}); change "
+          "the mesh or the size (e.g. the batch, --group_size or --num_experts)")

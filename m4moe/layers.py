@@ -1,0 +1,318 @@
+"""Transformer building blocks as ``tf.Module``s with plain ``tf.Variable``s.
+
+Dimensions cheat sheet (used in shapes and einsum strings):
+
+  B  batch size (rows)
+  T  query length (decoder/target side, or the encoder's own length)
+  S  key/memory length
+  M  d_model
+  N  attention heads
+  D  d_kv, key/value width per head
+  F  hidden width of a dense feed-forward layer (d_ff)
+  V  vocabulary size
+
+Precision: every weight is a float32 ``tf.Variable`` and is cast to the
+activation dtype (``float32`` or ``bfloat16``) where it is used. Layer norm
+statistics, attention softmax and output logits are computed in float32.
+
+Randomness is stateless: every call that may drop units takes
+``seed: <int32>[2] | None`` and derives sub-seeds with :func:`fold_seed`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import tensorflow as tf
+
+# Truncated at two standard deviations, a normal keeps this fraction of its
+# standard deviation; dividing by it makes the *actual* std equal sigma.
+_TRUNCATED_NORMAL_STD = 0.87962566103423978
+# Additive attention bias for disallowed (query, key) pairs; finite so that a
+# fully masked row (a padding query) gives a uniform softmax instead of NaN.
+NEG_INF = -1e9
+
+
+def init_variable(shape: Sequence[int], *, fan_in: int, scale: float,
+                  name: str) -> tf.Variable:
+  """A float32 variable from a truncated normal with std sqrt(scale / fan_in).
+
+  Values are truncated at two standard deviations and rescaled so that the
+  standard deviation of the result is ``sqrt(scale / fan_in)`` (Switch
+  Transformer init; ``scale`` is ``ModelConfig.init_scale``).
+  """
+  stddev = math.sqrt(scale / fan_in) / _TRUNCATED_NORMAL_STD
+  value = tf.random.truncated_normal(shape, stddev=stddev, dtype=tf.float32)
+  return tf.Variable(value, name=name)
+
+
+def fold_seed(seed: tf.Tensor | None, key: int) -> tf.Tensor | None:
+  """Sub-seed number ``key`` of ``seed`` (None stays None).
+
+  Args:
+    seed: <int32>[2] or None.
+    key: a small integer naming the consumer of the sub-seed.
+
+  Returns:
+    <int32>[2] = stateless_fold_in(seed, key), or None.
+  """
+  if seed is None:
+    return None
+  return tf.random.experimental.stateless_fold_in(seed, key)
+
+
+def dropout(x: tf.Tensor, *, rate: float, training: bool,
+            seed: tf.Tensor | None) -> tf.Tensor:
+  """Stateless inverted dropout.
+
+  Args:
+    x: <any float>[...].
+    rate: probability of zeroing a unit.
+    training: dropout is only applied when True.
+    seed: <int32>[2]; required when ``training`` and ``rate > 0``.
+
+  Returns:
+    Same dtype and shape as ``x``.
+
+  Raises:
+    ValueError: ``training=True`` with ``rate > 0`` and no seed.
+  """
+  if not training or rate == 0:
+    return x
+  if seed is None:
+    raise ValueError(
+        f"dropout(rate={rate}) with training=True needs a seed: pass "
+        "seed=<int32>[2] (e.g. fold_in(base_seed, step)) or training=False")
+  return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed)
+
+
+def sinusoidal_positions(positions: tf.Tensor, *, d_model: int,
+                         dtype: tf.DType = tf.float32) -> tf.Tensor:
+  """Sinusoidal position encodings of explicit position ids.
+
+  Channel ``i < M/2`` is ``sin(p / 10000^(2i/M))`` and channel ``M/2 + i`` the
+  matching cosine (an odd ``M`` gets a trailing zero channel). Explicit ids
+  let packed segments restart at position 0.
+
+  Args:
+    positions: <int32>[B, L] position of each token within its segment.
+    d_model: M.
+    dtype: output dtype (computed in float32, then cast).
+
+  Returns:
+    <dtype>[B, L, M].
+  """
+  half = d_model // 2
+  exponents = tf.range(half, dtype=tf.float32) * (2.0 / d_model)
+  inv_timescales = tf.pow(10000.0, -exponents)  # [M/2]
+  angles = tf.cast(positions, tf.float32)[..., None] * inv_timescales
+  encoding = tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)
+  if d_model % 2:
+    encoding = tf.pad(encoding, [[0, 0], [0, 0], [0, 1]])
+  return tf.cast(encoding, dtype)
+
+
+def attention_bias(query_segment_ids: tf.Tensor, key_segment_ids: tf.Tensor,
+                   *, causal: bool) -> tf.Tensor:
+  """Additive attention bias from segment ids (0 = padding).
+
+  A query may attend to a key iff both are in the same segment and the key is
+  not padding; with ``causal`` also only to keys at or before its own index
+  (queries and keys then index the same sequence).
+
+  Args:
+    query_segment_ids: <int32>[B, T].
+    key_segment_ids: <int32>[B, S].
+    causal: add the causal mask (requires T == S).
+
+  Returns:
+    <float32>[B, 1, T, S]: 0 where allowed, ``NEG_INF`` elsewhere.
+  """
+  allowed = tf.logical_and(
+      tf.equal(query_segment_ids[:, :, None], key_segment_ids[:, None, :]),
+      tf.greater(key_segment_ids, 0)[:, None, :])
+  if causal:
+    length = tf.shape(query_segment_ids)[1]
+    index = tf.range(length)
+    allowed = tf.logical_and(allowed, (index[:, None] >= index[None, :])[None])
+  return tf.where(allowed, 0.0, NEG_INF)[:, None]
+
+
+class Embedding(tf.Module):
+  """Token embedding table, optionally reused as the output softmax weights.
+
+  The table is initialised with std sqrt(init_scale / M) (its fan-in when it
+  serves as the softmax projection) and lookups are multiplied by sqrt(M), so
+  embedded tokens have std ~sqrt(init_scale).
+  """
+
+  def __init__(self, *, vocab_size: int, d_model: int, init_scale: float,
+               name: str = "embedding"):
+    super().__init__(name=name)
+    self.vocab_size = vocab_size
+    self.d_model = d_model
+    with self.name_scope:
+      self.embeddings = init_variable([vocab_size, d_model], fan_in=d_model,
+                                      scale=init_scale, name="embeddings")
+
+  def __call__(self, ids: tf.Tensor, *, dtype: tf.DType) -> tf.Tensor:
+    """Looks up ``ids`` <int32>[...] and returns <dtype>[..., M]."""
+    vectors = tf.gather(self.embeddings, ids) * math.sqrt(self.d_model)
+    return tf.cast(vectors, dtype)
+
+  def attend(self, x: tf.Tensor) -> tf.Tensor:
+    """Tied softmax logits: <any float>[..., M] -> <float32>[..., V]."""
+    return tf.einsum("...M,VM->...V", tf.cast(x, tf.float32), self.embeddings)
+
+
+class OutputProjection(tf.Module):
+  """Untied softmax projection to float32 logits."""
+
+  def __init__(self, *, d_model: int, vocab_size: int, init_scale: float,
+               name: str = "logits"):
+    super().__init__(name=name)
+    with self.name_scope:
+      self.kernel = init_variable([d_model, vocab_size], fan_in=d_model,
+                                  scale=init_scale, name="kernel")
+
+  def __call__(self, x: tf.Tensor) -> tf.Tensor:
+    """<any float>[..., M] -> <float32>[..., V]."""
+    return tf.einsum("...M,MV->...V", tf.cast(x, tf.float32), self.kernel)
+
+
+class LayerNorm(tf.Module):
+  """Layer normalisation over the last axis with a learned scale and bias.
+
+  Statistics are computed in float32; the output has the input's dtype.
+  """
+
+  def __init__(self, *, d_model: int, epsilon: float = 1e-6,
+               name: str = "layer_norm"):
+    super().__init__(name=name)
+    self.epsilon = epsilon
+    with self.name_scope:
+      self.scale = tf.Variable(tf.ones([d_model]), name="scale")
+      self.bias = tf.Variable(tf.zeros([d_model]), name="bias")
+
+  def __call__(self, x: tf.Tensor) -> tf.Tensor:
+    """<dtype>[..., M] -> <dtype>[..., M]."""
+    x32 = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
+    normed = (x32 - mean) * tf.math.rsqrt(variance + self.epsilon)
+    return tf.cast(normed * self.scale + self.bias, x.dtype)
+
+
+class MultiHeadAttention(tf.Module):
+  """Multi-head dot-product attention with a per-head key/value width D.
+
+  Weights: ``wq``, ``wk``, ``wv`` <float32>[M, N, D] and ``wo`` <float32>[N, D, M].
+  Queries are scaled by D^-0.5. Keys/values can be projected once
+  (:meth:`project_kv`) and reused, which is how cross-attention memories and
+  the decoder's incremental self-attention cache work.
+  """
+
+  def __init__(self, *, d_model: int, num_heads: int, d_kv: int,
+               dropout_rate: float, init_scale: float,
+               name: str = "attention"):
+    super().__init__(name=name)
+    self.d_kv = d_kv
+    self.dropout_rate = dropout_rate
+    with self.name_scope:
+      shape = [d_model, num_heads, d_kv]
+      self.wq = init_variable(shape, fan_in=d_model, scale=init_scale, name="wq")
+      self.wk = init_variable(shape, fan_in=d_model, scale=init_scale, name="wk")
+      self.wv = init_variable(shape, fan_in=d_model, scale=init_scale, name="wv")
+      self.wo = init_variable([num_heads, d_kv, d_model],
+                              fan_in=num_heads * d_kv, scale=init_scale,
+                              name="wo")
+
+  def project_query(self, x: tf.Tensor) -> tf.Tensor:
+    """<dtype>[B, T, M] -> scaled queries <dtype>[B, T, N, D]."""
+    q = tf.einsum("BTM,MND->BTND", x, tf.cast(self.wq, x.dtype))
+    return q * tf.cast(self.d_kv ** -0.5, x.dtype)
+
+  def project_kv(self, memory: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """<dtype>[B, S, M] -> (keys, values), each <dtype>[B, S, N, D]."""
+    k = tf.einsum("BSM,MND->BSND", memory, tf.cast(self.wk, memory.dtype))
+    v = tf.einsum("BSM,MND->BSND", memory, tf.cast(self.wv, memory.dtype))
+    return k, v
+
+  def attend(self, x: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, *,
+             bias: tf.Tensor, training: bool,
+             seed: tf.Tensor | None) -> tf.Tensor:
+    """Attention of queries from ``x`` over projected keys/values.
+
+    Args:
+      x: <dtype>[B, T, M] query inputs.
+      keys, values: <dtype>[B, S, N, D] (from :meth:`project_kv`).
+      bias: <float32>[B, 1 or N, T, S] additive mask (0 or ``NEG_INF``).
+      training: apply attention dropout.
+      seed: <int32>[2] for attention dropout.
+
+    Returns:
+      <dtype>[B, T, M].
+    """
+    q = self.project_query(x)
+    scores = tf.einsum("BTND,BSND->BNTS", q, keys)
+    probs = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
+    probs = dropout(probs, rate=self.dropout_rate, training=training, seed=seed)
+    context = tf.einsum("BNTS,BSND->BTND", tf.cast(probs, x.dtype), values)
+    return tf.einsum("BTND,NDM->BTM", context, tf.cast(self.wo, x.dtype))
+
+  def __call__(self, x: tf.Tensor, memory: tf.Tensor, *, bias: tf.Tensor,
+               training: bool, seed: tf.Tensor | None = None) -> tf.Tensor:
+    """Attention of ``x`` <dtype>[B, T, M] over ``memory`` <dtype>[B, S, M].
+
+    ``bias`` is <float32>[B, 1 or N, T, S]; returns <dtype>[B, T, M].
+    """
+    keys, values = self.project_kv(memory)
+    return self.attend(x, keys, values, bias=bias, training=training,
+                       seed=seed)
+
+  def cached_self_attention(
+      self, x: tf.Tensor, *, keys: tf.Tensor, values: tf.Tensor,
+      step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """One incremental causal self-attention step over a preallocated cache.
+
+    The key/value of the new token are written into slot ``step`` (a one-hot
+    blend, so shapes stay static) and the token attends to slots ``<= step``.
+
+    Args:
+      x: <dtype>[B, 1, M] the token at position ``step``.
+      keys, values: <dtype>[B, L, N, D] cache; slots ``>= step`` unused.
+      step: <int32>[] current position, 0 <= step < L.
+
+    Returns:
+      (output <dtype>[B, 1, M], updated keys, updated values).
+    """
+    new_k, new_v = self.project_kv(x)
+    max_length = tf.shape(keys)[1]
+    slot = tf.one_hot(step, max_length, dtype=keys.dtype)[None, :, None, None]
+    keys = keys * (1 - slot) + new_k * slot
+    values = values * (1 - slot) + new_v * slot
+    visible = tf.range(max_length) <= step
+    bias = tf.where(visible, 0.0, NEG_INF)[None, None, None, :]
+    out = self.attend(x, keys, values, bias=bias, training=False, seed=None)
+    return out, keys, values
+
+
+class DenseFfn(tf.Module):
+  """Position-wise feed-forward layer ``wo · ReLU(wi · x)``.
+
+  Weights: ``wi`` <float32>[M, F], ``wo`` <float32>[F, M].
+  """
+
+  def __init__(self, *, d_model: int, d_ff: int, init_scale: float,
+               name: str = "ffn"):
+    super().__init__(name=name)
+    with self.name_scope:
+      self.wi = init_variable([d_model, d_ff], fan_in=d_model,
+                              scale=init_scale, name="wi")
+      self.wo = init_variable([d_ff, d_model], fan_in=d_ff, scale=init_scale,
+                              name="wo")
+
+  def __call__(self, x: tf.Tensor) -> tf.Tensor:
+    """<dtype>[B, L, M] -> <dtype>[B, L, M]."""
+    h = tf.nn.relu(tf.einsum("BLM,MF->BLF", x, tf.cast(self.wi, x.dtype)))
+    return tf.einsum("BLF,FM->BLM", h, tf.cast(self.wo, x.dtype))

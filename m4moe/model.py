@@ -1,0 +1,561 @@
+"""The (MoE) Transformer encoder-decoder for multilingual translation.
+
+Pre-layer-norm blocks: each encoder layer is self-attention then a
+feed-forward layer; each decoder layer is causal self-attention,
+cross-attention to the encoder, then a feed-forward layer. Feed-forward layer
+``i`` of a stack is an :class:`~m4moe.moe_layer.MoeLayer` when
+``config.moe.is_moe_layer(i)`` (GShard: every other layer), a dense
+``wo · ReLU(wi · x)`` otherwise. Both stacks end with a layer norm. Dropout
+(``config.dropout_rate``) is applied to the embedded inputs, to every residual
+branch and after the final layer norm; ``config.attention_dropout_rate`` to
+attention probabilities.
+
+Dimensions cheat sheet:
+
+  B  batch size          Ls source length      Lt target length
+  M  d_model             N  attention heads     D  d_kv per head
+  V  target vocabulary   L  decoding cache length (max decode length)
+
+Batches (see the team contract): ``inputs`` <int32>[B, Ls] and ``targets``
+<int32>[B, Lt] with 0 = padding; for packed rows also ``inputs_segment_ids``,
+``inputs_positions``, ``targets_segment_ids``, ``targets_positions``
+(segment id 0 = padding). Tokens attend only within their own segment; the
+decoder input is the target shifted right within each segment, with start
+token 0 (T5 style).
+
+Incremental decoding: :meth:`Transformer.encode` once, then
+:meth:`Transformer.decode_step` per position with a :class:`DecoderCache`
+from :meth:`Transformer.init_cache`. Both :class:`EncoderOutput` and
+:class:`DecoderCache` are NamedTuples of batch-major tensors, so ``tf.nest``
+can tile/gather them along axis 0 (beam search) and ``tf.while_loop`` can
+carry them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, NamedTuple
+
+import tensorflow as tf
+
+from m4moe import layers
+from m4moe.config import ModelConfig
+
+_DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
+_PACKING_KEYS = ("segment_ids", "positions")
+
+
+class EncoderOutput(NamedTuple):
+  """Everything the decoder needs from the source, batch-major.
+
+  Attributes:
+    encoded: <activation dtype>[B, Ls, M] final encoder states.
+    segment_ids: <int32>[B, Ls] source segment ids (0 = padding).
+    cross_keys: per decoder layer, <activation dtype>[B, Ls, N, D] projected
+      cross-attention keys (computed once, reused at every decode step).
+    cross_values: per decoder layer, like ``cross_keys``.
+  """
+  encoded: tf.Tensor
+  segment_ids: tf.Tensor
+  cross_keys: tuple[tf.Tensor, ...]
+  cross_values: tuple[tf.Tensor, ...]
+
+
+class DecoderCache(NamedTuple):
+  """Self-attention keys/values of the decoded prefix, per decoder layer.
+
+  Attributes:
+    keys: per decoder layer, <activation dtype>[B, L, N, D]; slot ``t`` holds
+      position ``t`` once :meth:`Transformer.decode_step` has run at step t.
+    values: like ``keys``.
+  """
+  keys: tuple[tf.Tensor, ...]
+  values: tuple[tf.Tensor, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOutput:
+  """Result of a teacher-forced forward pass.
+
+  Attributes:
+    logits: <float32>[B, Lt, V] next-token logits.
+    moe_loss: <float32>[] sum over MoE layers of their weighted aux + z loss;
+      add it to the cross-entropy.
+    aux_loss: <float32>[] sum of the unweighted load-balancing losses.
+    z_loss: <float32>[] sum of the unweighted router z-losses.
+    moe_stats: MoE layer name (e.g. ``"decoder/layer_1/moe"``) -> RouterStats.
+  """
+  logits: tf.Tensor
+  moe_loss: tf.Tensor
+  aux_loss: tf.Tensor
+  z_loss: tf.Tensor
+  moe_stats: Mapping[str, Any]
+
+
+def shift_right(targets: tf.Tensor,
+                segment_ids: tf.Tensor | None = None) -> tf.Tensor:
+  """Decoder inputs: targets shifted right by one within each segment.
+
+  The first position of every segment gets the start token 0.
+
+  Args:
+    targets: <int32>[B, Lt].
+    segment_ids: <int32>[B, Lt] or None (one segment per row).
+
+  Returns:
+    <int32>[B, Lt].
+  """
+  shifted = tf.pad(targets[:, :-1], [[0, 0], [1, 0]])
+  if segment_ids is None:
+    return shifted
+  previous = tf.pad(segment_ids[:, :-1], [[0, 0], [1, 0]], constant_values=-1)
+  return tf.where(tf.equal(segment_ids, previous), shifted,
+                  tf.zeros_like(shifted))
+
+
+def _randomness(config: ModelConfig) -> list[str]:
+  """Flags whose nonzero values make a training step random."""
+  found = [f"--{name}={getattr(config, name)}"
+           for name in ("dropout_rate", "attention_dropout_rate")
+           if getattr(config, name) > 0]
+  moe = config.moe
+  if moe.enabled:
+    for name in ("router_jitter", "expert_dropout_rate"):
+      if getattr(moe, name) > 0:
+        found.append(f"--{name}={getattr(moe, name)}")
+    if moe.router == "noisy_topk":
+      found.append("--router=noisy_topk")
+    if moe.router == "top2" and moe.second_expert_policy != "all":
+      found.append(f"--second_expert_policy={moe.second_expert_policy}")
+  return found
+
+
+def _check_seed(config: ModelConfig, *, training: bool, seed: Any) -> None:
+  if training and seed is None:
+    random_flags = _randomness(config)
+    if random_flags:
+      raise ValueError(
+          f"training=True with {', '.join(random_flags)} is random and needs "
+          "seed=<int32>[2] (the trainer passes fold_in(base_seed, step))")
+
+
+def _sequence_features(batch: Mapping[str, tf.Tensor], prefix: str,
+                       max_length: int) -> tuple[tf.Tensor, ...]:
+  """(ids, segment_ids, positions) for ``prefix`` in {inputs, targets}."""
+  if prefix not in batch:
+    raise ValueError(f"batch has no {prefix!r} key (keys: {sorted(batch)}); "
+                     "the model needs int32 'inputs' and 'targets'")
+  ids = tf.convert_to_tensor(batch[prefix])
+  given = [f"{prefix}_{key}" in batch for key in _PACKING_KEYS]
+  if any(given) and not all(given):
+    raise ValueError(
+        f"packed batches need both {prefix}_segment_ids and "
+        f"{prefix}_positions; got only one of them")
+  if all(given):
+    segment_ids = batch[f"{prefix}_segment_ids"]
+    positions = batch[f"{prefix}_positions"]
+  else:
+    segment_ids, positions = None, None
+  return ids, *_default_packing(ids, segment_ids, positions, max_length,
+                                name=prefix)
+
+
+def _default_packing(ids: tf.Tensor, segment_ids: tf.Tensor | None,
+                     positions: tf.Tensor | None, max_length: int, *,
+                     name: str) -> tuple[tf.Tensor, tf.Tensor]:
+  """Validates ids; fills in one-segment-per-row segment ids and positions."""
+  if ids.dtype not in (tf.int32, tf.int64) or ids.shape.rank != 2:
+    raise ValueError(f"{name} must be int32 [batch, length], got "
+                     f"{ids.dtype.name} {ids.shape}")
+  length = ids.shape[1]
+  if length is not None and length > max_length:
+    raise ValueError(
+        f"{name} has length {length} > --max_length={max_length}; raise "
+        "--max_length or truncate the data")
+  if segment_ids is None:
+    segment_ids = tf.cast(tf.not_equal(ids, 0), tf.int32)
+  if positions is None:
+    positions = tf.broadcast_to(tf.range(tf.shape(ids)[1]), tf.shape(ids))
+  return tf.cast(segment_ids, tf.int32), tf.cast(positions, tf.int32)
+
+
+def _make_ffn(config: ModelConfig, index: int, *, causal: bool) -> tf.Module:
+  if config.moe.is_moe_layer(index):
+    from m4moe.moe_layer import MoeLayer  # pylint: disable=g-import-not-at-top
+    return MoeLayer(config=config, causal=causal, name="moe")
+  return layers.DenseFfn(d_model=config.d_model, d_ff=config.d_ff,
+                         init_scale=config.init_scale, name="ffn")
+
+
+def _attention(config: ModelConfig, name: str) -> layers.MultiHeadAttention:
+  return layers.MultiHeadAttention(
+      d_model=config.d_model, num_heads=config.num_heads, d_kv=config.d_kv,
+      dropout_rate=config.attention_dropout_rate,
+      init_scale=config.init_scale, name=name)
+
+
+def _ffn_block(ffn: tf.Module, x: tf.Tensor, *, padding_mask: tf.Tensor,
+               training: bool, seed: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
+  """Runs a dense FFN or an MoE layer; returns (outputs, MoeOutput or None)."""
+  if isinstance(ffn, layers.DenseFfn):
+    return ffn(x), None
+  moe_output = ffn(x, padding_mask=padding_mask, training=training, seed=seed)
+  return moe_output.outputs, moe_output
+
+
+class _Layer(tf.Module):
+  """Shared pieces of encoder and decoder layers."""
+
+  def __init__(self, *, config: ModelConfig, index: int, causal: bool,
+               name: str):
+    super().__init__(name=name)
+    self.dropout_rate = config.dropout_rate
+    with self.name_scope:
+      self.self_attention_norm = layers.LayerNorm(d_model=config.d_model,
+                                                  name="self_attention_norm")
+      self.self_attention = _attention(config, "self_attention")
+      self.ffn_norm = layers.LayerNorm(d_model=config.d_model, name="ffn_norm")
+      self.ffn = _make_ffn(config, index, causal=causal)
+
+  @property
+  def is_moe(self) -> bool:
+    return not isinstance(self.ffn, layers.DenseFfn)
+
+  def _residual(self, x: tf.Tensor, branch: tf.Tensor, *, training: bool,
+                seed: tf.Tensor | None) -> tf.Tensor:
+    return x + layers.dropout(branch, rate=self.dropout_rate,
+                              training=training, seed=seed)
+
+  def _ffn_residual(self, x: tf.Tensor, *, padding_mask: tf.Tensor,
+                    training: bool,
+                    seed: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
+    y, moe_output = _ffn_block(self.ffn, self.ffn_norm(x),
+                               padding_mask=padding_mask, training=training,
+                               seed=layers.fold_seed(seed, 4))
+    x = self._residual(x, y, training=training, seed=layers.fold_seed(seed, 5))
+    return x, moe_output
+
+
+class EncoderLayer(_Layer):
+  """Self-attention + (dense or MoE) feed-forward, pre-layer-norm."""
+
+  def __init__(self, *, config: ModelConfig, index: int,
+               name: str = "encoder_layer"):
+    super().__init__(config=config, index=index, causal=False, name=name)
+
+  def __call__(self, x: tf.Tensor, *, bias: tf.Tensor,
+               padding_mask: tf.Tensor, training: bool,
+               seed: tf.Tensor | None = None) -> tuple[tf.Tensor, Any]:
+    """Encodes ``x`` <dtype>[B, Ls, M].
+
+    Args:
+      x: <dtype>[B, Ls, M].
+      bias: <float32>[B, 1, Ls, Ls] self-attention bias.
+      padding_mask: <float32>[B, Ls], 1 for real tokens.
+      training: enables dropout and training-time routing.
+      seed: <int32>[2] or None.
+
+    Returns:
+      (<dtype>[B, Ls, M], MoeOutput or None).
+    """
+    h = self.self_attention_norm(x)
+    h = self.self_attention(h, h, bias=bias, training=training,
+                            seed=layers.fold_seed(seed, 0))
+    x = self._residual(x, h, training=training, seed=layers.fold_seed(seed, 1))
+    return self._ffn_residual(x, padding_mask=padding_mask, training=training,
+                              seed=seed)
+
+
+class DecoderLayer(_Layer):
+  """Causal self-attention + cross-attention + (dense or MoE) FFN."""
+
+  def __init__(self, *, config: ModelConfig, index: int,
+               name: str = "decoder_layer"):
+    super().__init__(config=config, index=index, causal=True, name=name)
+    with self.name_scope:
+      self.cross_attention_norm = layers.LayerNorm(
+          d_model=config.d_model, name="cross_attention_norm")
+      self.cross_attention = _attention(config, "cross_attention")
+
+  def __call__(self, x: tf.Tensor, *, self_bias: tf.Tensor,
+               cross_keys: tf.Tensor, cross_values: tf.Tensor,
+               cross_bias: tf.Tensor, padding_mask: tf.Tensor, training: bool,
+               seed: tf.Tensor | None = None) -> tuple[tf.Tensor, Any]:
+    """Teacher-forced pass over the whole target.
+
+    Args:
+      x: <dtype>[B, Lt, M].
+      self_bias: <float32>[B, 1, Lt, Lt] causal + segment bias.
+      cross_keys, cross_values: <dtype>[B, Ls, N, D].
+      cross_bias: <float32>[B, 1, Lt, Ls].
+      padding_mask: <float32>[B, Lt], 1 for real target tokens.
+      training: enables dropout and training-time routing.
+      seed: <int32>[2] or None.
+
+    Returns:
+      (<dtype>[B, Lt, M], MoeOutput or None).
+    """
+    h = self.self_attention_norm(x)
+    h = self.self_attention(h, h, bias=self_bias, training=training,
+                            seed=layers.fold_seed(seed, 0))
+    x = self._residual(x, h, training=training, seed=layers.fold_seed(seed, 1))
+    h = self.cross_attention.attend(
+        self.cross_attention_norm(x), cross_keys, cross_values,
+        bias=cross_bias, training=training, seed=layers.fold_seed(seed, 2))
+    x = self._residual(x, h, training=training, seed=layers.fold_seed(seed, 3))
+    return self._ffn_residual(x, padding_mask=padding_mask, training=training,
+                              seed=seed)
+
+  def step(self, x: tf.Tensor, *, keys: tf.Tensor, values: tf.Tensor,
+           step: tf.Tensor, cross_keys: tf.Tensor, cross_values: tf.Tensor,
+           cross_bias: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """One incremental (inference) step for the token at position ``step``.
+
+    Args:
+      x: <dtype>[B, 1, M].
+      keys, values: <dtype>[B, L, N, D] this layer's self-attention cache.
+      step: <int32>[].
+      cross_keys, cross_values: <dtype>[B, Ls, N, D].
+      cross_bias: <float32>[B, 1, 1, Ls].
+
+    Returns:
+      (<dtype>[B, 1, M], updated keys, updated values).
+    """
+    h, keys, values = self.self_attention.cached_self_attention(
+        self.self_attention_norm(x), keys=keys, values=values, step=step)
+    x = x + h
+    x = x + self.cross_attention.attend(
+        self.cross_attention_norm(x), cross_keys, cross_values,
+        bias=cross_bias, training=False, seed=None)
+    padding_mask = tf.ones(tf.shape(x)[:2], tf.float32)
+    x, _ = self._ffn_residual(x, padding_mask=padding_mask, training=False,
+                              seed=None)
+    return x, keys, values
+
+
+def _sum_moe(moe_outputs: Mapping[str, Any]) -> tuple[tf.Tensor, ...]:
+  """(moe_loss, aux_loss, z_loss) summed over MoE layers, float32 scalars."""
+  zero = tf.constant(0.0, tf.float32)
+  totals = [zero, zero, zero]
+  for out in moe_outputs.values():
+    totals[0] += tf.cast(out.weighted_loss, tf.float32)
+    totals[1] += tf.cast(out.aux_loss, tf.float32)
+    totals[2] += tf.cast(out.z_loss, tf.float32)
+  return tuple(totals)
+
+
+class Transformer(tf.Module):
+  """Encoder-decoder Transformer with GShard-style MoE feed-forward layers.
+
+  Args:
+    config: the validated model config.
+    share_target_embedding: reuse the target embedding table as the softmax
+      weights (tied); otherwise a separate [M, V] projection is learned.
+    name: module name.
+  """
+
+  def __init__(self, *, config: ModelConfig, name: str = "transformer",
+               share_target_embedding: bool = False):
+    super().__init__(name=name)
+    self.config = config
+    self.dtype = _DTYPES[config.activation_dtype]
+    self.share_target_embedding = share_target_embedding
+    c = config
+    with self.name_scope:
+      self.source_embedding = layers.Embedding(
+          vocab_size=c.src_vocab_size, d_model=c.d_model,
+          init_scale=c.init_scale, name="source_embedding")
+      self.target_embedding = layers.Embedding(
+          vocab_size=c.tgt_vocab_size, d_model=c.d_model,
+          init_scale=c.init_scale, name="target_embedding")
+      self.encoder_layers = [
+          EncoderLayer(config=c, index=i, name=f"encoder_layer_{i}")
+          for i in range(c.num_encoder_layers)]
+      self.decoder_layers = [
+          DecoderLayer(config=c, index=i, name=f"decoder_layer_{i}")
+          for i in range(c.num_decoder_layers)]
+      self.encoder_norm = layers.LayerNorm(d_model=c.d_model,
+                                           name="encoder_norm")
+      self.decoder_norm = layers.LayerNorm(d_model=c.d_model,
+                                           name="decoder_norm")
+      self.output_projection = None
+      if not share_target_embedding:
+        self.output_projection = layers.OutputProjection(
+            d_model=c.d_model, vocab_size=c.tgt_vocab_size,
+            init_scale=c.init_scale, name="output_projection")
+
+  def __call__(self, batch: Mapping[str, tf.Tensor], *, training: bool,
+               seed: tf.Tensor | None = None) -> ModelOutput:
+    """Teacher-forced forward pass.
+
+    Args:
+      batch: "inputs" <int32>[B, Ls], "targets" <int32>[B, Lt] (0 = pad) and
+        optionally the four packing features (see the module docstring).
+      training: enables dropout and training-time MoE routing/capacity.
+      seed: <int32>[2]; required when training with any randomness.
+
+    Returns:
+      ModelOutput with <float32>[B, Lt, V] logits and the MoE losses/stats.
+    """
+    _check_seed(self.config, training=training, seed=seed)
+    inputs, in_segments, in_positions = _sequence_features(
+        batch, "inputs", self.config.max_length)
+    targets, tgt_segments, tgt_positions = _sequence_features(
+        batch, "targets", self.config.max_length)
+    encoder_output, moe_outputs = self._encode(
+        inputs, segment_ids=in_segments, positions=in_positions,
+        training=training, seed=layers.fold_seed(seed, 0))
+    packed = "targets_segment_ids" in batch
+    decoder_inputs = shift_right(targets, tgt_segments if packed else None)
+    logits, decoder_moe = self._decode(
+        encoder_output, decoder_inputs, segment_ids=tgt_segments,
+        positions=tgt_positions, training=training,
+        seed=layers.fold_seed(seed, 1))
+    moe_outputs.update(decoder_moe)
+    moe_loss, aux_loss, z_loss = _sum_moe(moe_outputs)
+    return ModelOutput(
+        logits=logits, moe_loss=moe_loss, aux_loss=aux_loss, z_loss=z_loss,
+        moe_stats={name: out.stats for name, out in moe_outputs.items()})
+
+  def encode(self, inputs: tf.Tensor, *, segment_ids: tf.Tensor | None = None,
+             positions: tf.Tensor | None = None, training: bool = False,
+             seed: tf.Tensor | None = None) -> EncoderOutput:
+    """Encodes a source batch for decoding.
+
+    Args:
+      inputs: <int32>[B, Ls] source ids, 0 = padding.
+      segment_ids: <int32>[B, Ls] or None (then ``inputs != 0``).
+      positions: <int32>[B, Ls] or None (then 0..Ls-1).
+      training: enables dropout (normally False here).
+      seed: <int32>[2] or None.
+
+    Returns:
+      EncoderOutput including every decoder layer's cross-attention
+      keys/values.
+    """
+    _check_seed(self.config, training=training, seed=seed)
+    inputs = tf.convert_to_tensor(inputs)
+    segment_ids, positions = _default_packing(
+        inputs, segment_ids, positions, self.config.max_length, name="inputs")
+    encoder_output, _ = self._encode(inputs, segment_ids=segment_ids,
+                                     positions=positions, training=training,
+                                     seed=seed)
+    return encoder_output
+
+  def _embed(self, embedding: layers.Embedding, ids: tf.Tensor,
+             positions: tf.Tensor, *, training: bool,
+             seed: tf.Tensor | None) -> tf.Tensor:
+    """Token + sinusoidal position embedding, with input dropout."""
+    x = embedding(ids, dtype=self.dtype) + layers.sinusoidal_positions(
+        positions, d_model=self.config.d_model, dtype=self.dtype)
+    return layers.dropout(x, rate=self.config.dropout_rate, training=training,
+                          seed=seed)
+
+  def _encode(self, inputs: tf.Tensor, *, segment_ids: tf.Tensor,
+              positions: tf.Tensor, training: bool,
+              seed: tf.Tensor | None) -> tuple[EncoderOutput, dict[str, Any]]:
+    """Runs the encoder stack; returns its output and the MoeOutputs."""
+    x = self._embed(self.source_embedding, inputs, positions,
+                    training=training, seed=layers.fold_seed(seed, 0))
+    bias = layers.attention_bias(segment_ids, segment_ids, causal=False)
+    padding_mask = tf.cast(segment_ids > 0, tf.float32)
+    moe_outputs = {}
+    for i, layer in enumerate(self.encoder_layers):
+      x, moe_output = layer(x, bias=bias, padding_mask=padding_mask,
+                            training=training,
+                            seed=layers.fold_seed(seed, i + 1))
+      if moe_output is not None:
+        moe_outputs[f"encoder/layer_{i}/moe"] = moe_output
+    x = self.encoder_norm(x)
+    x = layers.dropout(x, rate=self.config.dropout_rate, training=training,
+                       seed=layers.fold_seed(seed, len(self.encoder_layers) + 1))
+    cross = [layer.cross_attention.project_kv(x)
+             for layer in self.decoder_layers]
+    output = EncoderOutput(
+        encoded=x, segment_ids=segment_ids,
+        cross_keys=tuple(k for k, _ in cross),
+        cross_values=tuple(v for _, v in cross))
+    return output, moe_outputs
+
+  def _logits(self, x: tf.Tensor) -> tf.Tensor:
+    """<dtype>[B, T, M] final decoder states -> <float32>[B, T, V]."""
+    if self.output_projection is None:
+      return self.target_embedding.attend(x)
+    return self.output_projection(x)
+
+  def _decode(self, encoder_output: EncoderOutput, decoder_inputs: tf.Tensor,
+              *, segment_ids: tf.Tensor, positions: tf.Tensor, training: bool,
+              seed: tf.Tensor | None) -> tuple[tf.Tensor, dict[str, Any]]:
+    """Teacher-forced decoder stack; returns (logits, MoeOutputs)."""
+    x = self._embed(self.target_embedding, decoder_inputs, positions,
+                    training=training, seed=layers.fold_seed(seed, 0))
+    self_bias = layers.attention_bias(segment_ids, segment_ids, causal=True)
+    cross_bias = layers.attention_bias(segment_ids, encoder_output.segment_ids,
+                                       causal=False)
+    padding_mask = tf.cast(segment_ids > 0, tf.float32)
+    moe_outputs = {}
+    for i, layer in enumerate(self.decoder_layers):
+      x, moe_output = layer(
+          x, self_bias=self_bias, cross_keys=encoder_output.cross_keys[i],
+          cross_values=encoder_output.cross_values[i], cross_bias=cross_bias,
+          padding_mask=padding_mask, training=training,
+          seed=layers.fold_seed(seed, i + 1))
+      if moe_output is not None:
+        moe_outputs[f"decoder/layer_{i}/moe"] = moe_output
+    x = self.decoder_norm(x)
+    x = layers.dropout(x, rate=self.config.dropout_rate, training=training,
+                       seed=layers.fold_seed(seed, len(self.decoder_layers) + 1))
+    return self._logits(x), moe_outputs
+
+  def init_cache(self, *, batch_size: int, max_length: int) -> DecoderCache:
+    """An empty self-attention cache for decoding up to ``max_length`` tokens.
+
+    Returns:
+      DecoderCache of zeros, each tensor <activation dtype>[B, L, N, D].
+    """
+    if not 1 <= max_length <= self.config.max_length:
+      raise ValueError(
+          f"init_cache(max_length={max_length}) must be in "
+          f"[1, --max_length={self.config.max_length}]")
+    shape = [batch_size, max_length, self.config.num_heads, self.config.d_kv]
+    count = len(self.decoder_layers)
+    return DecoderCache(
+        keys=tuple(tf.zeros(shape, self.dtype) for _ in range(count)),
+        values=tuple(tf.zeros(shape, self.dtype) for _ in range(count)))
+
+  def decode_step(self, *, encoder_output: EncoderOutput,
+                  token_ids: tf.Tensor, cache: DecoderCache,
+                  step: tf.Tensor) -> tuple[tf.Tensor, DecoderCache]:
+    """Logits for position ``step`` given the previous token, and the cache.
+
+    Equals the teacher-forced pass (``training=False``) at that position.
+    Assumes one source sentence per row (every non-pad source token is
+    visible). MoE layers use the eval capacity.
+
+    Args:
+      encoder_output: from :meth:`encode` (possibly tiled for beams).
+      token_ids: <int32>[B] the token at position ``step - 1`` (0, the start
+        token, at step 0).
+      cache: the DecoderCache after steps 0..step-1.
+      step: <int32>[] current position, in [0, L).
+
+    Returns:
+      (<float32>[B, V] logits, DecoderCache with slot ``step`` filled).
+    """
+    step = tf.convert_to_tensor(step, tf.int32)
+    token_ids = tf.convert_to_tensor(token_ids)[:, None]
+    positions = tf.fill(tf.shape(token_ids), step)
+    x = self._embed(self.target_embedding, token_ids, positions,
+                    training=False, seed=None)
+    key_visible = encoder_output.segment_ids > 0
+    cross_bias = tf.where(key_visible, 0.0, layers.NEG_INF)[:, None, None, :]
+    keys, values = [], []
+    for i, layer in enumerate(self.decoder_layers):
+      x, k, v = layer.step(
+          x, keys=cache.keys[i], values=cache.values[i], step=step,
+          cross_keys=encoder_output.cross_keys[i],
+          cross_values=encoder_output.cross_values[i], cross_bias=cross_bias)
+      keys.append(k)
+      values.append(v)
+    logits = self._logits(self.decoder_norm(x))[:, 0]
+    return logits, DecoderCache(keys=tuple(keys), values=tuple(values))

@@ -1,0 +1,336 @@
+"""Beam search with GNMT length normalisation over a generic step function.
+
+The search is written once against a *step function*
+
+  ``step_fn(token_ids, cache, step) -> (logits, cache)``
+
+  token_ids: <int32>[B*K]   the previous token of every beam (batch-major:
+                             row ``b * K + k`` is beam k of sentence b).
+  cache:     any tf.nest structure whose tensor leaves of rank >= 1 have the
+             beam-flattened batch axis B*K first (rank-0 leaves, e.g. a step
+             counter, are carried unchanged).
+  step:      <int32>[]      0 for the first target position.
+  logits:    <float32>[B*K, V] scores of the next token.
+
+so it serves the Transformer's incremental decoder (see
+:func:`transformer_step_fn`) and hand-made step functions in tests alike.
+
+Scoring follows GNMT (Wu et al. 2016): a hypothesis Y is ranked by
+``log P(Y) / lp(Y)`` with ``lp(Y) = ((5 + |Y|) / 6) ** alpha``, where |Y|
+counts the generated tokens including the final EOS. Finished hypotheses are
+kept in a separate top-K list; the loop stops early once no alive beam can
+still beat the worst of K finished hypotheses (log-probabilities only fall
+and ``lp`` only grows, so ``alive_log_prob / lp(max_length)`` bounds every
+continuation). With ``beam_size=1`` and ``alpha=0`` this is exactly greedy
+decoding (:func:`greedy_search`); with ``alpha > 0`` a single beam may keep
+extending past the greedy EOS when a longer hypothesis can still win.
+
+Everything is a ``tf.while_loop`` over tensors with static shapes
+(``[B, K, max_length + 1]`` sequence buffers), so it runs eagerly and inside
+``tf.function`` unchanged.
+
+Dimensions: B sentences, K beams, V target vocabulary, T = max_decode_length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import tensorflow as tf
+
+# A large finite negative score: -inf would turn 0 * -inf into NaN.
+NEG_INF = -1.0e9
+
+StepFn = Callable[[tf.Tensor, Any, tf.Tensor], tuple[tf.Tensor, Any]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BeamSearchConfig:
+  """Beam search settings.
+
+  Attributes:
+    beam_size: K, hypotheses kept per sentence; 1 with alpha=0 is greedy.
+    alpha: GNMT length-normalisation exponent (0 = raw log-probability).
+    max_decode_length: T, most target tokens generated (EOS included).
+    eos_id: end-of-sentence id (the project's convention: 1).
+    start_id: decoder start token (0, T5-style shift-right).
+    forbidden_ids: ids never generated (padding 0 by default).
+  """
+
+  beam_size: int = 4
+  alpha: float = 0.6
+  max_decode_length: int = 128
+  eos_id: int = 1
+  start_id: int = 0
+  forbidden_ids: tuple[int, ...] = (0,)
+
+  def __post_init__(self) -> None:
+    if self.beam_size < 1:
+      raise ValueError(f"--beam_size={self.beam_size} is invalid: use 1 "
+                       "(greedy) or more beams")
+    if self.alpha < 0:
+      raise ValueError(f"--alpha={self.alpha} is invalid: the GNMT length "
+                       "penalty exponent must be >= 0 (0.6 is usual)")
+    if self.max_decode_length < 1:
+      raise ValueError(f"--max_decode_length={self.max_decode_length} is "
+                       "invalid: use a positive number of target tokens")
+    if self.eos_id in self.forbidden_ids:
+      raise ValueError(f"eos_id={self.eos_id} cannot be a forbidden id")
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamSearchOutput:
+  """Hypotheses per sentence, best first.
+
+  Attributes:
+    sequences: <int32>[B, K, T] generated ids (no start token), EOS included,
+      zeros after it.
+    scores: <float32>[B, K] length-normalised scores log P / lp.
+    log_probs: <float32>[B, K] summed token log-probabilities.
+    lengths: <int32>[B, K] tokens generated, EOS included.
+    finished: <bool>[B, K] whether the hypothesis ended with EOS (False for
+      a beam truncated at max_decode_length).
+  """
+
+  sequences: tf.Tensor
+  scores: tf.Tensor
+  log_probs: tf.Tensor
+  lengths: tf.Tensor
+  finished: tf.Tensor
+
+  # tf.nest protocol, so tf.function can return this dataclass.
+  def __tf_flatten__(self):
+    return (), tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+  @classmethod
+  def __tf_unflatten__(cls, metadata, components):
+    del metadata
+    return cls(*components)
+
+
+class _State(NamedTuple):
+  step: tf.Tensor               # <int32>[]
+  alive_seqs: tf.Tensor         # <int32>[B, K, T+1]
+  alive_log_probs: tf.Tensor    # <float32>[B, K]
+  finished_seqs: tf.Tensor      # <int32>[B, K, T+1]
+  finished_scores: tf.Tensor    # <float32>[B, K]
+  finished_log_probs: tf.Tensor  # <float32>[B, K]
+  finished_flags: tf.Tensor     # <bool>[B, K]
+  cache: Any
+
+
+def length_penalty(length: tf.Tensor, alpha: float) -> tf.Tensor:
+  """GNMT lp = ((5 + |Y|) / 6) ** alpha; <float32> of ``length``'s shape."""
+  return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+
+
+def tile_beams(tree: Any, beam_size: int) -> Any:
+  """Repeats every leaf of rank >= 1 K times on axis 0: [B, ...] -> [B*K, ...].
+
+  Row ``b * K + k`` is a copy of row b, the layout the step function sees.
+  """
+  def tile(t):
+    t = tf.convert_to_tensor(t)
+    return t if t.shape.rank == 0 else tf.repeat(t, beam_size, axis=0)
+  return tf.nest.map_structure(tile, tree)
+
+
+def gather_beams(tree: Any, beam_indices: tf.Tensor, *,
+                 beam_size: int) -> Any:
+  """Selects beams of a beam-flattened structure.
+
+  Args:
+    tree: leaves <any>[B*K, ...] (rank-0 leaves pass through).
+    beam_indices: <int32>[B, K'] source beam in [0, K) for every new beam.
+    beam_size: K, beams per sentence in ``tree``.
+
+  Returns:
+    The structure with leaves <any>[B*K', ...].
+  """
+  batch = tf.shape(beam_indices)[0]
+  offsets = tf.range(batch, dtype=tf.int32)[:, None] * beam_size
+  flat = tf.reshape(offsets + beam_indices, [-1])
+  def gather(t):
+    return t if t.shape.rank == 0 else tf.gather(t, flat, axis=0)
+  return tf.nest.map_structure(gather, tree)
+
+
+def _initial_state(*, batch_size: int, cache: Any,
+                   config: BeamSearchConfig) -> _State:
+  k, t = config.beam_size, config.max_decode_length
+  seqs = tf.fill([batch_size, k, t + 1], tf.constant(config.start_id, tf.int32))
+  seqs = tf.concat([seqs[:, :, :1], tf.zeros_like(seqs[:, :, 1:])], axis=2)
+  # Only beam 0 is alive at first, so the K beams do not duplicate it.
+  alive = tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch_size, 1])
+  return _State(
+      step=tf.constant(0, tf.int32),
+      alive_seqs=seqs,
+      alive_log_probs=alive,
+      finished_seqs=tf.zeros_like(seqs),
+      finished_scores=tf.fill([batch_size, k], NEG_INF),
+      finished_log_probs=tf.fill([batch_size, k], NEG_INF),
+      finished_flags=tf.zeros([batch_size, k], tf.bool),
+      cache=cache)
+
+
+def _top_candidates(state: _State, log_probs: tf.Tensor, *, k: int):
+  """Top 2K continuations of the alive beams.
+
+  Args:
+    state: the loop state.
+    log_probs: <float32>[B, K, V] next-token log-probabilities.
+    k: K.
+
+  Returns:
+    (log_probs <float32>[B, 2K], source beam <int32>[B, 2K],
+     token <int32>[B, 2K], sequences <int32>[B, 2K, T+1]).
+  """
+  vocab = tf.shape(log_probs)[2]
+  total = state.alive_log_probs[:, :, None] + log_probs
+  flat = tf.reshape(total, [tf.shape(total)[0], -1])
+  top_lp, top_idx = tf.math.top_k(flat, k=2 * k)
+  top_beam = top_idx // vocab
+  top_tok = top_idx % vocab
+  seqs = tf.gather(state.alive_seqs, top_beam, batch_dims=1)
+  position = tf.one_hot(state.step + 1, tf.shape(seqs)[2], dtype=tf.int32)
+  seqs = seqs * (1 - position) + top_tok[:, :, None] * position
+  return top_lp, top_beam, top_tok, seqs
+
+
+def _merge_finished(state: _State, *, top_lp, top_seqs, is_eos,
+                    config: BeamSearchConfig):
+  """Keeps the K best finished hypotheses among old ones and new EOS ends.
+
+  Only an EOS candidate ranked within the top K of the 2K candidates ends a
+  hypothesis (one that would survive pruning), so one beam is greedy.
+  """
+  in_beam = tf.range(2 * config.beam_size) < config.beam_size
+  valid = is_eos & in_beam[None, :] & (top_lp > 0.5 * NEG_INF)
+  new_scores = top_lp / length_penalty(state.step + 1, config.alpha)
+  new_scores = tf.where(valid, new_scores, NEG_INF)
+  scores = tf.concat([state.finished_scores, new_scores], axis=1)
+  _, idx = tf.math.top_k(scores, k=config.beam_size)
+  def pick(old, new):
+    return tf.gather(tf.concat([old, new], axis=1), idx, batch_dims=1)
+  return (pick(state.finished_seqs, top_seqs),
+          pick(state.finished_scores, new_scores),
+          pick(state.finished_log_probs, top_lp),
+          pick(state.finished_flags, valid))
+
+
+def _make_body(step_fn: StepFn, config: BeamSearchConfig):
+  """The while-loop body: one decoding step for all beams."""
+  k = config.beam_size
+
+  def body(state: _State) -> tuple[_State]:
+    batch = tf.shape(state.alive_seqs)[0]
+    tokens = tf.reshape(state.alive_seqs[:, :, state.step], [-1])
+    logits, cache = step_fn(tokens, state.cache, state.step)
+    logits = tf.cast(logits, tf.float32)
+    vocab = tf.shape(logits)[-1]
+    if config.forbidden_ids:
+      banned = tf.reduce_sum(tf.one_hot(list(config.forbidden_ids), vocab), 0)
+      logits += banned * NEG_INF
+    log_probs = tf.reshape(tf.nn.log_softmax(logits), [batch, k, vocab])
+    top_lp, top_beam, top_tok, top_seqs = _top_candidates(state, log_probs, k=k)
+    is_eos = tf.equal(top_tok, config.eos_id)
+    alive_lp, alive_idx = tf.math.top_k(
+        tf.where(is_eos, NEG_INF + top_lp, top_lp), k=k)
+    source_beam = tf.gather(top_beam, alive_idx, batch_dims=1)
+    finished = _merge_finished(state, top_lp=top_lp, top_seqs=top_seqs,
+                               is_eos=is_eos, config=config)
+    return (_State(
+        step=state.step + 1,
+        alive_seqs=tf.gather(top_seqs, alive_idx, batch_dims=1),
+        alive_log_probs=alive_lp,
+        finished_seqs=finished[0], finished_scores=finished[1],
+        finished_log_probs=finished[2], finished_flags=finished[3],
+        cache=gather_beams(cache, source_beam, beam_size=k)),)
+  return body
+
+
+def _make_cond(config: BeamSearchConfig):
+  """Continue while under max length and some alive beam can still win."""
+  max_lp = length_penalty(config.max_decode_length, config.alpha)
+
+  def cond(state: _State) -> tf.Tensor:
+    best_alive = state.alive_log_probs[:, 0] / max_lp
+    worst_finished = tf.reduce_min(
+        tf.where(state.finished_flags, state.finished_scores, 2.0 * NEG_INF),
+        axis=1)
+    settled = tf.reduce_all(worst_finished > best_alive)
+    return tf.logical_and(state.step < config.max_decode_length,
+                          tf.logical_not(settled))
+  return cond
+
+
+def _lengths(seqs: tf.Tensor, *, eos_id: int) -> tf.Tensor:
+  """<int32>[B, K] tokens up to and including the first EOS (else T)."""
+  is_eos = tf.cast(tf.equal(seqs, eos_id), tf.int32)
+  seen_before = tf.cumsum(is_eos, axis=2, exclusive=True)
+  return tf.reduce_sum(tf.cast(seen_before == 0, tf.int32), axis=2)
+
+
+def beam_search(step_fn: StepFn, *, initial_cache: Any, batch_size: int,
+                config: BeamSearchConfig) -> BeamSearchOutput:
+  """Runs beam search.
+
+  Args:
+    step_fn: ``(token_ids <int32>[B*K], cache, step <int32>[]) ->
+      (logits <float32>[B*K, V], cache)``; see the module docstring.
+    initial_cache: cache for B*K rows (use :func:`tile_beams` on a [B, ...]
+      cache, or build it directly with batch B*K).
+    batch_size: B (a Python int or a <int32>[] tensor).
+    config: beam size, alpha, max length and special ids.
+
+  Returns:
+    A :class:`BeamSearchOutput` with K hypotheses per sentence, best first.
+    When the search runs to max_decode_length, the alive (unfinished) beams
+    compete with the finished ones, scored with lp(max_decode_length) and
+    marked ``finished=False``; slots with no hypothesis at all (tiny
+    vocabularies) have scores <= NEG_INF.
+  """
+  state = _initial_state(batch_size=batch_size, cache=initial_cache,
+                         config=config)
+  (state,) = tf.while_loop(
+      _make_cond(config), _make_body(step_fn, config), (state,),
+      maximum_iterations=config.max_decode_length)
+  return _final_hypotheses(state, config=config)
+
+
+def _final_hypotheses(state: _State, *,
+                      config: BeamSearchConfig) -> BeamSearchOutput:
+  """Best K of the finished hypotheses and, if max length was reached, of
+  the alive (truncated) beams scored with lp(max_decode_length)."""
+  reached_max = state.step >= config.max_decode_length
+  alive_scores = tf.where(
+      reached_max & (state.alive_log_probs > 0.5 * NEG_INF),
+      state.alive_log_probs / length_penalty(config.max_decode_length,
+                                             config.alpha),
+      2.0 * NEG_INF)
+  finished_scores = tf.where(state.finished_flags, state.finished_scores,
+                             3.0 * NEG_INF)
+  scores = tf.concat([finished_scores, alive_scores], axis=1)
+  scores, idx = tf.math.top_k(scores, k=config.beam_size)
+  def pick(finished, alive):
+    return tf.gather(tf.concat([finished, alive], axis=1), idx, batch_dims=1)
+  seqs = pick(state.finished_seqs, state.alive_seqs)[:, :, 1:]
+  return BeamSearchOutput(
+      sequences=seqs,
+      scores=scores,
+      log_probs=pick(state.finished_log_probs, state.alive_log_probs),
+      lengths=_lengths(seqs, eos_id=config.eos_id),
+      finished=pick(state.finished_flags,
+                    tf.zeros_like(state.finished_flags)))
+
+
+def greedy_search(step_fn: StepFn, *, initial_cache: Any, batch_size: int,
+                  max_decode_length: int, eos_id: int = 1,
+                  start_id: int = 0) -> BeamSearchOutput:
+  """Greedy decoding: beam search with one beam and no length penalty."""
+  config = BeamSearchConfig(beam_size=1, alpha=0.0,
+                            max_decode_length=max_decode_length,
+                            eos_id=eos_id, start_id=start_id)
+  return beam_search(step_fn, initial_cache=initial_cache,
+                     batch_size=batch_size, config=config)

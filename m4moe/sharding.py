@@ -1,0 +1,330 @@
+"""GShard-style sharding annotations (paper §3.2) over a named device mesh.
+
+Model code is written as for one huge device and calls three annotations on
+a :class:`Sharding` object that it received at construction (there is no
+global "current mesh"):
+
+* ``sharding.replicate(t)``: every device holds all of ``t``;
+* ``sharding.split(t, dim=d, axis="expert")``: dimension ``d`` of ``t`` is
+  split evenly over the mesh axis ``"expert"``, other dimensions are whole;
+* ``sharding.shard(t, spec)``: several dimensions at once; ``spec`` has one
+  entry per leading dimension, a mesh axis name or None, e.g.
+  ``("data", None, "model")``. Missing trailing entries mean None.
+
+Annotations never change a tensor's logical shape or values. An axis name
+that the mesh lacks means "not split" (so ``split(x, dim=0, axis="expert")``
+is a no-op on ``--mesh=data:8``). With :data:`NO_SHARDING` every annotation
+returns its input unchanged.
+
+Backends (``Sharding.backend``):
+
+* ``"none"``: annotations are identities (one device, or no mesh given).
+* ``"dtensor"``: TensorFlow DTensor. Annotations are ``dtensor.relayout``;
+  variables created through :meth:`Sharding.variable` or inside
+  :meth:`Sharding.variable_scope` are ``DVariable``s with a layout, so each
+  device stores only its shard (e.g. E/n experts). Works on virtual CPU
+  devices (:func:`configure_virtual_cpus`), GPUs and TPUs.
+* ``"xla"``: annotations become XLA ``Sharding`` custom-calls
+  (``sharding={devices=[...]}`` in the HLO) inside ``jit_compile`` functions,
+  the input of XLA's SPMD partitioner (TPU). Outside XLA they are identities.
+
+Dimensions cheat sheet for the MoE annotation points (GShard Algorithm 2):
+  G groups, S group size, E experts, C capacity, M d_model, H expert hidden.
+  inputs <[G, S, M]>: split(dim=0, axis="data"); router weight <[M, E]>:
+  replicate; dispatched <[E, G, C, M]>: split(dim=0, axis="expert") (the
+  AllToAll); expert weights <[E, M, H]>, <[E, H, M]>: split(dim=0,
+  axis="expert"); expert outputs <[E, G, C, M]>: split(dim=0,
+  axis="expert"); combined outputs <[G, S, M]>: split(dim=0, axis="data").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+from tensorflow.python.compiler.xla.experimental import xla_sharding
+
+from m4moe.mesh import KNOWN_AXES, MeshError, MeshShape, PartitionSpec
+from m4moe.mesh import check_divisible, check_spec, validate_mesh
+
+__all__ = [
+    "BACKENDS", "KNOWN_AXES", "MeshError", "MeshShape", "NO_SHARDING",
+    "PartitionSpec", "Sharding", "VariableRule", "configure_virtual_cpus",
+    "default_variable_rules", "make_sharding", "validate_mesh",
+]
+
+BACKENDS = ("none", "dtensor", "xla")
+
+# (regular expression searched in the variable's full name, spec).
+VariableRule = tuple[str, PartitionSpec]
+
+
+def default_variable_rules() -> tuple[VariableRule, ...]:
+  """Layout rules for the model's variables: experts split on E.
+
+  Expert weights (``<float32>[E, M, H]`` and ``<float32>[E, H, M]``) and any
+  optimiser slot created under the same name scope (e.g. Adafactor's factored
+  ``<float32>[E, M]`` row statistics) are split on their leading dimension
+  over the ``expert`` axis; everything else (embeddings, attention, dense
+  FFN, router ``<float32>[M, E]``) is replicated.
+  """
+  return ((r"(^|/)experts?(/|$)|(^|/)expert_w[io]", ("expert",)),)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharding:
+  """An immutable sharding context held by modules; see the module docstring.
+
+  Build it with :func:`make_sharding`. Attributes:
+    mesh: the named mesh shape, None for no sharding.
+    backend: one of :data:`BACKENDS`.
+    device_mesh: the backend's mesh (``dtensor.Mesh`` for DTensor, a numpy
+      device-id array shaped like the mesh for XLA), None otherwise.
+  """
+
+  mesh: MeshShape | None = None
+  backend: str = "none"
+  device_mesh: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+  def __post_init__(self) -> None:
+    if self.backend not in BACKENDS:
+      raise MeshError(f"sharding backend {self.backend!r} is unknown; choose "
+                      f"one of {', '.join(BACKENDS)}")
+    if (self.backend == "none") != (self.mesh is None):
+      raise MeshError("backend 'none' goes with mesh=None and vice versa; "
+                      "build Sharding objects with make_sharding()")
+
+  @property
+  def enabled(self) -> bool:
+    return self.backend != "none"
+
+  # --- annotations --------------------------------------------------------
+
+  def replicate(self, t: tf.Tensor, *, name: str | None = None) -> tf.Tensor:
+    """Annotates ``t`` (any dtype/shape) as fully replicated."""
+    return self.shard(t, (), name=name or "replicate")
+
+  def split(self, t: tf.Tensor, *, dim: int, axis: str,
+            name: str | None = None) -> tf.Tensor:
+    """Annotates dimension ``dim`` of ``t`` as split over mesh axis ``axis``."""
+    rank = t.shape.rank
+    if dim < 0:
+      dim += rank
+    if not 0 <= dim < rank:
+      raise MeshError(f"split: dim={dim} is out of range for rank {rank}")
+    spec = [None] * rank
+    spec[dim] = axis
+    return self.shard(t, tuple(spec), name=name or f"split_{axis}")
+
+  def shard(self, t: tf.Tensor, spec: Sequence[str | None], *,
+            name: str | None = None) -> tf.Tensor:
+    """Annotates ``t`` with a partition spec (one entry per leading dim)."""
+    check_spec(spec)
+    if not self.enabled:
+      return t
+    spec = self._full_spec(spec, t.shape.rank)
+    check_divisible(t.shape.as_list(), spec, self.mesh,
+                    what=f"sharding annotation {name or 'shard'!r}")
+    if self.backend == "dtensor":
+      return dtensor.relayout(self._on_mesh(t), self.layout(spec))
+    return self._xla_annotate(t, spec, name=name or "shard")
+
+  # --- helpers ---------------------------------------------------------------
+
+  def _full_spec(self, spec: Sequence[str | None], rank: int) -> PartitionSpec:
+    if len(spec) > rank:
+      raise MeshError(f"partition spec {tuple(spec)} is longer than the "
+                      f"tensor's rank {rank}")
+    return self.mesh.mesh_axes_of(tuple(spec) + (None,) * (rank - len(spec)))
+
+  def layout(self, spec: Sequence[str | None], *,
+             rank: int | None = None) -> dtensor.Layout:
+    """The DTensor layout of ``spec`` (padded with None to ``rank``)."""
+    self._require("dtensor", "layout")
+    rank = len(spec) if rank is None else rank
+    full = self._full_spec(spec, rank)
+    return dtensor.Layout([a or dtensor.UNSHARDED for a in full],
+                          self.device_mesh)
+
+  def _on_mesh(self, t: tf.Tensor) -> tf.Tensor:
+    """Puts an eager non-DTensor on the mesh, replicated."""
+    if tf.executing_eagerly() and not dtensor.is_dtensor(t):
+      t = tf.convert_to_tensor(t)
+      return dtensor.copy_to_mesh(
+          t, dtensor.Layout.replicated(self.device_mesh, t.shape.rank))
+    return t
+
+  def _xla_annotate(self, t: tf.Tensor, spec: PartitionSpec, *,
+                    name: str) -> tf.Tensor:
+    if tf.executing_eagerly():
+      return t
+    with tf.name_scope(name):
+      if all(a is None for a in spec):
+        return xla_sharding.replicate(t, use_sharding_op=True)
+      mapping = [-1 if a is None else self.mesh.names.index(a) for a in spec]
+      return xla_sharding.mesh_split(t, self.device_mesh, mapping,
+                                     use_sharding_op=True)
+
+  def _require(self, backend: str, what: str) -> None:
+    if self.backend != backend:
+      raise MeshError(f"{what} needs the {backend!r} sharding backend, this "
+                      f"one is {self.backend!r}")
+
+  # --- data and variables ----------------------------------------------------
+
+  def put(self, t: Any, spec: Sequence[str | None] = ()) -> tf.Tensor:
+    """Places a host value on the mesh with ``spec`` (DTensor); else as is.
+
+    Use it for model inputs, e.g. ``put(batch["inputs"], ("data",))``.
+    """
+    t = tf.convert_to_tensor(t)
+    if self.backend != "dtensor":
+      return t
+    return self.shard(self._on_mesh(t), spec, name="put")
+
+  def gather(self, t: tf.Tensor) -> tf.Tensor:
+    """The whole value of a (possibly sharded) tensor as a regular tensor."""
+    if isinstance(t, tf.Variable):
+      t = t.read_value()
+    if self.backend == "dtensor" and dtensor.is_dtensor(t):
+      rank = t.shape.rank
+      t = dtensor.relayout(t, dtensor.Layout.replicated(self.device_mesh, rank))
+      return tf.identity(dtensor.unpack(t)[0])
+    return t
+
+  def local_shapes(self, t: tf.Tensor) -> list[list[int]]:
+    """Per-device shard shapes of a DTensor or DVariable (device order)."""
+    self._require("dtensor", "local_shapes")
+    if isinstance(t, tf.Variable):
+      t = t.read_value()
+    return [s.shape.as_list() for s in dtensor.unpack(t)]
+
+  def variable(self, initial_value: Any, *, spec: Sequence[str | None] = (),
+               name: str | None = None, trainable: bool = True,
+               dtype: tf.DType | None = None) -> tf.Variable:
+    """A variable laid out by ``spec``: a DVariable under DTensor.
+
+    ``initial_value``: a tensor, numpy array or zero-argument callable.
+    """
+    if callable(initial_value):
+      initial_value = initial_value()
+    value = tf.convert_to_tensor(initial_value, dtype=dtype)
+    if self.backend != "dtensor":
+      return tf.Variable(value, name=name, trainable=trainable)
+    if not dtensor.is_dtensor(value):
+      value = self.shard(self._on_mesh(value), spec, name=name)
+    return dtensor.DVariable(value, name=name, trainable=trainable)
+
+  @contextlib.contextmanager
+  def variable_scope(
+      self, rules: Sequence[VariableRule] | None = None) -> Iterator[None]:
+    """Makes every ``tf.Variable(...)`` created inside a laid-out variable.
+
+    Under DTensor, a variable whose initial value already is a DTensor keeps
+    that layout (optimiser slots built from ``zeros_like(var)``); others take
+    the spec of the first rule whose pattern is found (``re.search``) in the
+    full scoped name, else replicated. Other backends: no effect.
+
+    Args:
+      rules: ``(pattern, spec)`` pairs; default :func:`default_variable_rules`.
+    """
+    if self.backend != "dtensor":
+      yield
+      return
+    rules = tuple(default_variable_rules() if rules is None else rules)
+    with tf.variable_creator_scope(self._creator(rules)):
+      yield
+
+  def _creator(self, rules: tuple[VariableRule, ...]) -> Callable[..., Any]:
+    def creator(next_creator, **kwargs):
+      del next_creator  # DVariables replace ordinary variables entirely.
+      value = kwargs["initial_value"]
+      if callable(value):
+        value = value()
+      value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
+      local = kwargs.get("name") or "Variable"
+      scope = tf.get_current_name_scope()
+      full = f"{scope}/{local}" if scope else local
+      spec = self.spec_for(full, rules=rules)
+      if not dtensor.is_dtensor(value):
+        value = self.shard(self._on_mesh(value), spec[:value.shape.rank],
+                           name=full)
+      return dtensor.DVariable(value, name=local,
+                               trainable=kwargs.get("trainable", True))
+    return creator
+
+  def spec_for(self, name: str, *,
+               rules: Sequence[VariableRule] | None = None) -> PartitionSpec:
+    """The spec of the first rule matching variable ``name``; else ()."""
+    rules = default_variable_rules() if rules is None else rules
+    for pattern, spec in rules:
+      if re.search(pattern, name):
+        return tuple(spec)
+    return ()
+
+
+NO_SHARDING = Sharding()
+
+
+def make_sharding(mesh: str | MeshShape | None, *, backend: str = "dtensor",
+                  devices: Sequence[str] | None = None,
+                  device_type: str = "CPU") -> Sharding:
+  """Builds a :class:`Sharding` from ``--mesh`` text (or a MeshShape).
+
+  Args:
+    mesh: e.g. ``"data:2,expert:4"``; None or ``""`` gives NO_SHARDING.
+    backend: ``"dtensor"`` or ``"xla"`` (``"none"`` also gives NO_SHARDING).
+    devices: DTensor only: the devices to use (e.g. ``["CPU:0", "CPU:1"]``);
+      default all local devices of ``device_type``, whose count must equal
+      the mesh size.
+    device_type: ``"CPU"``, ``"GPU"`` or ``"TPU"`` (DTensor).
+
+  Raises:
+    MeshError: bad mesh text, unknown backend, or device-count mismatch.
+  """
+  if mesh is None or mesh == "" or backend == "none":
+    return NO_SHARDING
+  shape = mesh if isinstance(mesh, MeshShape) else MeshShape.parse(mesh)
+  if backend == "xla":
+    ids = np.arange(shape.size).reshape(shape.sizes)
+    return Sharding(mesh=shape, backend="xla", device_mesh=ids)
+  if backend != "dtensor":
+    raise MeshError(f"sharding backend {backend!r} is unknown; choose one of "
+                    f"{', '.join(BACKENDS)}")
+  if devices is None:
+    local = tf.config.list_logical_devices(device_type)
+    validate_mesh(shape, num_devices=len(local))
+    devices = [d.name for d in local]
+  elif len(devices) != shape.size:
+    validate_mesh(shape, num_devices=len(devices))
+  dmesh = dtensor.create_mesh(list(shape.axes), devices=list(devices),
+                              device_type=device_type)
+  return Sharding(mesh=shape, backend="dtensor", device_mesh=dmesh)
+
+
+def configure_virtual_cpus(num_devices: int) -> None:
+  """Splits the host CPU into ``num_devices`` logical devices.
+
+  Must run before TensorFlow executes any op in this process (TensorFlow
+  fixes its devices at first use). Tests therefore do it in a subprocess.
+
+  Raises:
+    MeshError: if TensorFlow is already initialised with another count.
+  """
+  cpus = tf.config.list_physical_devices("CPU")
+  config = [tf.config.LogicalDeviceConfiguration()] * num_devices
+  try:
+    tf.config.set_logical_device_configuration(cpus[0], config)
+  except RuntimeError as e:
+    have = len(tf.config.list_logical_devices("CPU"))
+    if have == num_devices:
+      return
+    raise MeshError(
+        f"cannot create {num_devices} virtual CPUs: TensorFlow already runs "
+        f"with {have}; call configure_virtual_cpus before any TensorFlow op "
+        "(e.g. first thing in main, or in a fresh subprocess)") from e

@@ -1,0 +1,289 @@
+"""Corpus sources: recipe parsing, cached downloads, catalog extraction.
+
+A recipe is two plain-text files of pins (``#`` starts a comment):
+
+* ``recipe_debian.txt``: ``package=version`` lines, fetched with
+  ``apt-get download`` (needs a prior ``apt-get update``);
+* ``recipe_pypi.txt``: ``name==version`` lines, fetched with
+  ``python -m pip download --no-deps``.
+
+Downloads live in ``<cache_dir>/downloads/{debian,pypi}/`` and are reused
+when present (a re-run downloads nothing). A pin the archive no longer has
+falls back to the current candidate (``apt-get download NAME`` /
+``pip download NAME``); :class:`FetchResult` records the version actually
+used. Only catalog members (``*.po``, ``*.mo``) are extracted, into
+``<cache_dir>/extracted/<archive file name>/``: ``.deb`` through
+``dpkg-deb --fsys-tarfile`` (the same payload ``dpkg-deb -x`` unpacks, without
+writing the rest of the package to disk), wheels and sdists with
+``zipfile``/``tarfile``. Every download and extraction goes to a temporary
+name first and is renamed when complete, so a killed build leaves no
+half-written file behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.parse
+import zipfile
+from typing import Iterable
+
+from m4moe.data import catalogs
+
+DEBIAN_RECIPE = "recipe_debian.txt"
+PYPI_RECIPE = "recipe_pypi.txt"
+_DOWNLOAD_TIMEOUT_S = 900
+
+
+class RecipeError(ValueError):
+  """A recipe line is malformed; the message names the file and line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pin:
+  """One recipe line.
+
+  Attributes:
+    kind: ``"debian"`` or ``"pypi"``.
+    name: package name.
+    version: pinned version.
+    origin: ``file:line`` of the pin.
+  """
+
+  kind: str
+  name: str
+  version: str
+  origin: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchResult:
+  """What happened to one pin.
+
+  Attributes:
+    pin: the recipe line.
+    status: ``"cached"``, ``"downloaded"``, ``"fallback"`` (pinned version
+      unavailable, current candidate used) or ``"skipped"``.
+    version_used: version of the archive used ("" when skipped).
+    archive: path of the archive ("" when skipped).
+    reason: why a pin fell back or was skipped.
+  """
+
+  pin: Pin
+  status: str
+  version_used: str = ""
+  archive: str = ""
+  reason: str = ""
+
+
+def read_recipe(path: pathlib.Path, *, kind: str) -> list[Pin]:
+  """Parses a recipe file into pins.
+
+  Args:
+    path: ``recipe_debian.txt`` or ``recipe_pypi.txt``.
+    kind: ``"debian"`` (``name=version``) or ``"pypi"`` (``name==version``).
+
+  Raises:
+    RecipeError: a line is not a pin; the message names file and line.
+  """
+  sep = "==" if kind == "pypi" else "="
+  pins = []
+  for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(),
+                                start=1):
+    line = line.split("#", 1)[0].strip()
+    if not line:
+      continue
+    name, found, version = line.partition(sep)
+    if not found or not name.strip() or not version.strip() or (
+        kind == "debian" and "==" in line):
+      raise RecipeError(f"{path}:{lineno}: expected 'name{sep}version', got "
+                        f"{line!r}")
+    pins.append(Pin(kind, name.strip(), version.strip(), f"{path}:{lineno}"))
+  return pins
+
+
+def read_recipe_dir(recipe_dir: pathlib.Path) -> list[Pin]:
+  """Pins of both recipe files in ``recipe_dir`` (a missing file is empty)."""
+  pins = []
+  for fname, kind in ((DEBIAN_RECIPE, "debian"), (PYPI_RECIPE, "pypi")):
+    if (recipe_dir / fname).exists():
+      pins.extend(read_recipe(recipe_dir / fname, kind=kind))
+  if not pins:
+    raise RecipeError(f"{recipe_dir}: no {DEBIAN_RECIPE} or {PYPI_RECIPE} "
+                      "with pins")
+  return pins
+
+
+def _pypi_key(name: str) -> str:
+  return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _cached_archive(pin: Pin, directory: pathlib.Path) -> pathlib.Path | None:
+  if not directory.is_dir():
+    return None
+  for path in sorted(directory.iterdir()):
+    if pin.kind == "debian":
+      if path.suffix == ".deb" and path.name.split("_")[0] == pin.name:
+        return path
+    elif _pypi_key(path.name.split("-")[0]) == _pypi_key(pin.name):
+      return path
+  return None
+
+
+def archive_version(path: pathlib.Path, *, kind: str) -> str:
+  """Version encoded in a ``.deb`` / wheel / sdist file name."""
+  if kind == "debian":
+    return urllib.parse.unquote(path.name.split("_")[1])
+  stem = re.sub(r"(\.tar\.gz|\.tar\.bz2|\.zip|\.whl)$", "", path.name)
+  return stem.split("-")[1] if "-" in stem else ""
+
+
+def _download_command(pin: Pin, spec: str, dest: pathlib.Path) -> list[str]:
+  if pin.kind == "debian":
+    return ["apt-get", "download", "-q", spec]
+  return [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+          "--disable-pip-version-check", "--dest", str(dest), spec]
+
+
+def _try_download(pin: Pin, spec: str,
+                  directory: pathlib.Path) -> tuple[pathlib.Path | None, str]:
+  """Downloads into a temp dir, then renames into ``directory``."""
+  directory.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=directory, prefix=".tmp-") as tmp:
+    try:
+      proc = subprocess.run(_download_command(pin, spec, pathlib.Path(tmp)),
+                            cwd=tmp, capture_output=True, text=True,
+                            timeout=_DOWNLOAD_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+      return None, str(e)
+    files = [p for p in pathlib.Path(tmp).iterdir() if p.is_file()]
+    if proc.returncode != 0 or not files:
+      lines = (proc.stderr or proc.stdout).strip().splitlines()
+      return None, lines[-1] if lines else f"exit code {proc.returncode}"
+    final = directory / files[0].name
+    files[0].replace(final)
+    return final, ""
+
+
+def fetch(pin: Pin, *, cache_dir: pathlib.Path,
+          tool_available: bool) -> FetchResult:
+  """Returns the archive of ``pin``, from the cache or downloaded.
+
+  Args:
+    pin: the recipe line.
+    cache_dir: root of the download cache.
+    tool_available: False skips the download (e.g. no ``apt-get``); a cached
+      archive is still used.
+  """
+  directory = cache_dir / "downloads" / pin.kind
+  cached = _cached_archive(pin, directory)
+  if cached is not None:
+    version = archive_version(cached, kind=pin.kind)
+    status = "cached" if version == pin.version else "fallback"
+    reason = "" if status == "cached" else "cached archive differs from pin"
+    return FetchResult(pin, status, version, str(cached), reason)
+  if not tool_available:
+    tool = "apt-get" if pin.kind == "debian" else "pip"
+    return FetchResult(pin, "skipped", reason=f"{tool} not available")
+  sep = "=" if pin.kind == "debian" else "=="
+  archive, error = _try_download(pin, f"{pin.name}{sep}{pin.version}",
+                                 directory)
+  if archive is not None:
+    return FetchResult(pin, "downloaded",
+                       archive_version(archive, kind=pin.kind), str(archive))
+  archive, error2 = _try_download(pin, pin.name, directory)
+  if archive is None:
+    return FetchResult(pin, "skipped",
+                       reason=f"pinned: {error}; current: {error2}")
+  return FetchResult(pin, "fallback", archive_version(archive, kind=pin.kind),
+                     str(archive), reason=f"pinned version failed: {error}")
+
+
+def apt_usable() -> tuple[bool, str]:
+  """Whether ``apt-get download`` can run here, and why not."""
+  if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+    return False, "apt-get/dpkg-deb not found"
+  return True, ""
+
+
+def _is_catalog(name: str) -> bool:
+  return name.endswith(catalogs.CATALOG_SUFFIXES)
+
+
+def _extract_members(archive: pathlib.Path, dest: pathlib.Path) -> None:
+  """Writes the catalog members of ``archive`` under ``dest``."""
+  if archive.suffix == ".deb":
+    with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(archive)],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+      with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+        _extract_tar(tar, dest)
+      proc.stdout.read()
+      if proc.wait() != 0:
+        raise subprocess.CalledProcessError(
+            proc.returncode, "dpkg-deb", stderr=proc.stderr.read())
+  elif archive.suffix in (".whl", ".zip"):
+    with zipfile.ZipFile(archive) as zf:
+      for info in zf.infolist():
+        if _is_catalog(info.filename) and not info.is_dir():
+          zf.extract(info, dest)
+  else:
+    with tarfile.open(archive) as tar:
+      _extract_tar(tar, dest)
+
+
+def _extract_tar(tar: tarfile.TarFile, dest: pathlib.Path) -> None:
+  for member in tar:
+    if member.isfile() and _is_catalog(member.name):
+      tar.extract(member, dest, filter="data")
+
+
+def extract_catalogs(archive: pathlib.Path, *,
+                     cache_dir: pathlib.Path) -> pathlib.Path:
+  """Extracts the catalogs of an archive once; returns their directory.
+
+  Raises:
+    OSError, zipfile.BadZipFile, tarfile.TarError,
+    subprocess.CalledProcessError: the archive is unreadable.
+  """
+  final = cache_dir / "extracted" / archive.name
+  if final.is_dir():
+    return final
+  final.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(dir=final.parent, prefix=".tmp-"))
+  try:
+    _extract_members(archive, tmp)
+    tmp.rename(final)
+  finally:
+    if tmp.exists():
+      shutil.rmtree(tmp, ignore_errors=True)
+  return final
+
+
+def find_catalogs(root: pathlib.Path) -> list[pathlib.Path]:
+  """Catalog files under ``root``, sorted; a ``.mo`` beside a ``.po`` of the
+  same stem is left out (the ``.po`` holds the same entries plus flags)."""
+  paths = sorted(p for p in root.rglob("*") if p.is_file() and
+                 p.suffix in catalogs.CATALOG_SUFFIXES)
+  po_stems = {p.with_suffix("") for p in paths if p.suffix == ".po"}
+  return [p for p in paths
+          if p.suffix == ".po" or p.with_suffix("") not in po_stems]
+
+
+def iter_source_files(sources: Iterable[pathlib.Path]) -> list[pathlib.Path]:
+  """Expands local sources: directories to their catalogs; files as given."""
+  out = []
+  for src in sources:
+    out.extend(find_catalogs(src) if src.is_dir() else [src])
+  return out
+
+
+def packaged_recipe_dir() -> pathlib.Path:
+  """The recipe shipped in the package (``data/recipes/*.txt``)."""
+  return pathlib.Path(__file__).parent / "recipes"

@@ -55,7 +55,8 @@ from m4moe.mesh import check_divisible, check_spec, validate_mesh
 __all__ = [
     "BACKENDS", "KNOWN_AXES", "MeshError", "MeshShape", "NO_SHARDING",
     "PartitionSpec", "Sharding", "VariableRule", "configure_virtual_cpus",
-    "default_variable_rules", "make_sharding", "validate_mesh",
+    "default_variable_rules", "hlo_shardings", "make_sharding",
+    "validate_mesh",
 ]
 
 BACKENDS = ("none", "dtensor", "xla")
@@ -269,6 +270,27 @@ class Sharding:
 
 
 NO_SHARDING = Sharding()
+
+_HLO_SHARDING_RE = re.compile(
+    r'custom_call_target="Sharding", sharding=(\{[^}]*\}).*?'
+    r'op_name="([^"]*)/XlaSharding(?:_\d+)?"')
+
+
+def hlo_shardings(hlo_text: str) -> dict[str, str]:
+  """Maps annotation names to their HLO shardings.
+
+  Args:
+    hlo_text: ``f.experimental_get_compiler_ir(*args)(stage="hlo")`` of a
+      ``jit_compile`` function annotated with the ``"xla"`` backend.
+
+  Returns:
+    ``{name scope of the annotation: "{devices=[...]...}" or "{replicated}"}``
+    e.g. ``{"moe/dispatched": "{devices=[4,1,1,1,2]0,4,1,5,2,6,3,7
+    last_tile_dim_replicate}"}``; the backward pass's copies appear under
+    ``gradient_tape/...``.
+  """
+  return {name: sharding
+          for sharding, name in _HLO_SHARDING_RE.findall(hlo_text)}
 
 
 def make_sharding(mesh: str | MeshShape | None, *, backend: str = "dtensor",

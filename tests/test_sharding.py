@@ -1,0 +1,176 @@
+"""Sharding API in one process: mesh flags, validation, no-ops, XLA HLO.
+
+The XLA backend needs no real devices: the annotations are compiled into the
+HLO (``sharding={devices=[...]}``) that XLA's SPMD partitioner consumes on
+TPU, and we check that text. Multi-device DTensor runs are in
+``test_sharding_dtensor.py`` (subprocess).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from m4moe import sharding as sharding_lib
+from m4moe.mesh import MeshError, MeshShape, validate_mesh
+from test_sharding_dtensor import E, G, H, M, S, _einsum_moe  # pylint: disable=g-bad-import-order
+
+
+def test_mesh_flag_round_trip():
+  mesh = MeshShape.parse(" data:2, expert:4 ")
+  assert mesh.axes == (("data", 2), ("expert", 4))
+  assert (mesh.size, mesh.axis_size("expert"), mesh.axis_size("model")) == (
+      8, 4, 1)
+  assert MeshShape.parse(str(mesh)) == mesh
+  assert mesh.mesh_axes_of(("model", "expert", None)) == (None, "expert", None)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("", "is empty"),
+    ("data=2", "is not 'name:size'"),
+    ("data:2,batch:2", "axis 'batch' is unknown"),
+    ("data:0", "needs a positive integer size"),
+    ("expert:2,expert:2", "repeat a name"),
+])
+def test_bad_mesh_flags_name_the_flag_and_fix(text, fragment):
+  with pytest.raises(MeshError, match=fragment) as info:
+    MeshShape.parse(text)
+  assert "--mesh=" in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"num_devices": 4}, "uses 8 devices but 4 are available"),
+    ({"num_experts": 6}, "--num_experts=6 is not divisible by .* expert:4"),
+    ({"num_experts": 0}, "the model is dense"),
+    ({"num_groups": 3}, "3 groups per step .* not divisible .* data:2"),
+    ({"batch_size": 5}, "5 sentences .* data:2"),
+])
+def test_validate_mesh_errors(kwargs, fragment):
+  with pytest.raises(MeshError, match=fragment):
+    validate_mesh(MeshShape.parse("data:2,expert:4"), **kwargs)
+
+
+def test_validate_mesh_accepts_consistent_setup():
+  validate_mesh(MeshShape.parse("data:2,expert:4"), num_devices=8,
+                num_experts=8, num_groups=4, batch_size=16)
+
+
+def test_no_sharding_is_identity():
+  x = tf.constant([[1.0, 2.0]])
+  s = sharding_lib.NO_SHARDING
+  assert not s.enabled
+  assert s.replicate(x) is x
+  assert s.split(x, dim=1, axis="expert") is x
+  assert s.shard(x, ("data", "model")) is x
+  assert sharding_lib.make_sharding(None) is s
+  assert sharding_lib.make_sharding("data:2", backend="none") is s
+  v = s.variable(np.ones([2, 3], np.float32), spec=("expert",), name="w")
+  assert isinstance(v, tf.Variable) and "DVariable" not in type(v).__name__
+  np.testing.assert_array_equal(v.numpy(), np.ones([2, 3]))
+  with s.variable_scope():
+    w = tf.Variable(tf.zeros([2]))
+  assert "DVariable" not in type(w).__name__
+
+
+def test_annotation_argument_errors():
+  s = sharding_lib.make_sharding("data:2,expert:4", backend="xla")
+  x = tf.zeros([4, 6])
+  with pytest.raises(MeshError, match="axis 'experts' is unknown"):
+    s.split(x, dim=0, axis="experts")
+  with pytest.raises(MeshError, match="dim=2 is out of range"):
+    s.split(x, dim=2, axis="data")
+  with pytest.raises(MeshError, match="longer than the tensor's rank"):
+    s.shard(x, ("data", None, None))
+  with pytest.raises(MeshError, match="same mesh axis"):
+    s.shard(x, ("data", "data"))
+  with pytest.raises(MeshError, match="size 6, not divisible by mesh axis "
+                     "expert:4"):
+    s.split(x, dim=1, axis="expert", name="hidden")
+
+
+def test_dtensor_mesh_must_match_device_count():
+  # This process has one CPU device (no virtual devices configured).
+  with pytest.raises(MeshError, match="uses 8 devices but 1 are available"):
+    sharding_lib.make_sharding("data:2,expert:4")
+
+
+def test_variable_rules_pick_expert_weights_and_their_slots():
+  s = sharding_lib.NO_SHARDING
+  assert s.spec_for("transformer/encoder_layer_1/moe/experts/wi") == (
+      "expert",)
+  assert s.spec_for("slots_3/transformer/moe/experts/wi/vr") == ("expert",)
+  assert s.spec_for("transformer/encoder_layer_1/moe/router/wg") == ()
+  assert s.spec_for("transformer/encoder_layer_0/ffn/wi") == ()
+
+
+def test_xla_annotations_are_identities_outside_xla():
+  s = sharding_lib.make_sharding("data:2,expert:4", backend="xla")
+  x = tf.reshape(tf.range(8.0), [4, 2])
+  np.testing.assert_array_equal(s.split(x, dim=0, axis="data"), x)
+
+  @tf.function
+  def graph(x):
+    return s.split(x, dim=0, axis="expert") * 2.0
+
+  np.testing.assert_array_equal(graph(x), 2.0 * x)
+
+
+def _annotated_step(sharding):
+  rng = np.random.default_rng(0)
+  wg = tf.Variable(rng.normal(size=(M, E)).astype(np.float32))
+  wi = tf.Variable(rng.normal(size=(E, M, H)).astype(np.float32))
+  wo = tf.Variable(rng.normal(size=(E, H, M)).astype(np.float32))
+
+  @tf.function(jit_compile=True)
+  def step(x):
+    with tf.GradientTape() as tape:
+      with tf.name_scope("moe"):
+        out = _einsum_moe(x, wg, wi, wo, sharding)
+      loss = tf.reduce_sum(out * out)
+    return loss, tape.gradient(loss, [wg, wi, wo])
+
+  x = tf.constant(rng.normal(size=(G, S, M)).astype(np.float32))
+  return step, x
+
+
+# Mesh data:2,expert:4: devices 0..7 in row-major (data, expert) order.
+# Split over data (mesh dim 0): 2 tiles, each replicated on the 4 expert
+# devices of its row. Split over expert: 4 tiles, each on the 2 devices of its
+# column: 0,4 | 1,5 | 2,6 | 3,7.
+_DATA3 = "{devices=[2,1,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
+_EXPERT3 = "{devices=[4,1,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"
+_EXPERT4 = "{devices=[4,1,1,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"
+
+
+def test_xla_hlo_carries_gshard_annotations():
+  s = sharding_lib.make_sharding("data:2,expert:4", backend="xla")
+  step, x = _annotated_step(s)
+  hlo = step.experimental_get_compiler_ir(x)(stage="hlo")
+  found = sharding_lib.hlo_shardings(hlo)
+  assert found["moe/inputs"] == _DATA3
+  assert found["moe/router_weights"] == "{replicated}"
+  assert found["moe/expert_wi"] == _EXPERT3
+  assert found["moe/expert_wo"] == _EXPERT3
+  assert found["moe/dispatched"] == _EXPERT4
+  assert found["moe/expert_outputs"] == _EXPERT4
+  assert found["moe/outputs"] == _DATA3
+  # The backward pass carries the same annotations on the cotangents.
+  assert found["gradient_tape/moe/expert_outputs"] == _EXPERT4
+  assert found["gradient_tape/moe/expert_wi"] == _EXPERT3
+  # Annotating does not change the numbers.
+  loss, grads = step(x)
+  ref_loss, ref_grads = _annotated_step(sharding_lib.NO_SHARDING)[0](x)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  for got, want in zip(grads, ref_grads):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_xla_absent_axis_means_not_split():
+  s = sharding_lib.make_sharding("data:8", backend="xla")
+  step, x = _annotated_step(s)
+  found = sharding_lib.hlo_shardings(
+      step.experimental_get_compiler_ir(x)(stage="hlo"))
+  assert found["moe/inputs"] == "{devices=[8,1,1]0,1,2,3,4,5,6,7}"
+  assert found["moe/dispatched"] == "{replicated}"
+  assert found["moe/expert_wi"] == "{replicated}"

@@ -22,8 +22,8 @@ Parameterisation counted (one ``tf.Variable`` per line, no biases anywhere):
   target embedding as softmax weights and has no projection); sinusoidal positions
   (no variables); per attention block (encoder self, decoder self, decoder
   cross): query, key, value <M, N, K> and output <N, K, M>; per dense FFN:
-  wi <M, F>, wo <F, M>; per MoE layer: router wg <M, E>, wi <E, M, H>,
-  wo <E, H, M>; a layer norm (scale <M> and bias <M>) before every sub-layer
+  wi <M, F>, wo <F, M>; per MoE layer: router wg <M, E> (noisy_topk also
+  w_noise <M, E>), experts wi <E, M, H> and wo <E, H, M>; a layer norm (scale <M> and bias <M>) before every sub-layer
   and one final layer norm per stack.
 
 FLOPs are forward multiply-adds times 2 per "token", where a token means one
@@ -89,6 +89,8 @@ def _ffn_specs(config: ModelConfig, prefix: str,
     return specs
   e, h = config.moe.num_experts, config.moe.expert_hidden_dim
   specs.append(VariableSpec(f"{prefix}/router/wg", (m, e), "router"))
+  if config.moe.router == "noisy_topk":
+    specs.append(VariableSpec(f"{prefix}/router/w_noise", (m, e), "router"))
   specs.append(VariableSpec(f"{prefix}/experts/wi", (e, m, h), "expert"))
   specs.append(VariableSpec(f"{prefix}/experts/wo", (e, h, m), "expert"))
   return specs

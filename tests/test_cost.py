@@ -39,6 +39,12 @@ def test_micro_config_parameters_by_hand():
   # All but the experts (644) plus k=2 experts of 48.
   assert cost.active_params_per_token(_micro()) == 644 + 96
   assert cost.active_params_per_token(_micro(router="top1")) == 644 + 48
+  # noisy top-k adds the noise weights w_noise <M, E> to the router.
+  noisy = cost.param_breakdown(_micro(router="noisy_topk",
+                                      num_selected_experts=3))
+  assert noisy.router == 2 * 12
+  assert cost.active_params_per_token(
+      _micro(router="noisy_topk", num_selected_experts=3)) == 644 + 12 + 144
 
 
 def test_micro_config_flops_by_hand():
@@ -133,8 +139,8 @@ def _model_available() -> bool:
 _TINY_CASES = [("tiny/moe", {}, False), ("tiny/dense", {}, False),
                ("tiny/moe", {}, True),
                ("tiny/moe", {"router": "top1"}, False),
-               ("tiny/moe", {"router": "noisy_topk"}, False),
-               ("tiny/moe", {"router": "expert_choice"}, False)]
+               ("tiny/moe", {"router": "noisy_topk",
+                             "num_selected_experts": 3}, False)]
 
 
 @pytest.mark.skipif(not _model_available(),

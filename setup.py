@@ -12,7 +12,9 @@ the source tree.
 import setuptools
 
 CONSOLE_SCRIPTS = [
-    "m4moe-info=m4moe.cli.info:run",
+    f"m4moe-{name.replace('_', '-')}=m4moe.cli.{name}:run"
+    for name in ("info", "build_corpus", "vocab", "train", "decode", "export",
+                 "eval", "report", "run", "bench")
 ]
 
 setuptools.setup(

@@ -229,10 +229,13 @@ def _make_body(step_fn: StepFn, config: BeamSearchConfig):
     logits, cache = step_fn(tokens, state.cache, state.step)
     logits = tf.cast(logits, tf.float32)
     vocab = tf.shape(logits)[-1]
+    # Scores are the model's own log-probabilities; forbidden ids are
+    # excluded afterwards (not renormalised away).
+    log_probs = tf.nn.log_softmax(logits)
     if config.forbidden_ids:
       banned = tf.reduce_sum(tf.one_hot(list(config.forbidden_ids), vocab), 0)
-      logits += banned * NEG_INF
-    log_probs = tf.reshape(tf.nn.log_softmax(logits), [batch, k, vocab])
+      log_probs += banned * NEG_INF
+    log_probs = tf.reshape(log_probs, [batch, k, vocab])
     top_lp, top_beam, top_tok, top_seqs = _top_candidates(state, log_probs, k=k)
     is_eos = tf.equal(top_tok, config.eos_id)
     alive_lp, alive_idx = tf.math.top_k(
@@ -334,3 +337,61 @@ def greedy_search(step_fn: StepFn, *, initial_cache: Any, batch_size: int,
                             eos_id=eos_id, start_id=start_id)
   return beam_search(step_fn, initial_cache=initial_cache,
                      batch_size=batch_size, config=config)
+
+
+def transformer_step_fn(model: Any, encoder_output: Any) -> StepFn:
+  """Adapts ``Transformer.decode_step`` to the step-function signature.
+
+  Args:
+    model: an ``m4moe.model.Transformer`` (anything with ``decode_step``).
+    encoder_output: its EncoderOutput, already tiled to B*K rows.
+  """
+  def step_fn(token_ids, cache, step):
+    return model.decode_step(encoder_output=encoder_output,
+                             token_ids=token_ids, cache=cache, step=step)
+  return step_fn
+
+
+def translate_ids(model: Any, inputs: tf.Tensor, *,
+                  config: BeamSearchConfig) -> BeamSearchOutput:
+  """Encodes a source batch once and beam-searches the targets.
+
+  The encoder output (including the cross-attention keys/values) is computed
+  once per sentence and tiled to the K beams; the decoder runs one token per
+  step against its self-attention cache, so the prefix is never recomputed.
+
+  Args:
+    model: an ``m4moe.model.Transformer``.
+    inputs: <int32>[B, Ls] source ids (``<2xx> ... </s>``, 0 = padding).
+    config: beam settings; ``max_decode_length`` must not exceed the
+      model's ``max_length``.
+
+  Returns:
+    BeamSearchOutput with <int32>[B, K, T] sequences.
+  """
+  inputs = tf.convert_to_tensor(inputs, tf.int32)
+  batch = tf.shape(inputs)[0]
+  encoder_output = tile_beams(model.encode(inputs), config.beam_size)
+  cache = model.init_cache(batch_size=batch * config.beam_size,
+                           max_length=config.max_decode_length)
+  return beam_search(transformer_step_fn(model, encoder_output),
+                     initial_cache=cache, batch_size=batch, config=config)
+
+
+def teacher_forced_log_probs(model: Any, inputs: tf.Tensor,
+                             targets: tf.Tensor) -> tf.Tensor:
+  """Summed log P(targets | inputs) from the uncached forward pass.
+
+  Args:
+    model: an ``m4moe.model.Transformer``.
+    inputs: <int32>[B, Ls] source ids, 0 = padding.
+    targets: <int32>[B, Lt] target ids ending with EOS, 0 = padding.
+
+  Returns:
+    <float32>[B] sum over non-pad target tokens of log-softmax scores.
+  """
+  targets = tf.convert_to_tensor(targets, tf.int32)
+  logits = model({"inputs": inputs, "targets": targets}, training=False).logits
+  log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+  picked = tf.gather(log_probs, targets, batch_dims=2)
+  return tf.reduce_sum(picked * tf.cast(targets > 0, tf.float32), axis=1)

@@ -1,0 +1,238 @@
+"""The position-wise Mixture-of-Experts feed-forward layer (GShard §2).
+
+Dimensions cheat sheet:
+
+  B: batch, L: sequence length, N = B*L tokens
+  G: groups, S: group size, E: experts, C: expert capacity
+  M: model width, H: expert hidden width
+
+``MoeLayer`` turns ``<dtype>[B, L, M]`` into N tokens, moves the real tokens
+to the front (keeping their order) so that adding padding never changes
+which real tokens share a group, pads to G*S with masked tokens, routes each
+group (router in float32), dispatches to the experts
+``FFN_e(x) = wo_e . ReLU(wi_e . x)`` (activation dtype) and scatters the
+combined outputs back to ``[B, L, M]``; padding positions get exactly 0.
+
+Group size: S = ``moe.group_size``, or N when the (static) token count is
+smaller -- e.g. a decoding step -- so small batches are one group of their
+real size. Capacity: ``moe.capacity(group_size=S, training=training)``
+(eval factor 0 = no drops, C = S).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import tensorflow as tf
+
+from m4moe import dispatch as dispatch_lib
+from m4moe import routing
+from m4moe.config import ConfigError, ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeOutput:
+  """Result of one :class:`MoeLayer` call.
+
+  Attributes:
+    outputs: <activation dtype>[B, L, M] (exactly 0 at padding positions).
+    aux_loss: <float32>[] unweighted load-balancing loss.
+    z_loss: <float32>[] unweighted router z-loss.
+    weighted_loss: <float32>[] ``aux_loss_weight * aux_loss +
+      z_loss_weight * z_loss``, to add to the model loss.
+    stats: the layer's :class:`m4moe.routing.RouterStats`.
+  """
+
+  outputs: tf.Tensor
+  aux_loss: tf.Tensor
+  z_loss: tf.Tensor
+  weighted_loss: tf.Tensor
+  stats: routing.RouterStats
+
+  def __tf_flatten__(self) -> tuple[Any, tuple[Any, ...]]:
+    return (), (self.outputs, self.aux_loss, self.z_loss, self.weighted_loss,
+                self.stats)
+
+  @classmethod
+  def __tf_unflatten__(cls, metadata: Any, components: Any) -> MoeOutput:
+    del metadata
+    return cls(*components)
+
+
+class FeedForwardExperts(tf.Module):
+  """E independent ReLU FFNs, ``wi <float32>[E, M, H]``, ``wo <float32>[E, H, M]``.
+
+  Truncated-normal init with sigma = sqrt(init_scale / fan_in) (fan_in M for
+  wi, H for wo). Weights are float32 and cast to the input dtype to compute.
+  """
+
+  def __init__(self, *, num_experts: int, model_dim: int, hidden_dim: int,
+               init_scale: float, dropout_rate: float = 0.0,
+               name: str = "experts"):
+    super().__init__(name=name)
+    self.dropout_rate = dropout_rate
+    with self.name_scope:
+      self.wi = tf.Variable(routing.truncated_normal_init(
+          (num_experts, model_dim, hidden_dim), fan_in=model_dim,
+          init_scale=init_scale), name="wi")
+      self.wo = tf.Variable(routing.truncated_normal_init(
+          (num_experts, hidden_dim, model_dim), fan_in=hidden_dim,
+          init_scale=init_scale), name="wo")
+
+  def __call__(self, dispatched: tf.Tensor, *, output_layout: str = "EGCM",
+               training: bool = False,
+               seed: tf.Tensor | None = None) -> tf.Tensor:
+    """Applies expert e to buffer e.
+
+    Args:
+      dispatched: <dtype>[E, G, C, M] expert input buffers.
+      output_layout: "EGCM" or "GECM" (Algorithm 2's layout).
+      training: applies expert dropout on the hidden layer.
+      seed: <int32>[2], required if training with a nonzero dropout rate.
+
+    Returns:
+      <dtype>[E, G, C, M] or <dtype>[G, E, C, M] expert outputs.
+    """
+    dtype = dispatched.dtype
+    h = tf.nn.relu(tf.einsum("EGCM,EMH->EGCH", dispatched,
+                             tf.cast(self.wi, dtype)))
+    if training and self.dropout_rate > 0:
+      if seed is None:
+        raise ValueError("expert dropout needs seed=<int32>[2] when training")
+      h = tf.nn.experimental.stateless_dropout(h, rate=self.dropout_rate,
+                                               seed=seed)
+    return tf.einsum(f"EGCH,EHM->{output_layout}", h, tf.cast(self.wo, dtype))
+
+
+def _check_config(config: ModelConfig, *, causal: bool) -> None:
+  moe = config.moe
+  if not moe.enabled:
+    raise ConfigError("--num_experts=0 is invalid for an MoE layer: use a "
+                      "dense FFN or set --num_experts to a positive count")
+  if causal and moe.router == "expert_choice":
+    raise ConfigError(
+        "--router=expert_choice is invalid in a causal (decoder) MoE layer: "
+        "an expert's choice depends on later tokens; use another --router "
+        "(top2, top1 or noisy_topk) for the decoder")
+  if moe.no_token_left_behind and moe.router == "expert_choice":
+    raise ConfigError("--no_token_left_behind is invalid with "
+                      "--router=expert_choice (experts pick tokens); use "
+                      "--nono_token_left_behind or a token-choice --router")
+
+
+def _compaction_permutation(mask: tf.Tensor) -> tf.Tensor:
+  """<int32>[N] new position of each token: real tokens first, in order."""
+  real = tf.cast(mask > 0, tf.int32)
+  real_position = tf.cumsum(real, exclusive=True)
+  pad_position = tf.reduce_sum(real) + tf.cumsum(1 - real, exclusive=True)
+  return tf.where(real > 0, real_position, pad_position)
+
+
+class MoeLayer(tf.Module):
+  """GShard/Switch MoE layer replacing a Transformer feed-forward layer."""
+
+  def __init__(self, *, config: ModelConfig, causal: bool, name: str = "moe"):
+    """Builds the router and the experts.
+
+    Args:
+      config: the model config; ``config.moe`` must have experts.
+      causal: True in the decoder (rejects ``--router=expert_choice``).
+      name: module name.
+
+    Raises:
+      ConfigError: for a config this layer cannot run.
+    """
+    super().__init__(name=name)
+    _check_config(config, causal=causal)
+    self.config = config
+    self.causal = causal
+    moe = config.moe
+    with self.name_scope:
+      self.router = routing.make_router(config, name="router")
+      self.experts = FeedForwardExperts(
+          num_experts=moe.num_experts, model_dim=config.d_model,
+          hidden_dim=moe.expert_hidden_dim, init_scale=config.init_scale,
+          dropout_rate=moe.expert_dropout_rate, name="experts")
+
+  def uses_randomness(self, *, training: bool) -> bool:
+    return (self.router.uses_randomness(training=training) or
+            (training and self.config.moe.expert_dropout_rate > 0))
+
+  def group_size(self, num_tokens: int | None) -> int:
+    """S for a call with ``num_tokens`` tokens (None: unknown statically)."""
+    if num_tokens is None:
+      return self.config.moe.group_size
+    return max(1, min(self.config.moe.group_size, num_tokens))
+
+  def __call__(self, x: tf.Tensor, *, padding_mask: tf.Tensor, training: bool,
+               seed: tf.Tensor | None = None) -> MoeOutput:
+    """Applies the MoE feed-forward layer.
+
+    Args:
+      x: <activation dtype>[B, L, M] inputs.
+      padding_mask: <float32>[B, L] 1 for real tokens, 0 for padding.
+      training: training mode (train capacity, jitter/noise/random policy,
+        expert dropout).
+      seed: <int32>[2] stateless seed; required when training with any
+        randomness.
+
+    Returns:
+      :class:`MoeOutput`.
+    """
+    if self.uses_randomness(training=training) and seed is None:
+      raise ValueError(
+          f"MoeLayer {self.name!r} is random when training=True (router "
+          f"{self.config.moe.router!r} / expert dropout); pass "
+          "seed=<int32>[2], e.g. fold_in(base_seed, step)")
+    router_seed = expert_seed = None
+    if seed is not None:
+      router_seed = tf.random.experimental.stateless_fold_in(seed, 0)
+      expert_seed = tf.random.experimental.stateless_fold_in(seed, 1)
+    model_dim = x.shape[-1]
+    tokens = tf.reshape(x, [-1, model_dim])
+    mask = tf.reshape(tf.cast(padding_mask, tf.float32), [-1])
+    grouped, grouped_mask, position = self._group(tokens, mask)
+    capacity = self.config.moe.capacity(group_size=grouped.shape[1],
+                                        training=training)
+    result = self.router(grouped, padding_mask=grouped_mask,
+                         capacity=capacity, training=training,
+                         seed=router_seed)
+    expert_fn = functools.partial(self.experts, training=training,
+                                  seed=expert_seed)
+    combined = dispatch_lib.dispatch_combine(
+        grouped, result, expert_fn, implementation=self.config.moe.dispatch)
+    outputs = tf.gather(tf.reshape(combined, [-1, model_dim]), position)
+    moe = self.config.moe
+    return MoeOutput(
+        outputs=tf.reshape(outputs, tf.shape(x)),
+        aux_loss=result.aux_loss, z_loss=result.z_loss,
+        weighted_loss=(moe.aux_loss_weight * result.aux_loss +
+                       moe.z_loss_weight * result.z_loss),
+        stats=result.stats)
+
+  def _group(self, tokens: tf.Tensor, mask: tf.Tensor):
+    """Compacts real tokens to the front and splits them into groups.
+
+    Args:
+      tokens: <dtype>[N, M]; mask: <float32>[N].
+
+    Returns:
+      (grouped <dtype>[G, S, M], grouped mask <float32>[G, S],
+       position <int32>[N] of each token in the flattened G*S order).
+    """
+    num_tokens_static = tokens.shape[0]
+    group_size = self.group_size(num_tokens_static)
+    num_tokens = tf.shape(tokens)[0]
+    num_groups = (num_tokens + group_size - 1) // group_size
+    position = _compaction_permutation(mask)
+    source = tf.math.invert_permutation(position)  # token at each position
+    slot = tf.range(num_groups * group_size)
+    source = tf.gather(source, tf.minimum(slot, num_tokens - 1))
+    valid = tf.cast(slot < num_tokens, tf.float32)
+    grouped = tf.reshape(tf.gather(tokens, source),
+                         [-1, group_size, tokens.shape[-1]])
+    grouped_mask = tf.reshape(tf.gather(mask, source) * valid,
+                              [-1, group_size])
+    return grouped, grouped_mask, position

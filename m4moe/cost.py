@@ -15,16 +15,17 @@ Dimensions cheat sheet:
   S: group size.         C: expert capacity per group.
   L_s, L_t: source and target sequence lengths.
 
-Parameterisation counted (one ``tf.Variable`` per line, no biases anywhere):
+Parameterisation counted (float32 ``tf.Variable``s; no biases except the
+layer norms'):
   source embedding <V_s, M>; target embedding <V_t, M>; output (softmax)
-  projection <M, V_t>, untied as ``Transformer``'s default (pass
-  ``share_target_embedding=True`` to count the tied variant, which reuses the
-  target embedding as softmax weights and has no projection); sinusoidal positions
-  (no variables); per attention block (encoder self, decoder self, decoder
-  cross): query, key, value <M, N, K> and output <N, K, M>; per dense FFN:
-  wi <M, F>, wo <F, M>; per MoE layer: router wg <M, E> (noisy_topk also
-  w_noise <M, E>), experts wi <E, M, H> and wo <E, H, M>; a layer norm (scale <M> and bias <M>) before every sub-layer
-  and one final layer norm per stack.
+  projection <M, V_t>, untied as in ``Transformer``'s default (with
+  ``share_target_embedding=True`` the target embedding doubles as the softmax
+  weights and there is no projection); sinusoidal positions (no variables);
+  per attention block (encoder self, decoder self, decoder cross): query, key,
+  value <M, N, K> and output <N, K, M>; per dense FFN: wi <M, F>, wo <F, M>;
+  per MoE layer: router wg <M, E> (noisy_topk adds w_noise <M, E>), experts
+  wi <E, M, H> and wo <E, H, M>; a layer norm (scale <M>, bias <M>) before
+  every sub-layer, and a final layer norm per stack.
 
 FLOPs are forward multiply-adds times 2 per "token", where a token means one
 source token through the encoder plus one target token through the decoder
@@ -111,7 +112,7 @@ def _stack_specs(config: ModelConfig, stack: str) -> list[VariableSpec]:
 
 def variable_specs(config: ModelConfig, *, share_target_embedding: bool = False
                    ) -> tuple[VariableSpec, ...]:
-  """Every variable of ``Transformer(config=config, share_target_embedding=...)``."""
+  """Every variable of the Transformer built with these arguments, in order."""
   m = config.d_model
   specs = [
       VariableSpec("source_embedding", (config.src_vocab_size, m), "embedding"),
@@ -189,8 +190,11 @@ def _active_expert_params(config: ModelConfig) -> int:
 
 def active_params_per_token(config: ModelConfig, *,
                             share_target_embedding: bool = False) -> int:
-  """Parameters one (source, target) token pair touches: all but the experts,
-  plus k of the E experts in every MoE layer (embedding tables counted whole)."""
+  """Parameters a (source, target) token pair touches.
+
+  All but the experts, plus k of the E experts in every MoE layer; embedding
+  tables are counted whole.
+  """
   breakdown = param_breakdown(config,
                               share_target_embedding=share_target_embedding)
   return breakdown.non_expert + _active_expert_params(config)

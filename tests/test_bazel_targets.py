@@ -79,8 +79,8 @@ def _evaluate(build_file: pathlib.Path) -> list[Target]:
   }
   for kind in (*PY_RULES, "filegroup", "subpackage_tree", "test_suite"):
     namespace[kind] = rule(kind)
-  source = build_file.read_text()
-  exec(compile(source, str(build_file), "exec"), namespace)  # pylint: disable=exec-used
+  code = compile(build_file.read_text(), str(build_file), "exec")
+  exec(code, namespace)  # pylint: disable=exec-used
   return targets
 
 

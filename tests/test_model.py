@@ -130,10 +130,11 @@ def test_encoder_sees_the_whole_source():
   np.testing.assert_array_equal(a[1:], b[1:])
 
 
-def _teacher_forced_by_steps(model, inputs, targets, max_length):
-  """Runs decode_step over all positions inside one tf.function while loop."""
+def _teacher_forced_by_steps(model, inputs, targets, max_length, *,
+                             compiled):
+  """Runs decode_step over all positions, in a tf.function while loop or
+  eagerly."""
 
-  @tf.function
   def run(inputs, targets):
     enc = model.encode(inputs)
     length = targets.shape[1]
@@ -151,7 +152,7 @@ def _teacher_forced_by_steps(model, inputs, targets, max_length):
                                   (tf.constant(0), cache, out))
     return tf.transpose(out.stack(), [1, 0, 2]), cache
 
-  return run(inputs, targets)
+  return (tf.function(run) if compiled else run)(inputs, targets)
 
 
 @pytest.mark.parametrize("moe", MODEL_KINDS)
@@ -159,8 +160,8 @@ def test_cached_decoding_equals_teacher_forcing(moe):
   model = build(tiny_config(moe=moe))
   batch = unpacked_batch(8, 7)
   full = model(batch, training=False).logits.numpy()
-  stepped, cache = _teacher_forced_by_steps(model, batch["inputs"],
-                                            batch["targets"], max_length=10)
+  stepped, cache = _teacher_forced_by_steps(
+      model, batch["inputs"], batch["targets"], max_length=10, compiled=moe)
   assert isinstance(cache, DecoderCache)
   assert cache.keys[0].shape == (3, 10, 2, 8)
   for k, row in enumerate(TARGETS):
@@ -328,8 +329,8 @@ def test_tiny_moe_model_overfits_a_fixed_batch():
     adam.apply(tape.gradient(total, optimizer_vars))
     return loss
 
-  history = [float(train_step(tf.constant(s))) for s in range(150)]
-  assert history[-1] < 0.3 * history[0], (history[0], history[-1])
+  history = [float(train_step(tf.constant(s))) for s in range(60)]
+  assert history[-1] < 0.2 * history[0], (history[0], history[-1])
 
 
 class _Adam:

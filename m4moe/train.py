@@ -1,0 +1,401 @@
+"""The training loop: Adafactor steps, exact resume, preemption safety, metrics.
+
+Library entry point of ``m4moe-train`` (see :mod:`m4moe.cli.train`)::
+
+  result = train(model_fn=lambda: Transformer(config=model_config),
+                 train_dataset=ds, dev_datasets={"de": dev_de},
+                 config=TrainConfig(model_dir=..., train_steps=...),
+                 model_config=model_config)
+
+What a run guarantees:
+
+* Checkpoints (``ckpt-<step>``) hold the model, the optimiser slots and
+  counters, the step, tokens seen and the input iterator's state; randomness
+  is ``fold_in([seed, 0], step)``, so nothing random lives outside them. With
+  op determinism on, N steps straight equal N/2 + restart + N/2 bitwise.
+* SIGTERM: finish the current step, save, return with ``preempted=True``.
+* ``kill -9`` at any time: the ``checkpoint`` index only ever names complete
+  checkpoints (see :mod:`m4moe.training.checkpointing`).
+* A non-finite loss or gradient skips the update (counted, logged with the
+  offending tensors); ``max_consecutive_nonfinite`` skips in a row raise
+  :class:`NonFiniteError` without saving, so the last good checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from m4moe import config as config_lib
+from m4moe import optimizer as optimizer_lib
+from m4moe.training import checkpointing
+from m4moe.training import distribute
+from m4moe.training import metrics as metrics_lib
+from m4moe.training import remat as remat_lib
+from m4moe.training import step as step_lib
+
+
+class NonFiniteError(RuntimeError):
+  """Too many consecutive non-finite steps; the message names the step."""
+
+
+class TrainConfigError(ValueError):
+  """A training setting is invalid; the message names the flag and the fix."""
+
+
+def _require(condition: bool, flag: str, value: Any, fix: str) -> None:
+  if not condition:
+    raise TrainConfigError(f"--{flag}={value!r} is invalid: {fix}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+  """Settings of a training run (each is an ``m4moe-train`` flag).
+
+  Attributes:
+    model_dir: checkpoints, config.json, metrics.jsonl, TensorBoard events.
+    train_steps: stop after this many steps (a step is one optimiser update
+      attempt over ``grad_accum_steps`` micro-batches).
+    seed: base seed: model init (tf.random.set_seed) and per-step seeds.
+    label_smoothing: epsilon of the training cross-entropy.
+    grad_accum_steps: micro-batches per update (k).
+    remat: recompute each Transformer layer's activations in the backward
+      pass (tf.recompute_grad) to save memory.
+    checkpoint_every: save every N steps (and at the end).
+    keep_checkpoints: K, checkpoints kept.
+    eval_every: per-language dev cross-entropy every N steps (0: at the end
+      only).
+    log_every: console / TensorBoard / JSONL train record every N steps.
+    max_consecutive_nonfinite: stop after this many skipped steps in a row.
+    checkpoint_input: save the input iterator in checkpoints; if False a
+      resumed run skips the batches already consumed instead (for pipelines
+      whose iterators cannot be checkpointed).
+    batch_tokens: the configured tokens per batch, recorded in the metrics.
+    optimizer: Adafactor settings.
+  """
+
+  model_dir: str
+  train_steps: int
+  seed: int = 0
+  label_smoothing: float = 0.0
+  grad_accum_steps: int = 1
+  remat: bool = False
+  checkpoint_every: int = 1000
+  keep_checkpoints: int = 5
+  eval_every: int = 0
+  log_every: int = 100
+  max_consecutive_nonfinite: int = 10
+  checkpoint_input: bool = True
+  batch_tokens: int = 0
+  optimizer: optimizer_lib.AdafactorConfig = dataclasses.field(
+      default_factory=optimizer_lib.AdafactorConfig)
+
+  def __post_init__(self) -> None:
+    _require(bool(self.model_dir), "model_dir", self.model_dir,
+             "pass a directory for checkpoints")
+    _require(self.train_steps >= 1, "train_steps", self.train_steps,
+             "use at least 1")
+    _require(0 <= self.label_smoothing < 1, "label_smoothing",
+             self.label_smoothing, "use a value in [0, 1) (0.1 is usual)")
+    for name in ("grad_accum_steps", "checkpoint_every", "keep_checkpoints",
+                 "log_every", "max_consecutive_nonfinite"):
+      value = getattr(self, name)
+      _require(value >= 1, name, value, "use a positive integer")
+    _require(self.eval_every >= 0, "eval_every", self.eval_every,
+             "use 0 (evaluate at the end only) or a positive step count")
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+  """Outcome of :func:`train`.
+
+  Attributes:
+    step: the last completed step.
+    preempted: stopped early by SIGTERM (after saving).
+    last_checkpoint: path of the last saved checkpoint.
+    train_ce: plain train cross-entropy of the last logging interval.
+    dev_ce: {language: dev cross-entropy} of the last evaluation.
+    nonfinite_skipped: total skipped steps of the run (incl. earlier runs).
+  """
+  step: int
+  preempted: bool
+  last_checkpoint: str | None
+  train_ce: float | None
+  dev_ce: Mapping[str, float] | None
+  nonfinite_skipped: int
+
+
+@dataclasses.dataclass
+class _Counters:
+  """Checkpointed scalars of the loop."""
+  step: tf.Variable
+  tokens_seen: tf.Variable
+  source_tokens_seen: tf.Variable
+  nonfinite_skipped: tf.Variable
+
+  @classmethod
+  def create(cls) -> "_Counters":
+    make = lambda name: tf.Variable(0, dtype=tf.int64, trainable=False,
+                                    name=name)
+    return cls(*(make(f.name) for f in dataclasses.fields(cls)))
+
+  def trackables(self) -> dict[str, tf.Variable]:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+class _Loop:
+  """State of one call of :func:`train` (kept small: see ``train``)."""
+
+  def __init__(self, *, config: TrainConfig, strategy, model, runner,
+               counters: _Counters, keeper, iterator, dev_datasets,
+               metrics_log: metrics_lib.MetricsLog):
+    self.config = config
+    self.strategy = strategy
+    self.model = model
+    self.runner = runner
+    self.counters = counters
+    self.keeper = keeper
+    self.iterator = iterator
+    self.dev_datasets = dev_datasets or {}
+    self.log = metrics_log
+    self.interval = metrics_lib.Interval()
+    self.consecutive_nonfinite = 0
+    self.started = time.time()
+    self.last_train_ce = None
+    self.last_dev_ce = None
+    model_dir = pathlib.Path(config.model_dir)
+    self.train_writer = tf.summary.create_file_writer(str(model_dir / "train"))
+    self.eval_writer = tf.summary.create_file_writer(str(model_dir / "eval"))
+    self.base_seed = tf.constant([config.seed, 0], tf.int32)
+
+  @property
+  def step(self) -> int:
+    return int(self.counters.step.numpy())
+
+  def _next_microbatches(self) -> list[Mapping[str, tf.Tensor]]:
+    try:
+      return [next(self.iterator) for _ in range(self.config.grad_accum_steps)]
+    except StopIteration as e:
+      raise RuntimeError(
+          f"the training data ran out at step {self.step}; make the dataset "
+          "repeat (the m4moe.data pipeline does) or lower --train_steps") from e
+
+  def run_step(self, after_step: Callable[[int], None] | None) -> None:
+    began = time.perf_counter()
+    batches = self._next_microbatches()
+    seed = tf.random.experimental.stateless_fold_in(self.base_seed, self.step)
+    result = self.runner.train_step(batches, seed=seed)
+    self.counters.step.assign_add(1)
+    self._account(result)
+    self.interval.add(ce_sum=result.ce_sum, objective=result.objective,
+                      target_tokens=result.target_tokens,
+                      source_tokens=result.source_tokens,
+                      seconds=time.perf_counter() - began)
+    if self.step % self.config.log_every == 0:
+      self._log_train(result)
+    if after_step is not None:
+      after_step(self.step)
+
+  def _account(self, result: step_lib.StepResult) -> None:
+    if result.applied:
+      self.consecutive_nonfinite = 0
+      self.counters.tokens_seen.assign_add(int(result.target_tokens))
+      self.counters.source_tokens_seen.assign_add(int(result.source_tokens))
+      return
+    self.consecutive_nonfinite += 1
+    self.counters.nonfinite_skipped.assign_add(1)
+    names = ", ".join(result.nonfinite[:10])
+    more = len(result.nonfinite) - 10
+    logging.warning("step %d: non-finite %s%s; update skipped (%d in a row)",
+                    self.step, names, f" and {more} more" if more > 0 else "",
+                    self.consecutive_nonfinite)
+    if self.consecutive_nonfinite >= self.config.max_consecutive_nonfinite:
+      raise NonFiniteError(
+          f"step {self.step}: {self.consecutive_nonfinite} consecutive steps "
+          f"with a non-finite loss or gradient (last: {names}); stopping "
+          f"without saving. Last good checkpoint: {self.keeper.latest}. "
+          "Lower the learning rate, check the data, or raise "
+          "--max_consecutive_nonfinite")
+
+  def _log_train(self, result: step_lib.StepResult) -> None:
+    record = {
+        "kind": "train", "step": self.step, "time": time.time(),
+        "elapsed_sec": time.time() - self.started,
+        "tokens_seen": int(self.counters.tokens_seen.numpy()),
+        "source_tokens_seen": int(self.counters.source_tokens_seen.numpy()),
+        **self.interval.summary(),
+        "moe_loss": result.moe_loss, "aux_loss": result.aux_loss,
+        "z_loss": result.z_loss, "learning_rate": result.learning_rate,
+        "grad_norm": result.grad_norm,
+        "nonfinite_skipped": int(self.counters.nonfinite_skipped.numpy()),
+        "devices": self.strategy.num_replicas_in_sync,
+        "device_kind": distribute.device_kind(self.strategy),
+        "batch_tokens": self.config.batch_tokens,
+        "grad_accum_steps": self.config.grad_accum_steps,
+        "router": metrics_lib.router_scalars(result.router),
+    }
+    self.interval.reset()
+    self.last_train_ce = record["train_ce"]
+    self.log.write(record)
+    metrics_lib.log_console(record, train_steps=self.config.train_steps)
+    with self.train_writer.as_default():
+      for name in ("train_ce", "train_loss", "moe_loss", "aux_loss", "z_loss",
+                   "learning_rate", "grad_norm", "step_time_sec",
+                   "tokens_per_sec", "nonfinite_skipped"):
+        tag = "cross_entropy" if name == "train_ce" else name.removeprefix(
+            "train_")
+        metrics_lib.write_scalar(f"train/{tag}", record[name], step=self.step)
+      metrics_lib.write_router_summaries(result.router, step=self.step)
+    self.train_writer.flush()
+
+  def evaluate(self) -> None:
+    if not self.dev_datasets:
+      return
+    ce, tokens = {}, {}
+    for lang, dataset in sorted(self.dev_datasets.items()):
+      total, count = self.runner.evaluate(dataset)
+      ce[lang], tokens[lang] = total / max(count, 1.0), count
+    mean = sum(ce[l] * tokens[l] for l in ce) / max(sum(tokens.values()), 1.0)
+    self.last_dev_ce = ce
+    self.log.write({"kind": "eval", "step": self.step, "time": time.time(),
+                    "tokens_seen": int(self.counters.tokens_seen.numpy()),
+                    "dev_ce": ce, "dev_tokens": tokens, "dev_ce_mean": mean})
+    logging.info("step %d dev cross-entropy %.4f (%s)", self.step, mean,
+                 ", ".join(f"{l} {v:.3f}" for l, v in ce.items()))
+    with self.eval_writer.as_default():
+      for lang, value in ce.items():
+        metrics_lib.write_scalar(f"dev/cross_entropy/{lang}", value,
+                                 step=self.step)
+      metrics_lib.write_scalar("dev/cross_entropy", mean, step=self.step)
+    self.eval_writer.flush()
+
+
+def _restore(keeper: checkpointing.CheckpointKeeper, *, config: TrainConfig,
+             dataset: tf.data.Dataset, counters: _Counters, iterator):
+  """Restores the latest checkpoint; returns (path, iterator to use).
+
+  Without iterator state in the checkpoints, the iterator is created only
+  now, skipping the consumed batches (one iterator per dataset object, since
+  a reshuffling dataset gives each new iterator a new order).
+  """
+  path = keeper.restore_latest()
+  if iterator is None:
+    consumed = int(counters.step.numpy()) * config.grad_accum_steps
+    if consumed:
+      logging.info("Skipping %d already consumed batches", consumed)
+    iterator = iter(dataset.skip(consumed) if consumed else dataset)
+  return path, iterator
+
+
+def _build(model_fn, *, strategy, config: TrainConfig):
+  """Model, optimiser, counters and step runner, under the strategy scope."""
+  tf.random.set_seed(config.seed)
+  with strategy.scope():
+    model = model_fn()
+    variables = list(model.trainable_variables)
+    if not variables:
+      raise ValueError("model_fn() returned a model without trainable "
+                       "variables; create them in __init__")
+    optimizer = optimizer_lib.Adafactor(config.optimizer)
+    optimizer.build(variables)
+    counters = _Counters.create()
+  if config.remat:
+    remat_lib.apply_remat(model)
+  runner = step_lib.StepRunner(model=model, optimizer=optimizer,
+                               variables=variables, strategy=strategy,
+                               label_smoothing=config.label_smoothing)
+  return model, optimizer, counters, runner
+
+
+def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
+          config: TrainConfig,
+          dev_datasets: Mapping[str, tf.data.Dataset] | None = None,
+          model_config: config_lib.ModelConfig | None = None,
+          run_sections: Mapping[str, Any] | None = None,
+          strategy: tf.distribute.Strategy | None = None,
+          after_step: Callable[[int], None] | None = None) -> TrainResult:
+  """Trains (or resumes training) until ``config.train_steps``.
+
+  Args:
+    model_fn: builds the model (called under the strategy scope, after
+      ``tf.random.set_seed(config.seed)``).
+    train_dataset: repeating dataset of global model batches (dicts with
+      "inputs"/"targets" <int32>[B, L] and optional packing features).
+    config: the run settings.
+    dev_datasets: {language: finite dataset of batches} for dev CE.
+    model_config: written to ``config.json`` (so decode/eval can rebuild
+      the model); required to guard against resuming a different model.
+    run_sections: further sections for ``config.json`` (e.g. "data").
+    strategy: defaults to the current (default) strategy.
+    after_step: test hook called with the step number after every step.
+
+  Returns:
+    TrainResult.
+  """
+  strategy = strategy or tf.distribute.get_strategy()
+  model_dir = pathlib.Path(config.model_dir)
+  model_dir.mkdir(parents=True, exist_ok=True)
+  if model_config is not None:
+    checkpointing.write_run_config(
+        model_dir, model_config=model_config,
+        sections={"train": config.to_dict(), **(run_sections or {})})
+  model, optimizer, counters, runner = _build(model_fn, strategy=strategy,
+                                              config=config)
+  iterator = iter(train_dataset) if config.checkpoint_input else None
+  trackables = dict(model=model, optimizer=optimizer, **counters.trackables())
+  if iterator is not None:
+    trackables["iterator"] = iterator
+  keeper = checkpointing.CheckpointKeeper(
+      str(model_dir), max_to_keep=config.keep_checkpoints, **trackables)
+  resumed, iterator = _restore(keeper, config=config, dataset=train_dataset,
+                               counters=counters, iterator=iterator)
+  log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
+                               resume_step=int(counters.step.numpy()))
+  loop = _Loop(config=config, strategy=strategy, model=model, runner=runner,
+               counters=counters, keeper=keeper, iterator=iterator,
+               dev_datasets=dev_datasets, metrics_log=log)
+  log.write({"kind": "start", "step": loop.step, "time": time.time(),
+             "devices": strategy.num_replicas_in_sync,
+             "device_kind": distribute.device_kind(strategy),
+             "num_params": int(sum(np.prod(v.shape) for v in runner.variables)),
+             "resumed_from": resumed})
+  try:
+    preempted = _run_loop(loop, after_step=after_step)
+  finally:
+    log.close()
+  return TrainResult(
+      step=loop.step, preempted=preempted, last_checkpoint=keeper.latest,
+      train_ce=loop.last_train_ce, dev_ce=loop.last_dev_ce,
+      nonfinite_skipped=int(counters.nonfinite_skipped.numpy()))
+
+
+def _run_loop(loop: _Loop, *, after_step) -> bool:
+  """Steps until done or preempted; returns True if preempted."""
+  config = loop.config
+  saved_at = loop.step if loop.keeper.latest else None
+  with checkpointing.PreemptionGuard() as guard:
+    while loop.step < config.train_steps and not guard.requested:
+      loop.run_step(after_step)
+      if loop.step % config.checkpoint_every == 0:
+        loop.keeper.save(loop.step)
+        saved_at = loop.step
+      if config.eval_every and loop.step % config.eval_every == 0:
+        loop.evaluate()
+    preempted = guard.requested and loop.step < config.train_steps
+    if saved_at != loop.step:
+      loop.keeper.save(loop.step)
+  if not preempted and not (config.eval_every and
+                            loop.step % config.eval_every == 0):
+    loop.evaluate()
+  loop.log.write({"kind": "end", "step": loop.step, "time": time.time(),
+                  "reason": "preempted" if preempted else "done"})
+  return preempted

@@ -1,0 +1,12 @@
+"""Training machinery behind :mod:`m4moe.train` and ``m4moe-train``.
+
+* :mod:`m4moe.training.checkpointing` -- run directory layout, the effective
+  config JSON, checkpoint manager with crash-safe resume, SIGTERM handling.
+* :mod:`m4moe.training.step` -- loss, gradients (with accumulation and
+  optional rematerialisation), the non-finite guard and the update.
+* :mod:`m4moe.training.metrics` -- TensorBoard summaries, the JSONL metrics
+  log and console lines.
+* :mod:`m4moe.training.distribute` -- single device / Mirrored / TPU strategy.
+* :mod:`m4moe.training.fixtures` -- a tiny stand-in model and a synthetic
+  parallel corpus for tests.
+"""

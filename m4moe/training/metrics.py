@@ -1,0 +1,208 @@
+"""Training observability: TensorBoard summaries, JSONL metrics, console lines.
+
+TensorBoard: summaries are written with the core ``tf.summary.write`` op and
+the TensorBoard plugin metadata (``scalars`` / ``histograms``), so writing
+needs no ``tensorboard`` package (reading them does). Tags:
+
+  train/cross_entropy, train/loss, train/moe_loss, train/aux_loss,
+  train/z_loss, train/learning_rate, train/grad_norm, train/step_time_sec,
+  train/tokens_per_sec, train/nonfinite_skipped
+  router/<layer>/<stat> for every scalar RouterStats field (load_cv,
+    dropped_first, dropped_second, entropy, max_logit, ...)
+  router/<layer>/load_per_expert   a histogram with one bucket per expert
+    (x = expert index, height = fraction of tokens routed to it)
+  dev/cross_entropy/<lang>, dev/cross_entropy (token-weighted over languages)
+
+JSONL (``<model_dir>/metrics.jsonl``), one JSON object per line, keyed by
+``kind``; on resume, records with ``step`` beyond the restored checkpoint are
+dropped so every (kind, step) appears once:
+
+* ``{"kind": "train", "step", "time", "elapsed_sec", "tokens_seen",
+  "source_tokens_seen", "train_ce", "train_loss", "moe_loss", "aux_loss",
+  "z_loss", "learning_rate", "grad_norm", "step_time_sec", "tokens_per_sec",
+  "target_tokens_per_sec", "nonfinite_skipped", "devices", "device_kind",
+  "batch_tokens", "grad_accum_steps", "router": {layer: {stat: value}}}``
+  -- ``train_ce`` is the plain token cross-entropy (no label smoothing, no
+  aux loss) averaged over the target tokens of the logging interval;
+  ``tokens_seen`` counts non-padding target tokens since step 0;
+  ``tokens_per_sec`` counts source + target non-padding tokens.
+* ``{"kind": "eval", "step", "time", "tokens_seen", "dev_ce": {lang: ce},
+  "dev_tokens": {lang: n}, "dev_ce_mean"}`` -- ``dev_ce_mean`` is weighted by
+  tokens over all languages.
+* ``{"kind": "start", "step", "time", "devices", "device_kind",
+  "num_params", "resumed_from"}`` and ``{"kind": "end", "step", "time",
+  "reason"}`` (reason: ``done``, ``preempted``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+from typing import Any, Mapping
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from tensorflow.core.framework import summary_pb2
+
+METRICS_FILENAME = "metrics.jsonl"
+
+
+def _metadata(plugin: str) -> summary_pb2.SummaryMetadata:
+  return summary_pb2.SummaryMetadata(
+      plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin))
+
+
+def write_scalar(tag: str, value: float, *, step: int) -> None:
+  """A TensorBoard scalar on the default summary writer."""
+  tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step,
+                   metadata=_metadata("scalars"))
+
+
+def write_per_expert_histogram(tag: str, load: np.ndarray, *,
+                               step: int) -> None:
+  """A histogram with bucket ``e`` = [e, e+1) of height ``load[e]``.
+
+  Args:
+    tag: summary tag.
+    load: <float32>[E] fraction of tokens routed to each expert.
+    step: global step.
+  """
+  load = np.asarray(load, np.float64).reshape(-1)
+  edges = np.arange(load.size + 1, dtype=np.float64)
+  buckets = np.stack([edges[:-1], edges[1:], load], axis=1)
+  tf.summary.write(tag, tf.constant(buckets), step=step,
+                   metadata=_metadata("histograms"))
+
+
+def write_router_summaries(router: Mapping[str, Mapping[str, np.ndarray]], *,
+                           step: int) -> None:
+  """Scalars for every scalar stat, a per-expert histogram for ``load``."""
+  for layer, stats in router.items():
+    for name, value in stats.items():
+      value = np.asarray(value)
+      if value.ndim == 0:
+        write_scalar(f"router/{layer}/{name}", value, step=step)
+      elif name == "load":
+        write_per_expert_histogram(f"router/{layer}/load_per_expert", value,
+                                   step=step)
+
+
+def router_scalars(router: Mapping[str, Mapping[str, np.ndarray]]
+                   ) -> dict[str, dict[str, float]]:
+  """The scalar router stats as plain floats (for the JSONL log)."""
+  return {layer: {k: float(v) for k, v in stats.items() if np.ndim(v) == 0}
+          for layer, stats in router.items()}
+
+
+class MetricsLog:
+  """Append-only JSONL metrics file that stays consistent across resumes.
+
+  Args:
+    path: the ``metrics.jsonl`` file.
+    resume_step: the step of the restored checkpoint (0 for a fresh run).
+      Records of a later step, written by a run that crashed before its next
+      checkpoint, are dropped (atomically) since those steps will be redone.
+  """
+
+  def __init__(self, path: str | os.PathLike[str], *, resume_step: int):
+    self.path = pathlib.Path(path)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    if self.path.exists():
+      self._truncate_after(resume_step)
+    self._file = open(self.path, "a", encoding="utf-8")
+
+  def _truncate_after(self, step: int) -> None:
+    kept = []
+    with open(self.path, encoding="utf-8") as f:
+      for line in f:
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError:
+          continue  # a line cut short by a crash
+        if record.get("step", 0) <= step:
+          kept.append(json.dumps(record, sort_keys=True))
+    tmp = self.path.with_name(f".{self.path.name}.tmp")
+    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+    os.replace(tmp, self.path)
+
+  def write(self, record: Mapping[str, Any]) -> None:
+    self._file.write(json.dumps(dict(record), sort_keys=True) + "\n")
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
+
+
+def read_metrics(path: str | os.PathLike[str],
+                 kind: str | None = None) -> list[dict[str, Any]]:
+  """Records of a metrics.jsonl (optionally only one ``kind``), in order."""
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if kind is None or record.get("kind") == kind:
+        out.append(record)
+  return out
+
+
+class Interval:
+  """Accumulates per-step host values between two log lines."""
+
+  def __init__(self):
+    self.reset()
+
+  def reset(self) -> None:
+    self.steps = 0
+    self.ce_sum = 0.0
+    self.objective_sum = 0.0
+    self.target_tokens = 0.0
+    self.source_tokens = 0.0
+    self.seconds = 0.0
+
+  def add(self, *, ce_sum: float, objective: float, target_tokens: float,
+          source_tokens: float, seconds: float) -> None:
+    self.steps += 1
+    self.ce_sum += ce_sum
+    self.objective_sum += objective
+    self.target_tokens += target_tokens
+    self.source_tokens += source_tokens
+    self.seconds += seconds
+
+  def summary(self) -> dict[str, float]:
+    steps = max(self.steps, 1)
+    seconds = max(self.seconds, 1e-9)
+    return {
+        "train_ce": self.ce_sum / max(self.target_tokens, 1.0),
+        "train_loss": self.objective_sum / steps,
+        "step_time_sec": self.seconds / steps,
+        "tokens_per_sec": (self.source_tokens + self.target_tokens) / seconds,
+        "target_tokens_per_sec": self.target_tokens / seconds,
+    }
+
+
+def format_eta(seconds: float) -> str:
+  seconds = max(0, int(seconds))
+  hours, rest = divmod(seconds, 3600)
+  return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s"
+
+
+def log_console(record: Mapping[str, Any], *, train_steps: int) -> None:
+  """One absl line per logging interval: step, losses, tokens/s and ETA."""
+  eta = (train_steps - record["step"]) * record["step_time_sec"]
+  logging.info(
+      "step %d/%d  ce %.4f  loss %.4f  moe %.4f  lr %.3g  |g| %.3g  "
+      "%.0f tok/s  %.3fs/step  skipped %d  ETA %s",
+      record["step"], train_steps, record["train_ce"], record["train_loss"],
+      record["moe_loss"], record["learning_rate"], record["grad_norm"],
+      record["tokens_per_sec"], record["step_time_sec"],
+      record["nonfinite_skipped"], format_eta(eta))
+
+
+def now() -> float:
+  return time.time()

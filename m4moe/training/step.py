@@ -1,0 +1,224 @@
+"""One optimiser step: loss, gradients (accumulated), non-finite guard, update.
+
+The objective of a step over ``k`` micro-batches (gradient accumulation) and
+``R`` replicas, with ``T`` the number of non-padding target tokens of the
+whole step, is::
+
+  sum over micro-batches i and replicas r of
+      CE_ls_sum(i, r) / T  +  moe_loss(i, r) / (k * R)
+
+i.e. the token-mean (label-smoothed) cross-entropy of the full step plus the
+mean of the MoE losses, whatever ``k`` and ``R`` are. So accumulating two
+half batches gives the update of one full batch (tested). The logged
+cross-entropy is always the plain one (no smoothing, no MoE loss).
+
+Each micro-batch is one call of a ``tf.function`` that returns the summed
+gradients; the update (with the non-finite guard) is a second one. Seeds:
+the trainer passes ``fold_in(base_seed, step)``; micro-batch ``i`` uses
+``fold_in(that, i)`` and replica ``r`` ``fold_in(..., r)``, so every random
+decision is a function of (seed, step) and a resumed run repeats it exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from m4moe import losses
+from m4moe import optimizer as optimizer_lib
+
+MODEL_KEYS = ("inputs", "targets", "inputs_segment_ids", "inputs_positions",
+              "targets_segment_ids", "targets_positions")
+
+
+def model_features(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+  """The keys of ``batch`` the model consumes (drops e.g. ``lang``)."""
+  return {k: v for k, v in batch.items() if k in MODEL_KEYS}
+
+
+def flat_router_stats(moe_stats: Mapping[str, Any]) -> dict[str, dict[str, tf.Tensor]]:
+  """``{layer: RouterStats}`` -> ``{layer: {stat: float32 tensor}}``."""
+  out = {}
+  for layer, stats in moe_stats.items():
+    values = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+    out[layer] = {k: tf.cast(v, tf.float32) for k, v in values.items()}
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+  """Host-side (numpy) outcome of one optimiser step.
+
+  Attributes:
+    applied: False if the update was skipped (non-finite loss or gradient).
+    nonfinite: names of the non-finite tensors ("loss" or variable names).
+    ce_sum: plain cross-entropy summed over the step's target tokens.
+    objective: the optimised loss (smoothed CE mean + MoE loss).
+    target_tokens, source_tokens: non-padding tokens of the step.
+    moe_loss, aux_loss, z_loss: means over micro-batches and replicas.
+    grad_norm: global norm of the (accumulated) gradient.
+    learning_rate: the rate of this update.
+    router: {layer: {stat: np.ndarray}} of the last micro-batch (replica mean).
+  """
+  applied: bool
+  nonfinite: tuple[str, ...]
+  ce_sum: float
+  objective: float
+  target_tokens: float
+  source_tokens: float
+  moe_loss: float
+  aux_loss: float
+  z_loss: float
+  grad_norm: float
+  learning_rate: float
+  router: Mapping[str, Mapping[str, np.ndarray]]
+
+
+def _local_part(batch: Mapping[str, tf.Tensor], *, replicas: int,
+                replica_id: Any) -> dict[str, tf.Tensor]:
+  """Replica ``replica_id``'s slice of the global batch along axis 0."""
+  if replicas == 1:
+    return dict(batch)
+  def part(t):
+    shape = tf.shape(t)
+    split = tf.reshape(t, tf.concat([[replicas, shape[0] // replicas],
+                                     shape[1:]], 0))
+    return tf.gather(split, replica_id)
+  return {k: part(v) for k, v in batch.items()}
+
+
+class StepRunner:
+  """Builds and runs the compiled train and eval steps of one model.
+
+  Args:
+    model: a contract ``Transformer``-like ``tf.Module`` (``model(batch,
+      training=..., seed=...)`` returns a ModelOutput).
+    optimizer: a built :class:`m4moe.optimizer.Adafactor`.
+    variables: the trained variables (given to ``optimizer.build``).
+    strategy: the tf.distribute strategy the variables were created under.
+    label_smoothing: epsilon of the training loss.
+  """
+
+  def __init__(self, *, model: tf.Module, optimizer: optimizer_lib.Adafactor,
+               variables: Sequence[tf.Variable],
+               strategy: tf.distribute.Strategy, label_smoothing: float):
+    self.model = model
+    self.optimizer = optimizer
+    self.variables = list(variables)
+    self.strategy = strategy
+    self.label_smoothing = label_smoothing
+    self.variable_names = [v.name.split(":")[0] for v in self.variables]
+    self._grads_fn = tf.function(self._grads, reduce_retracing=True)
+    self._apply_fn = tf.function(self._apply)
+    self._eval_fn = tf.function(self._eval, reduce_retracing=True)
+
+  # -- training ---------------------------------------------------------------
+
+  def _replica_grads(self, batch, seed, total_tokens, num_micro):
+    ctx = tf.distribute.get_replica_context()
+    replicas = ctx.num_replicas_in_sync
+    replica_id = ctx.replica_id_in_sync_group
+    local = _local_part(batch, replicas=replicas, replica_id=replica_id)
+    seed = tf.random.experimental.stateless_fold_in(seed, replica_id)
+    weights = tf.cast(tf.not_equal(local["targets"], 0), tf.float32)
+    with tf.GradientTape() as tape:
+      out = self.model(local, training=True, seed=seed)
+      ce_sum, _ = losses.token_cross_entropy(out.logits, local["targets"],
+                                             weights=weights)
+      ls_sum = ce_sum
+      if self.label_smoothing:
+        ls_sum, _ = losses.token_cross_entropy(
+            out.logits, local["targets"], weights=weights,
+            label_smoothing=self.label_smoothing)
+      moe_share = num_micro * float(replicas)
+      objective = ls_sum / total_tokens + out.moe_loss / moe_share
+    grads = tape.gradient(objective, self.variables)
+    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+             for g, v in zip(grads, self.variables)]
+    metrics = {
+        "ce_sum": ce_sum, "objective": objective,
+        "target_tokens": tf.reduce_sum(weights),
+        "source_tokens": tf.reduce_sum(
+            tf.cast(tf.not_equal(local["inputs"], 0), tf.float32)),
+        "moe_loss": out.moe_loss / moe_share,
+        "aux_loss": out.aux_loss / moe_share,
+        "z_loss": out.z_loss / moe_share,
+    }
+    router = tf.nest.map_structure(lambda t: t / float(replicas),
+                                   flat_router_stats(out.moe_stats))
+    return grads, metrics, router
+
+  def _grads(self, batch, seed, total_tokens, num_micro):
+    grads, metrics, router = self.strategy.run(
+        self._replica_grads, args=(batch, seed, total_tokens, num_micro))
+    total = lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v,
+                                           axis=None)
+    return tf.nest.map_structure(total, (grads, metrics, router))
+
+  def _apply(self, grads, objective):
+    finite = tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+    loss_finite = tf.math.is_finite(objective)
+    ok = tf.logical_and(tf.reduce_all(finite), loss_finite)
+    grad_norm = tf.linalg.global_norm(grads)
+    learning_rate = self.optimizer.learning_rate()
+    if ok:
+      self.optimizer.apply_gradients(grads, self.variables)
+    return ok, finite, loss_finite, grad_norm, learning_rate
+
+  def train_step(self, microbatches: Sequence[Mapping[str, tf.Tensor]], *,
+                 seed: tf.Tensor) -> StepResult:
+    """Runs one optimiser step over ``microbatches`` (their sum is the batch).
+
+    Args:
+      microbatches: k >= 1 model batches (global, undistributed).
+      seed: <int32>[2] the step's seed, fold_in(base_seed, step).
+
+    Returns:
+      The StepResult (the update is skipped if anything is non-finite).
+    """
+    microbatches = [model_features(b) for b in microbatches]
+    total_tokens = tf.add_n([
+        tf.reduce_sum(tf.cast(tf.not_equal(b["targets"], 0), tf.float32))
+        for b in microbatches])
+    total_tokens = tf.maximum(total_tokens, 1.0)
+    num_micro = tf.constant(float(len(microbatches)))
+    grads = metrics = router = None
+    for i, batch in enumerate(microbatches):
+      micro_seed = tf.random.experimental.stateless_fold_in(seed, i)
+      g, m, router = self._grads_fn(batch, micro_seed, total_tokens, num_micro)
+      if grads is None:
+        grads, metrics = g, m
+      else:
+        grads = [a + b for a, b in zip(grads, g)]
+        metrics = {k: metrics[k] + m[k] for k in metrics}
+    ok, finite, loss_finite, grad_norm, lr = self._apply_fn(
+        grads, metrics["objective"])
+    nonfinite = [n for n, f in zip(self.variable_names, finite.numpy()) if not f]
+    if not bool(loss_finite):
+      nonfinite.insert(0, "loss")
+    host = {k: float(v) for k, v in metrics.items()}
+    return StepResult(
+        applied=bool(ok), nonfinite=tuple(nonfinite), ce_sum=host["ce_sum"],
+        objective=host["objective"], target_tokens=host["target_tokens"],
+        source_tokens=host["source_tokens"], moe_loss=host["moe_loss"],
+        aux_loss=host["aux_loss"], z_loss=host["z_loss"],
+        grad_norm=float(grad_norm), learning_rate=float(lr),
+        router=tf.nest.map_structure(lambda t: t.numpy(), router))
+
+  # -- evaluation -------------------------------------------------------------
+
+  def _eval(self, batch):
+    out = self.model(batch, training=False)
+    return losses.token_cross_entropy(out.logits, batch["targets"])
+
+  def evaluate(self, dataset: tf.data.Dataset) -> tuple[float, float]:
+    """(plain CE summed over target tokens, token count) of a dev dataset."""
+    ce_sum, tokens = 0.0, 0.0
+    for batch in dataset:
+      s, n = self._eval_fn(model_features(batch))
+      ce_sum += float(s)
+      tokens += float(n)
+    return ce_sum, tokens

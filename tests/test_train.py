@@ -1,0 +1,201 @@
+"""Training loop on the stand-in model: learning, exact resume, accumulation,
+non-finite guard, metrics and summaries."""
+
+import glob
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from m4moe import optimizer as optimizer_lib
+from m4moe import train as train_lib
+from m4moe.training import checkpointing
+from m4moe.training import fixtures
+from m4moe.training import metrics as metrics_lib
+
+tf.config.experimental.enable_op_determinism()
+
+VOCAB = 24
+PAIRS = fixtures.synthetic_pairs(num_pairs=512, vocab_size=VOCAB, max_length=9)
+
+
+def _config(tmp_path, name="run", **overrides):
+  values = dict(model_dir=str(tmp_path / name), train_steps=8, seed=3,
+                log_every=2, checkpoint_every=4, keep_checkpoints=2,
+                optimizer=optimizer_lib.AdafactorConfig(warmup_steps=20))
+  values.update(overrides)
+  return train_lib.TrainConfig(**values)
+
+
+def _train(config, *, dataset=None, **kwargs):
+  kwargs.setdefault("model_fn", lambda: fixtures.ToyTranslator(
+      vocab_size=VOCAB + 1, poison_token=VOCAB))
+  return train_lib.train(
+      train_dataset=dataset or fixtures.pairs_dataset(
+          PAIRS, batch_size=8, length=10, shuffle_seed=1),
+      config=config, **kwargs)
+
+
+def _variables(model_dir, step):
+  reader = tf.train.load_checkpoint(f"{model_dir}/ckpt-{step}")
+  names = [n for n in reader.get_variable_to_shape_map()
+           if n.startswith(("model/", "optimizer/"))
+           and "OPTIMIZER_SLOT" not in n]
+  return {n: reader.get_tensor(n) for n in names}
+
+
+def _dev():
+  return {"xx": fixtures.pairs_dataset(PAIRS[:64], batch_size=16, length=10,
+                                       shuffle_seed=None, repeat=False)}
+
+
+def test_learns_below_unigram_and_writes_metrics(tmp_path):
+  config = _config(tmp_path, train_steps=150, log_every=50,
+                   checkpoint_every=100, eval_every=75,
+                   optimizer=optimizer_lib.AdafactorConfig(warmup_steps=100))
+  result = _train(config, dev_datasets=_dev())
+  unigram = fixtures.unigram_cross_entropy(PAIRS)
+  assert result.dev_ce["xx"] < 0.3 * unigram
+  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
+  kinds = [r["kind"] for r in records]
+  assert kinds == ["start", "train", "eval", "train", "train", "eval", "end"]
+  train = [r for r in records if r["kind"] == "train"]
+  assert [r["step"] for r in train] == [50, 100, 150]
+  assert train[-1]["train_ce"] < train[0]["train_ce"]
+  for key in ("tokens_seen", "step_time_sec", "tokens_per_sec", "devices",
+              "learning_rate", "grad_norm", "moe_loss", "batch_tokens"):
+    assert key in train[-1], key
+  assert train[-1]["router"]["toy/moe"].keys() >= {"load_cv", "entropy"}
+  assert 0 < train[0]["tokens_seen"] < train[-1]["tokens_seen"]
+  # TensorBoard events: train scalars, router histogram, dev CE per language.
+  tags = set()
+  for path in glob.glob(str(tmp_path / "run" / "*" / "events.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags.update(v.tag for v in event.summary.value)
+  assert {"train/cross_entropy", "train/learning_rate", "train/grad_norm",
+          "train/tokens_per_sec", "router/toy/moe/load_cv",
+          "router/toy/moe/load_per_expert", "dev/cross_entropy/xx",
+          "dev/cross_entropy"} <= tags
+
+
+def test_resume_is_bitwise_identical(tmp_path):
+  straight = _config(tmp_path, "straight")
+  _train(straight)
+  halves = _config(tmp_path, "halves", train_steps=4)
+  first = _train(halves)
+  assert first.step == 4 and first.last_checkpoint.endswith("ckpt-4")
+  second = _train(_config(tmp_path, "halves"))  # a fresh model, restored
+  assert second.step == 8
+  a = _variables(tmp_path / "straight", 8)
+  b = _variables(tmp_path / "halves", 8)
+  assert a.keys() == b.keys() and len(a) > 10
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+  # The JSONL holds each step once although the run was split.
+  steps = [r["step"] for r in metrics_lib.read_metrics(
+      tmp_path / "halves" / "metrics.jsonl", "train")]
+  assert steps == [2, 4, 6, 8]
+
+
+def test_resume_without_iterator_state_skips_consumed_batches(tmp_path):
+  _train(_config(tmp_path, "straight", checkpoint_input=False))
+  _train(_config(tmp_path, "halves", train_steps=4, checkpoint_input=False))
+  _train(_config(tmp_path, "halves", checkpoint_input=False))
+  a = _variables(tmp_path / "straight", 8)
+  b = _variables(tmp_path / "halves", 8)
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_gradient_accumulation_gives_the_same_update(tmp_path):
+  # No dropout (seeds differ per micro-batch) and no batch-level MoE loss
+  # (a mean of per-micro-batch balancing losses is not the full batch's).
+  model_fn = lambda: fixtures.ToyTranslator(
+      vocab_size=VOCAB, dropout_rate=0.0, moe_loss_weight=0.0)
+  def data(batch_size):
+    return fixtures.pairs_dataset(PAIRS, batch_size=batch_size, length=10,
+                                  shuffle_seed=None)
+  full = _train(_config(tmp_path, "full", train_steps=3),
+                dataset=data(8), model_fn=model_fn)
+  accum = _train(_config(tmp_path, "accum", train_steps=3,
+                         grad_accum_steps=2), dataset=data(4),
+                 model_fn=model_fn)
+  assert full.step == accum.step == 3
+  a = _variables(tmp_path / "full", 3)
+  b = _variables(tmp_path / "accum", 3)
+  moved = 0
+  for name in a:
+    np.testing.assert_allclose(a[name], b[name], rtol=2e-5, atol=2e-6,
+                               err_msg=name)
+    moved += "model/" in name
+  assert moved >= 7
+  # ... and differs from a run that sees only half the data per step.
+  half = _train(_config(tmp_path, "half", train_steps=3), dataset=data(4),
+                model_fn=model_fn)
+  c = _variables(tmp_path / "half", 3)
+  assert any(not np.allclose(a[n], c[n], rtol=1e-3) for n in a)
+  del half
+
+
+def _poisoned_dataset(poison_steps):
+  """Batches of 8 pairs; batch i (0-based) is poisoned if i in poison_steps."""
+  clean = fixtures.pairs_dataset(PAIRS, batch_size=8, length=10,
+                                 shuffle_seed=None)
+  def poison(i, batch):
+    bad = tf.reduce_any(tf.equal(i, tf.constant(poison_steps, tf.int64)))
+    inputs = tf.where(bad, tf.tensor_scatter_nd_update(
+        batch["inputs"], [[0, 0]], [VOCAB]), batch["inputs"])
+    return {"inputs": inputs, "targets": batch["targets"]}
+  return clean.enumerate().map(poison)
+
+
+def test_nan_step_is_skipped_counted_and_training_continues(tmp_path):
+  seen = {}
+  def after_step(step):
+    seen[step] = [v.numpy().copy() for v in model.trainable_variables]
+  def model_fn():
+    global model  # pylint: disable=global-variable-undefined
+    model = fixtures.ToyTranslator(vocab_size=VOCAB + 1, poison_token=VOCAB)
+    return model
+  config = _config(tmp_path, train_steps=6)
+  result = _train(config, dataset=_poisoned_dataset([2]), model_fn=model_fn,
+                  after_step=after_step)
+  assert result.step == 6 and result.nonfinite_skipped == 1
+  for before, after in zip(seen[2], seen[3]):  # step 3 ran batch 2: skipped
+    np.testing.assert_array_equal(before, after)
+  assert any(not np.array_equal(a, b) for a, b in zip(seen[3], seen[4]))
+  assert all(np.isfinite(v).all() for v in seen[6])
+  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl",
+                                     "train")
+  assert records[-1]["nonfinite_skipped"] == 1
+
+
+def test_consecutive_nan_steps_stop_with_error_and_keep_checkpoint(tmp_path):
+  config = _config(tmp_path, train_steps=20, max_consecutive_nonfinite=3)
+  with pytest.raises(train_lib.NonFiniteError,
+                     match=r"step 8: 3 consecutive.*loss.*ckpt-4"):
+    _train(config, dataset=_poisoned_dataset(list(range(5, 30))))
+  manager_dir = tmp_path / "run"
+  assert tf.train.latest_checkpoint(str(manager_dir)).endswith("ckpt-4")
+  values = _variables(manager_dir, 4)
+  assert all(np.isfinite(v).all() for v in values.values()
+             if v.dtype.kind == "f")
+
+
+def test_config_json_round_trip_and_guard(tmp_path):
+  from m4moe import config as config_lib
+  model_config = config_lib.ModelConfig(d_model=64)
+  config = _config(tmp_path, train_steps=2)
+  _train(config, model_config=model_config, run_sections={"data": {"x": 1}})
+  assert checkpointing.model_config_from_run(config.model_dir) == model_config
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert saved["train"]["optimizer"]["warmup_steps"] == 20
+  assert saved["data"] == {"x": 1}
+  with pytest.raises(config_lib.ConfigError, match="--d_model"):
+    _train(config, model_config=config_lib.ModelConfig(d_model=32))
+
+
+def test_bad_train_config_names_the_flag(tmp_path):
+  with pytest.raises(train_lib.TrainConfigError, match="--grad_accum_steps"):
+    _config(tmp_path, grad_accum_steps=0)

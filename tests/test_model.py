@@ -210,12 +210,14 @@ def test_dropout_is_seeded_and_required():
   assert not np.allclose(a, d)
 
 
-def test_every_variable_gets_a_gradient():
-  model = build(tiny_config(dropout_rate=0.1))
+@pytest.mark.parametrize("moe", MODEL_KINDS)
+def test_every_variable_gets_a_gradient(moe):
+  model = build(tiny_config(moe=moe, dropout_rate=0.1))
   batch = unpacked_batch()
   with tf.GradientTape() as tape:
     out = model(batch, training=True, seed=SEED)
     loss = losses.mean_token_cross_entropy(out.logits, batch["targets"])
+    loss += out.moe_loss
   grads = tape.gradient(loss, model.trainable_variables)
   for var, grad in zip(model.trainable_variables, grads):
     assert grad is not None, var.name
@@ -241,9 +243,10 @@ def test_tied_softmax_uses_target_embedding():
   assert not np.allclose(before, after)
 
 
-def test_bfloat16_activations_stay_close_to_float32():
-  f32 = build(tiny_config())
-  bf16 = build(tiny_config(activation_dtype="bfloat16"))
+@pytest.mark.parametrize("moe", MODEL_KINDS)
+def test_bfloat16_activations_stay_close_to_float32(moe):
+  f32 = build(tiny_config(moe=moe))
+  bf16 = build(tiny_config(moe=moe, activation_dtype="bfloat16"))
   for a, b in zip(f32.trainable_variables, bf16.trainable_variables):
     b.assign(a)
     assert b.dtype == tf.float32

@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from m4moe import layers
 from m4moe.config import ModelConfig
+from m4moe.moe_layer import MoeLayer
 
 _DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 _PACKING_KEYS = ("segment_ids", "positions")
@@ -181,7 +182,6 @@ def _default_packing(ids: tf.Tensor, segment_ids: tf.Tensor | None,
 
 def _make_ffn(config: ModelConfig, index: int, *, causal: bool) -> tf.Module:
   if config.moe.is_moe_layer(index):
-    from m4moe.moe_layer import MoeLayer  # pylint: disable=g-import-not-at-top
     return MoeLayer(config=config, causal=causal, name="moe")
   return layers.DenseFfn(d_model=config.d_model, d_ff=config.d_ff,
                          init_scale=config.init_scale, name="ffn")
@@ -197,7 +197,7 @@ def _attention(config: ModelConfig, name: str) -> layers.MultiHeadAttention:
 def _ffn_block(ffn: tf.Module, x: tf.Tensor, *, padding_mask: tf.Tensor,
                training: bool, seed: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
   """Runs a dense FFN or an MoE layer; returns (outputs, MoeOutput or None)."""
-  if isinstance(ffn, layers.DenseFfn):
+  if not isinstance(ffn, MoeLayer):
     return ffn(x), None
   moe_output = ffn(x, padding_mask=padding_mask, training=training, seed=seed)
   return moe_output.outputs, moe_output
@@ -219,7 +219,7 @@ class _Layer(tf.Module):
 
   @property
   def is_moe(self) -> bool:
-    return not isinstance(self.ffn, layers.DenseFfn)
+    return isinstance(self.ffn, MoeLayer)
 
   def _residual(self, x: tf.Tensor, branch: tf.Tensor, *, training: bool,
                 seed: tf.Tensor | None) -> tf.Tensor:

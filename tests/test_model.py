@@ -1,7 +1,6 @@
 """Tests for m4moe.model: packing, padding, causality, cached decoding."""
 
 import dataclasses
-import importlib.util
 
 import numpy as np
 import pytest
@@ -12,8 +11,6 @@ from m4moe import losses
 from m4moe.config import ModelConfig, MoeConfig
 from m4moe.model import DecoderCache, EncoderOutput, Transformer, shift_right
 
-HAS_MOE = importlib.util.find_spec("m4moe.moe_layer") is not None
-needs_moe = pytest.mark.skipif(not HAS_MOE, reason="m4moe.moe_layer not yet")
 SEED = tf.constant([7, 11], tf.int32)
 
 SOURCES = [[5, 6, 7, 8, 1], [9, 10, 1], [11, 12, 13, 1]]
@@ -66,7 +63,7 @@ def packed_batch():
           "targets_segment_ids": tgt_seg, "targets_positions": tgt_pos}
 
 
-MODEL_KINDS = [False, pytest.param(True, marks=needs_moe)]
+MODEL_KINDS = [False, True]
 
 
 def test_shift_right_restarts_in_every_segment():
@@ -224,9 +221,10 @@ def test_every_variable_gets_a_gradient(moe):
     assert np.abs(tf.convert_to_tensor(grad).numpy()).max() > 0, var.name
 
 
-@pytest.mark.parametrize("share", [False, True])
-def test_parameter_count_matches_cost_model(share):
-  config = tiny_config()
+@pytest.mark.parametrize("share,moe", [(False, False), (True, False),
+                                       (False, True)])
+def test_parameter_count_matches_cost_model(share, moe):
+  config = tiny_config(moe=moe)
   model = build(config, share_target_embedding=share)
   count = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
   assert count == cost.num_params(config, share_target_embedding=share)
@@ -293,7 +291,6 @@ def test_dense_model_has_no_moe_outputs():
   assert out.moe_loss.numpy() == 0.0 and out.aux_loss.numpy() == 0.0
 
 
-@needs_moe
 def test_moe_losses_and_stats_per_layer():
   config = tiny_config(moe=True)
   model = build(config)
@@ -307,7 +304,6 @@ def test_moe_losses_and_stats_per_layer():
       + config.moe.z_loss_weight * out.z_loss.numpy(), rtol=1e-5)
 
 
-@needs_moe
 def test_expert_choice_is_rejected_in_the_decoder():
   config = dataclasses.replace(tiny_config(), moe=MoeConfig(
       num_experts=4, expert_hidden_dim=16, router="expert_choice"))
@@ -315,7 +311,6 @@ def test_expert_choice_is_rejected_in_the_decoder():
     Transformer(config=config)
 
 
-@needs_moe
 def test_tiny_moe_model_overfits_a_fixed_batch():
   model = build(tiny_config(moe=True, d_model=32, d_kv=16))
   batch = unpacked_batch()

@@ -1,0 +1,291 @@
+"""The multilingual-vs-bilingual report: figure, tables, report.md/.html.
+
+:func:`write_report` writes to ``output_dir``:
+
+* ``delta_bleu.png`` -- the paper's Figure 6 (:mod:`m4moe.eval.figure`);
+* ``report.md`` -- every table below, the smoother and bucket bounds;
+* ``report.html`` -- the same, self-contained (figure embedded as base64);
+* ``summary.json`` -- the averages and exclusions, machine-readable.
+
+Tables: model table in the style of SPEC Table 1 (params, E, L, total
+experts, avg BLEU, avg ΔBLEU); averages over all/high/mid/low buckets;
+per-language BLEU/ΔBLEU; training cost like Table 3 and tokens to reach
+cross-entropy thresholds like Table 2 (from training metrics JSONL logs).
+Languages left out of averages, and why, are always listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, Mapping, Sequence
+
+from m4moe.eval import comparison as comparison_lib
+from m4moe.eval import document as doc
+from m4moe.eval import figure as figure_lib
+from m4moe.eval import results
+from m4moe.eval import training_logs
+
+FIGURE_FILE = "delta_bleu.png"
+DASH = "–"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+  """Size facts of one model for the Table-1-style table."""
+
+  params: int | None
+  experts: int | None
+  layers: int | None
+  total_experts: int | None
+  source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportFiles:
+  """What :func:`write_report` wrote and built."""
+
+  markdown: pathlib.Path
+  html: pathlib.Path
+  png: pathlib.Path
+  summary: pathlib.Path
+  figure: figure_lib.DeltaFigure
+  comparison: comparison_lib.Comparison
+
+
+def _fmt(value: float | None, *, signed: bool = False) -> str:
+  if value is None:
+    return DASH
+  return f"{value:+.1f}" if signed else f"{value:.1f}"
+
+
+def _fmt_int(value: int | None) -> str:
+  return DASH if value is None else f"{value:,}"
+
+
+def model_facts(result: results.EvalResult) -> ModelFacts:
+  """Params/experts/layers: m4moe.cost on the stored config, else metadata."""
+  meta = result.metadata
+  config = meta.get("config")
+  if isinstance(config, Mapping):
+    try:
+      from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
+      from m4moe import cost  # pylint: disable=g-import-not-at-top
+      model_config = config_lib.config_from_dict(config)
+      return ModelFacts(
+          params=cost.num_params(model_config),
+          experts=model_config.moe.num_experts,
+          layers=model_config.num_layers,
+          total_experts=cost.num_experts_total(model_config),
+          source="m4moe.cost")
+    except (ImportError, TypeError, ValueError):
+      pass
+  experts, layers = meta.get("num_experts"), meta.get("num_layers")
+  total = meta.get("num_experts_total")
+  if total is None and experts is not None and layers is not None:
+    total = experts * layers // 2
+  return ModelFacts(params=meta.get("num_params"), experts=experts,
+                    layers=layers, total_experts=total, source="metadata")
+
+
+def _model_table(comp, models: Sequence[results.EvalResult]) -> doc.Table:
+  rows = []
+  for result in models:
+    facts = model_facts(result)
+    avg = comp.averages[result.model]["all"]
+    rows.append((result.model, _fmt_int(facts.params),
+                 _fmt_int(facts.experts) if facts.experts else "dense",
+                 _fmt_int(facts.layers),
+                 _fmt_int(facts.total_experts) if facts.experts else DASH,
+                 _fmt(avg.bleu), _fmt(avg.delta, signed=True), facts.source))
+  base = comp.averages[comparison_lib.BASELINE_NAME]["all"]
+  if comp.baseline_models:
+    rows.append((comparison_lib.BASELINE_NAME,
+                 f"{len(set(comp.baseline_models.values()))} models", DASH,
+                 DASH, DASH, _fmt(base.bleu), _fmt(0.0, signed=True), DASH))
+  return doc.Table(("model", "params", "E (experts/layer)", "L (layers)",
+                    "total experts", "avg BLEU", "avg ΔBLEU", "params from"),
+                   tuple(rows))
+
+
+def _averages_table(comp) -> doc.Table:
+  headers = ["model"]
+  for bucket in comparison_lib.BUCKETS:
+    headers += [f"{bucket} BLEU", f"{bucket} ΔBLEU", f"{bucket} n"]
+  names = list(comp.models)
+  if comp.baseline_models:
+    names.append(comparison_lib.BASELINE_NAME)
+  rows = []
+  for name in names:
+    row = [name]
+    for bucket in comparison_lib.BUCKETS:
+      avg = comp.averages[name][bucket]
+      row += [_fmt(avg.bleu), _fmt(avg.delta, signed=True), str(avg.count)]
+    rows.append(tuple(row))
+  return doc.Table(tuple(headers), tuple(rows))
+
+
+def _language_table(comp) -> doc.Table:
+  headers = ["language", "train pairs", "bucket", "baseline BLEU"]
+  for model in comp.models:
+    headers += [f"{model} BLEU", f"{model} ΔBLEU"]
+  headers.append("in averages")
+  rows = []
+  for lang in comp.languages:
+    row = [lang, _fmt_int(comp.train_sizes[lang]), comp.buckets[lang] or DASH,
+           _fmt(comp.baseline_bleu[lang])]
+    for model in comp.models:
+      row += [_fmt(comp.bleu[model][lang]),
+              _fmt(comp.delta[model][lang], signed=True)]
+    row.append("yes" if lang in comp.averaged else "no")
+    rows.append(tuple(row))
+  return doc.Table(tuple(headers), tuple(rows))
+
+
+def _training_blocks(logs: Mapping[str, pathlib.Path],
+                     thresholds: Sequence[float]) -> list[doc.Block]:
+  if not logs:
+    return [doc.Heading("Training cost and convergence"),
+            doc.Paragraph("No training metrics logs were given "
+                          "(--training_logs or metadata.model_dir).")]
+  cost_rows, ce_rows = [], []
+  for model, path in logs.items():
+    records = training_logs.read_records(path)
+    cost = training_logs.training_cost(records)
+    cost_rows.append((
+        model, _fmt_int(cost.devices),
+        DASH if cost.steps_per_sec is None else f"{cost.steps_per_sec:.3g}",
+        _fmt_int(cost.batch_tokens),
+        DASH if cost.device_hours is None else f"{cost.device_hours:.3g}",
+        DASH if cost.wall_hours is None else f"{cost.wall_hours:.3g}",
+        _fmt_int(cost.steps), _fmt_int(cost.tokens)))
+    reached = training_logs.tokens_to_reach(records, thresholds)
+    ce_rows.append((model, *(_fmt_int(reached[t]) for t in thresholds)))
+  return [
+      doc.Heading("Training cost (Table 3 style)"),
+      doc.Table(("model", "devices", "steps/s", "batch tokens",
+                 "device-hours", "wall hours", "steps", "tokens seen"),
+                tuple(cost_rows)),
+      doc.Heading("Tokens to reach training cross-entropy (Table 2 style)"),
+      doc.Paragraph("Target tokens seen when the logged train_ce first fell "
+                    "to each threshold; – = never reached (or no token "
+                    "counts in the log)."),
+      doc.Table(("model", *(f"CE ≤ {t:g}" for t in thresholds)),
+                tuple(ce_rows))]
+
+
+def _gaps_blocks(comp) -> list[doc.Block]:
+  items = [f"{lang}: {'; '.join(reasons)}"
+           for lang, reasons in comp.excluded.items()]
+  blocks: list[doc.Block] = [doc.Heading("Excluded from averages")]
+  if items:
+    blocks += [doc.Paragraph(f"{len(items)} of {len(comp.languages)} "
+                             "languages are not averaged:"),
+               doc.Bullets(tuple(items))]
+  else:
+    blocks.append(doc.Paragraph("None: every language has a score from "
+                                "every model and baseline."))
+  if comp.notes:
+    blocks += [doc.Heading("Notes"), doc.Bullets(tuple(comp.notes))]
+  return blocks
+
+
+def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
+                 logs: Mapping[str, pathlib.Path],
+                 thresholds: Sequence[float],
+                 inputs: Sequence[str]) -> list[doc.Block]:
+  """The report's content, shared by the Markdown and HTML renderings."""
+  return [
+      doc.Paragraph("Inputs: " + ", ".join(inputs)),
+      doc.Heading("ΔBLEU vs bilingual baselines (Figure 6 style)"),
+      doc.Image(FIGURE_FILE, png, "ΔBLEU per language, high to low resource"),
+      doc.Paragraph(f"Points: ΔBLEU per language; lines: trend per model, "
+                    f"smoothed with {figure.smoother}; the black zero line "
+                    "is the bilingual baselines. Languages with no ΔBLEU for "
+                    "a model are not drawn for it."),
+      doc.Heading("Models (Table 1 style)"),
+      _model_table(comp, models),
+      doc.Heading("Averages by resource bucket"),
+      doc.Paragraph(f"Bucket bounds: {comp.bounds.describe()}. Averages are "
+                    f"over the {len(comp.averaged)} languages scored by "
+                    "every model (and baseline, if any)."),
+      _averages_table(comp),
+      doc.Heading("Per-language BLEU and ΔBLEU"),
+      _language_table(comp),
+      *_gaps_blocks(comp),
+      *_training_blocks(logs, thresholds),
+  ]
+
+
+def _summary(comp) -> dict[str, Any]:
+  return {
+      "languages": list(comp.languages),
+      "averaged": list(comp.averaged),
+      "excluded": {k: list(v) for k, v in comp.excluded.items()},
+      "bucket_bounds": dataclasses.asdict(comp.bounds),
+      "buckets": dict(comp.buckets),
+      "averages": {name: {b: dataclasses.asdict(a) for b, a in avg.items()}
+                   for name, avg in comp.averages.items()},
+      "notes": list(comp.notes),
+  }
+
+
+def find_training_logs(models: Sequence[results.EvalResult],
+                       explicit: Mapping[str, str]) -> dict[str, pathlib.Path]:
+  """model -> metrics JSONL: explicit paths, else metadata.model_dir's log.
+
+  Raises:
+    FileNotFoundError: an explicitly given log does not exist.
+  """
+  logs = {}
+  for result in models:
+    path = explicit.get(result.model)
+    if path is None and result.metadata.get("model_dir"):
+      candidate = pathlib.Path(result.metadata["model_dir"]) / "metrics.jsonl"
+      path = str(candidate) if candidate.is_file() else None
+    if path is not None:
+      if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"--training_logs: {path} for model "
+                                f"{result.model} does not exist")
+      logs[result.model] = pathlib.Path(path)
+  unknown = set(explicit) - {m.model for m in models}
+  if unknown:
+    raise ValueError(f"--training_logs names unknown models: "
+                     f"{sorted(unknown)}")
+  return logs
+
+
+def write_report(output_dir: str | pathlib.Path, *,
+                 models: Sequence[results.EvalResult],
+                 baselines: Sequence[results.EvalResult] = (),
+                 bounds: comparison_lib.BucketBounds | None = None,
+                 train_sizes: Mapping[str, int] | None = None,
+                 training_log_paths: Mapping[str, str] | None = None,
+                 ce_thresholds: Sequence[float] = (0.7, 0.6, 0.5),
+                 trend_frac: float = 0.5,
+                 inputs: Sequence[str] = (),
+                 title: str = "m4moe: multilingual vs bilingual"
+                 ) -> ReportFiles:
+  """Builds the comparison, draws the figure and writes every file."""
+  output_dir = pathlib.Path(output_dir)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  comp = comparison_lib.compare(models, baselines, bounds=bounds,
+                                train_sizes=train_sizes)
+  logs = find_training_logs(models, training_log_paths or {})
+  figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)
+  png_path = output_dir / FIGURE_FILE
+  figure.save_png(png_path)
+  blocks = build_blocks(comp, models, figure=figure,
+                        png=png_path.read_bytes(), logs=logs,
+                        thresholds=ce_thresholds,
+                        inputs=inputs or [m.model for m in models])
+  md_path, html_path = output_dir / "report.md", output_dir / "report.html"
+  md_path.write_text(doc.to_markdown(title, blocks), encoding="utf-8")
+  html_path.write_text(doc.to_html(title, blocks), encoding="utf-8")
+  summary_path = output_dir / "summary.json"
+  summary_path.write_text(json.dumps(_summary(comp), indent=1,
+                                     ensure_ascii=False) + "\n",
+                          encoding="utf-8")
+  return ReportFiles(markdown=md_path, html=html_path, png=png_path,
+                     summary=summary_path, figure=figure, comparison=comp)

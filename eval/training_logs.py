@@ -1,0 +1,132 @@
+"""Training cost (paper Table 3) and tokens-to-cross-entropy (Table 2).
+
+Reads a training metrics JSONL (``<model_dir>/metrics.jsonl``, written by
+``m4moe.training.metrics``) tolerantly: any line that is not JSON is
+skipped; a record counts as a training record if its ``kind`` is ``train``
+or absent and it has a ``step``. Fields used when present: ``step``,
+``tokens_seen`` (or ``tokens``), ``train_ce``, ``time`` (Unix seconds),
+``step_time_sec``, ``devices``, ``batch_tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import statistics
+from typing import Any, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingCost:
+  """One run's cost, like the paper's Table 3 (None = not in the log).
+
+  Attributes:
+    devices: devices (TPU cores in the paper; CPU replicas here).
+    steps_per_sec: training steps per second.
+    batch_tokens: tokens per batch.
+    device_hours: devices x wall hours.
+    wall_hours: first to last record.
+    steps: last step.
+    tokens: last tokens_seen.
+  """
+
+  devices: int | None
+  steps_per_sec: float | None
+  batch_tokens: int | None
+  device_hours: float | None
+  wall_hours: float | None
+  steps: int | None
+  tokens: int | None
+
+
+def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
+  """Every JSON object line of a metrics JSONL (bad lines skipped)."""
+  out = []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if isinstance(record, dict):
+        out.append(record)
+  return out
+
+
+def _train_records(records: Sequence[dict]) -> list[dict]:
+  return [r for r in records
+          if r.get("kind", "train") == "train" and _num(r.get("step"))
+          is not None]
+
+
+def _num(value: Any) -> float | None:
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return None
+  return float(value)
+
+
+def _tokens(record: dict) -> float | None:
+  value = _num(record.get("tokens_seen"))
+  return value if value is not None else _num(record.get("tokens"))
+
+
+def _steps_per_sec(train: Sequence[dict]) -> float | None:
+  """From step_time_sec weighted by steps, else from step/time deltas."""
+  steps, seconds, previous = 0.0, 0.0, 0.0
+  for record in train:
+    step, step_time = _num(record["step"]), _num(record.get("step_time_sec"))
+    if step_time is not None and step > previous:
+      steps += step - previous
+      seconds += step_time * (step - previous)
+    previous = step
+  if steps and seconds:
+    return steps / seconds
+  timed = [(r["step"], r["time"]) for r in train
+           if _num(r.get("time")) is not None]
+  pairs = zip(timed, timed[1:])
+  deltas = [(s2 - s1, t2 - t1) for (s1, t1), (s2, t2) in pairs
+            if s2 > s1 and t2 > t1]
+  if not deltas:
+    return None
+  return sum(d[0] for d in deltas) / sum(d[1] for d in deltas)
+
+
+def training_cost(records: Sequence[dict]) -> TrainingCost:
+  """Summarises a run's metrics records."""
+  train = _train_records(records)
+  devices = [int(r["devices"]) for r in records if _num(r.get("devices"))]
+  batch = [int(r["batch_tokens"]) for r in train
+           if _num(r.get("batch_tokens"))]
+  times = [r["time"] for r in records if _num(r.get("time")) is not None]
+  wall = (max(times) - min(times)) / 3600 if len(times) >= 2 else None
+  device_count = max(devices) if devices else None
+  tokens = [_tokens(r) for r in train if _tokens(r) is not None]
+  return TrainingCost(
+      devices=device_count, steps_per_sec=_steps_per_sec(train),
+      batch_tokens=int(statistics.median(batch)) if batch else None,
+      device_hours=(device_count * wall
+                    if device_count and wall is not None else None),
+      wall_hours=wall,
+      steps=int(max(r["step"] for r in train)) if train else None,
+      tokens=int(tokens[-1]) if tokens else None)
+
+
+def tokens_to_reach(records: Sequence[dict],
+                    thresholds: Sequence[float]) -> dict[float, int | None]:
+  """Tokens seen when train_ce first fell to each threshold.
+
+  None when the threshold was never reached or the log has no token counts.
+  """
+  out: dict[float, int | None] = {t: None for t in thresholds}
+  for record in _train_records(records):
+    ce = _num(record.get("train_ce"))
+    if ce is None:
+      continue
+    tokens = _tokens(record)
+    if tokens is None:
+      continue
+    for threshold in thresholds:
+      if out[threshold] is None and ce <= threshold:
+        out[threshold] = int(tokens)
+  return out

@@ -1,0 +1,128 @@
+r"""m4moe-report: ΔBLEU figure and tables from eval JSONs.
+
+Example:
+
+  m4moe-report --models=eval/results/moe.json,eval/results/dense.json \
+      --baselines='eval/results/bilingual/*.json' --output_dir=/tmp/report \
+      --training_logs=moe=/work/runs/moe/metrics.jsonl \
+      --bucket_bounds=100000,10000 --ce_thresholds=4,3,2.5
+
+Writes delta_bleu.png, report.md, report.html (self-contained) and
+summary.json to --output_dir and prints report.md's averages section.
+"""
+
+from __future__ import annotations
+
+import glob
+import pathlib
+
+from absl import app
+from absl import flags
+
+from m4moe.eval import comparison
+from m4moe.eval import report
+from m4moe.eval import results
+from m4moe.eval import testsets
+
+_MODELS = flags.DEFINE_list(
+    "models", [], "Multilingual models' eval JSONs (paths or globs).")
+_BASELINES = flags.DEFINE_list(
+    "baselines", [], "Bilingual baselines' eval JSONs (paths or globs).")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Report directory.")
+_BUCKET_BOUNDS = flags.DEFINE_list(
+    "bucket_bounds", [],
+    "HIGH_MIN,LOW_MAX training-pair bounds: high >= HIGH_MIN, low < LOW_MAX "
+    "(default: terciles of the languages).")
+_TRAINING_LOGS = flags.DEFINE_list(
+    "training_logs", [],
+    "MODEL=metrics.jsonl pairs (default: metadata.model_dir/metrics.jsonl).")
+_CE_THRESHOLDS = flags.DEFINE_list(
+    "ce_thresholds", ["0.7", "0.6", "0.5"],
+    "Training cross-entropy thresholds for the tokens-to-reach table.")
+_CORPUS_DIR = flags.DEFINE_string(
+    "corpus_dir", None, "A built corpus whose training sizes override the "
+    "eval JSONs' train_size.")
+_TREND_FRAC = flags.DEFINE_float("trend_frac", 0.5,
+                                 "LOWESS neighbourhood fraction in (0, 1].")
+_TITLE = flags.DEFINE_string("title", "m4moe: multilingual vs bilingual",
+                             "Report title.")
+
+
+def _expand(patterns: list[str], flag: str) -> list[pathlib.Path]:
+  paths = []
+  for pattern in patterns:
+    matched = sorted(glob.glob(pattern))
+    if not matched:
+      raise app.UsageError(f"--{flag}: {pattern!r} matches no file")
+    paths += [pathlib.Path(p) for p in matched]
+  return paths
+
+
+def _bounds() -> comparison.BucketBounds | None:
+  if not _BUCKET_BOUNDS.value:
+    return None
+  try:
+    high, low = (int(v) for v in _BUCKET_BOUNDS.value)
+    return comparison.BucketBounds(high_min=high, low_max=low)
+  except ValueError as e:
+    raise app.UsageError(f"--bucket_bounds={_BUCKET_BOUNDS.value}: give "
+                         f"HIGH_MIN,LOW_MAX integers ({e})") from e
+
+
+def _training_logs() -> dict[str, str]:
+  out = {}
+  for item in _TRAINING_LOGS.value:
+    model, sep, path = item.partition("=")
+    if not sep:
+      raise app.UsageError(f"--training_logs: {item!r} is not MODEL=PATH")
+    out[model] = path
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _MODELS.value or not _OUTPUT_DIR.value:
+    raise app.UsageError("--models and --output_dir are required")
+  try:
+    thresholds = [float(t) for t in _CE_THRESHOLDS.value]
+  except ValueError as e:
+    raise app.UsageError(f"--ce_thresholds: {e}") from e
+  model_paths = _expand(_MODELS.value, "models")
+  baseline_paths = _expand(_BASELINES.value, "baselines")
+  try:
+    models = [results.read_eval_json(p) for p in model_paths]
+    baselines = [results.read_eval_json(p, kind="bilingual")
+                 for p in baseline_paths]
+    files = report.write_report(
+        _OUTPUT_DIR.value, models=models, baselines=baselines,
+        bounds=_bounds(),
+        train_sizes=(testsets.train_sizes(_CORPUS_DIR.value)
+                     if _CORPUS_DIR.value else None),
+        training_log_paths=_training_logs(), ce_thresholds=thresholds,
+        trend_frac=_TREND_FRAC.value,
+        inputs=[str(p) for p in model_paths + baseline_paths],
+        title=_TITLE.value)
+  except (ValueError, FileNotFoundError) as e:
+    raise app.UsageError(str(e)) from e
+  comp = files.comparison
+  print(f"Bucket bounds: {comp.bounds.describe()}")
+  print(f"Averaged over {len(comp.averaged)} of {len(comp.languages)} "
+        "languages; excluded:")
+  for lang, reasons in comp.excluded.items():
+    print(f"  {lang}: {'; '.join(reasons)}")
+  for name, buckets in comp.averages.items():
+    cells = ", ".join(
+        f"{b}: BLEU {a.bleu if a.bleu is None else round(a.bleu, 2)} "
+        f"ΔBLEU {a.delta if a.delta is None else round(a.delta, 2)} (n={a.count})"
+        for b, a in buckets.items())
+    print(f"{name}: {cells}")
+  print(f"Wrote {files.markdown}, {files.html}, {files.png}, {files.summary}")
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,212 @@
+"""m4moe-report on hand-made eval JSONs: averages, ordering, files, figure."""
+
+import json
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+
+from m4moe import config as config_lib
+from m4moe import cost
+from m4moe.eval import comparison
+from m4moe.eval import report
+from m4moe.eval import results
+from m4moe.eval import scoring
+from m4moe.eval import smoothing
+from m4moe.eval import training_logs
+
+SIZES = {"de": 1000, "fr": 800, "ru": 500, "zh": 300, "sw": 100, "yo": 50,
+         "ga": 20}
+BASELINE = {"de": 30, "fr": 28, "ru": 20, "zh": 15, "sw": 8}
+MODEL_A = {"de": 32, "fr": 29, "ru": 24, "zh": 20, "sw": 14, "yo": 10}
+MODEL_B = {"de": 31, "fr": 30, "ru": 22, "zh": None, "sw": 12, "yo": 9,
+           "ga": 5}
+BOUNDS = comparison.BucketBounds(high_min=600, low_max=200)
+
+
+def _result(name, bleus, *, kind="multilingual", metadata=None):
+  langs = {}
+  for lang, bleu in bleus.items():
+    common = dict(language=lang, source_lang=lang, target_lang="en",
+                  train_size=SIZES[lang])
+    if bleu is None:
+      langs[lang] = scoring.LanguageScore(num_segments=0, status="empty",
+                                          **common)
+    else:
+      langs[lang] = scoring.LanguageScore(
+          num_segments=10, bleu=float(bleu), chrf=50.0,
+          bleu_signature="BLEU|tok:13a", chrf_signature="chrF2++|nw:2",
+          **common)
+  return results.EvalResult(model=name, kind=kind, metadata=metadata or {},
+                            languages=langs)
+
+
+def _inputs(tmp_path):
+  moe_config = config_lib.load_model_config("tiny/moe")
+  model_a = _result("moe", MODEL_A,
+                    metadata={"config": moe_config.to_dict()})
+  model_b = _result("dense", MODEL_B, metadata={
+      "num_params": 123456, "num_experts": 0, "num_layers": 8})
+  # Baselines: one file per language, as bilingual training produces.
+  baselines = [_result(f"bi-{l}", {l: b}, kind="bilingual")
+               for l, b in BASELINE.items()]
+  paths = []
+  for r in [model_a, model_b, *baselines]:
+    path = tmp_path / "in" / f"{r.model}.json"
+    results.write_eval_json(r, path)
+    paths.append(path)
+  return model_a, model_b, baselines, moe_config
+
+
+def test_comparison_orders_buckets_and_averages(tmp_path):
+  model_a, model_b, baselines, _ = _inputs(tmp_path)
+  comp = comparison.compare([model_a, model_b], baselines, bounds=BOUNDS)
+  assert comp.languages == ("de", "fr", "ru", "zh", "sw", "yo", "ga")
+  assert [comp.buckets[l] for l in comp.languages] == [
+      "high", "high", "mid", "mid", "low", "low", "low"]
+  assert comp.averaged == ("de", "fr", "ru", "sw")
+  assert comp.delta["moe"]["sw"] == pytest.approx(6.0)
+  assert comp.delta["moe"]["yo"] is None   # no baseline
+  assert comp.delta["dense"]["zh"] is None  # empty split
+  a = comp.averages["moe"]
+  assert a["all"].bleu == pytest.approx((32 + 29 + 24 + 14) / 4)
+  assert a["all"].delta == pytest.approx((2 + 1 + 4 + 6) / 4)
+  assert (a["high"].delta, a["mid"].delta, a["low"].delta) == (
+      pytest.approx(1.5), pytest.approx(4.0), pytest.approx(6.0))
+  assert (a["high"].count, a["mid"].count, a["low"].count) == (2, 1, 1)
+  b = comp.averages["dense"]["all"]
+  assert (b.bleu, b.delta) == (pytest.approx(23.75), pytest.approx(2.25))
+  base = comp.averages[comparison.BASELINE_NAME]["all"]
+  assert (base.bleu, base.delta) == (pytest.approx(21.5), pytest.approx(0))
+  assert comp.excluded["zh"] == ("empty test split in dense",)
+  assert comp.excluded["yo"] == ("no bilingual baseline",)
+  assert comp.excluded["ga"] == ("not evaluated by moe",
+                                 "no bilingual baseline")
+
+
+def test_default_buckets_are_terciles_and_unknown_sizes_go_last():
+  sizes = [1000, 800, 500, 300, 100, 50, 20]
+  bounds = comparison.tercile_bounds(sizes)
+  assert (bounds.high_min, bounds.low_max) == (500, 100)
+  assert [bounds.bucket(s) for s in sizes] == [
+      "high", "high", "high", "mid", "mid", "low", "low"]
+  assert comparison.order_languages({"a": None, "b": 5, "c": 9, "d": 5}) == (
+      "c", "b", "d", "a")
+  with pytest.raises(ValueError, match="bucket_bounds"):
+    comparison.BucketBounds(high_min=10, low_max=20)
+
+
+def test_lowess_reproduces_lines_and_smooths_noise():
+  x = np.arange(30.0)
+  np.testing.assert_allclose(smoothing.lowess(x, 3 - 0.5 * x), 3 - 0.5 * x,
+                             atol=1e-9)
+  noisy = np.sin(x / 5) + np.where(x % 2 == 0, 0.5, -0.5)
+  trend = smoothing.lowess(x, noisy, frac=0.3)
+  assert np.abs(trend - np.sin(x / 5)).mean() < 0.25
+  assert np.abs(noisy - np.sin(x / 5)).mean() == pytest.approx(0.5)
+
+
+def _write_log(path):
+  lines = [json.dumps({"kind": "start", "step": 0, "time": 1000.0,
+                       "devices": 2})]
+  for i, ce in enumerate([5.0, 4.0, 3.0, 2.5, 2.0], start=1):
+    lines.append(json.dumps({
+        "kind": "train", "step": 10 * i, "time": 1000.0 + 5 * i,
+        "tokens_seen": 1000 * i, "train_ce": ce, "step_time_sec": 0.5,
+        "batch_tokens": 100, "devices": 2}))
+    lines.append(json.dumps({"kind": "eval", "step": 10 * i,
+                             "dev_ce_mean": ce}))
+  lines.insert(3, "{truncated by a crash")
+  path.write_text("\n".join(lines) + "\n")
+
+
+def test_training_log_tables(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  _write_log(path)
+  records = training_logs.read_records(path)
+  costs = training_logs.training_cost(records)
+  assert costs.devices == 2 and costs.batch_tokens == 100
+  assert costs.steps_per_sec == pytest.approx(2.0)
+  assert costs.wall_hours == pytest.approx(25 / 3600)
+  assert costs.device_hours == pytest.approx(50 / 3600)
+  assert (costs.steps, costs.tokens) == (50, 5000)
+  assert training_logs.tokens_to_reach(records, [4.0, 3.0, 1.0]) == {
+      4.0: 2000, 3.0: 3000, 1.0: None}
+  # Tolerant: no step_time_sec -> step/time deltas; "tokens" field.
+  bare = [{"step": 0, "time": 0.0}, {"step": 8, "time": 2.0, "tokens": 7,
+                                     "train_ce": 0.1}]
+  assert training_logs.training_cost(bare).steps_per_sec == pytest.approx(4)
+  assert training_logs.tokens_to_reach(bare, [0.5]) == {0.5: 7}
+
+
+def test_write_report_files_figure_and_tables(tmp_path):
+  model_a, model_b, baselines, moe_config = _inputs(tmp_path)
+  log = tmp_path / "moe_metrics.jsonl"
+  _write_log(log)
+  files = report.write_report(
+      tmp_path / "out", models=[model_a, model_b], baselines=baselines,
+      bounds=BOUNDS, training_log_paths={"moe": str(log)},
+      ce_thresholds=(4.0, 3.0, 1.0))
+  for path in (files.markdown, files.html, files.png, files.summary):
+    assert path.is_file() and path.stat().st_size > 0
+  pixels = mpimg.imread(str(files.png))
+  assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+  # The figure: one trendline per model, in the axes, plus the zero line.
+  fig = files.figure
+  ax = fig.figure.axes[0]
+  assert set(fig.trendlines) == {"moe", "dense"}
+  for model, line in fig.trendlines.items():
+    assert line in ax.get_lines()
+    assert line.get_label() == f"{model} trend"
+  assert fig.zero_line in ax.get_lines()
+  assert set(fig.zero_line.get_ydata()) == {0}
+  assert fig.plotted["moe"] == ("de", "fr", "ru", "zh", "sw")
+  np.testing.assert_allclose(fig.trendlines["moe"].get_xdata(), [0, 1, 2, 3, 4])
+  assert [t.get_text() for t in ax.get_xticklabels()] == list(
+      files.comparison.languages)
+  md = files.markdown.read_text()
+  assert "LOWESS" in md and "high: train pairs >= 600" in md
+  assert "- yo: no bilingual baseline" in md
+  assert "- zh: empty test split in dense" in md
+  assert "- ga: not evaluated by moe; no bilingual baseline" in md
+  # Table-1 row: params from m4moe.cost for the config, metadata otherwise.
+  params = f"{cost.num_params(moe_config):,}"
+  assert (f"| moe | {params} | 8 | 8 | {cost.num_experts_total(moe_config)}"
+          f" | 24.8 | +3.2 |") in md
+  assert "| dense | 123,456 | dense | 8 | – | 23.8 | +2.2 | metadata |" in md
+  assert "| moe | 2 | 2 | 100 |" in md           # Table 3 style
+  assert "| moe | 2,000 | 3,000 | – |" in md       # Table 2 style
+  html_text = files.html.read_text()
+  assert "data:image/png;base64," in html_text
+  assert 'src="delta_bleu.png"' not in html_text
+  summary = json.loads(files.summary.read_text())
+  assert summary["averaged"] == ["de", "fr", "ru", "sw"]
+
+
+def test_report_rejects_unknown_training_log_model(tmp_path):
+  model_a, model_b, baselines, _ = _inputs(tmp_path)
+  with pytest.raises(ValueError, match="unknown models"):
+    report.write_report(tmp_path / "o", models=[model_a],
+                        training_log_paths={"nope": str(tmp_path)})
+
+
+def test_report_cli(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  _inputs(tmp_path)
+  out = tmp_path / "cli"
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.cli.report",
+       f"--models={tmp_path}/in/moe.json,{tmp_path}/in/dense.json",
+       f"--baselines={tmp_path}/in/bi-*.json", f"--output_dir={out}",
+       "--bucket_bounds=600,200"], capture_output=True, text=True,
+      timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr
+  assert "Averaged over 4 of 7 languages" in proc.stdout
+  assert "moe: all: BLEU 24.75 ΔBLEU 3.25 (n=4)" in proc.stdout
+  assert (out / "report.html").is_file() and (out / "delta_bleu.png").is_file()
+  bad = subprocess.run(
+      [sys.executable, "-m", "m4moe.cli.report", f"--models={tmp_path}/x.json",
+       f"--output_dir={out}"], capture_output=True, text=True, timeout=120,
+      check=False)
+  assert bad.returncode != 0 and "matches no file" in bad.stderr

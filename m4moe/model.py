@@ -92,6 +92,16 @@ class ModelOutput:
   z_loss: tf.Tensor
   moe_stats: Mapping[str, Any]
 
+  # tf.nest protocol: a ModelOutput can be returned from a tf.function.
+  def __tf_flatten__(self) -> tuple[Any, tuple[Any, ...]]:
+    return (), (self.logits, self.moe_loss, self.aux_loss, self.z_loss,
+                dict(self.moe_stats))
+
+  @classmethod
+  def __tf_unflatten__(cls, metadata: Any, components: Any) -> ModelOutput:
+    del metadata
+    return cls(*components)
+
 
 def shift_right(targets: tf.Tensor,
                 segment_ids: tf.Tensor | None = None) -> tf.Tensor:

@@ -9,7 +9,8 @@ import tensorflow as tf
 from m4moe import cost
 from m4moe import losses
 from m4moe.config import ModelConfig, MoeConfig
-from m4moe.model import DecoderCache, EncoderOutput, Transformer, shift_right
+from m4moe.model import (DecoderCache, EncoderOutput, ModelOutput,
+                         Transformer, shift_right)
 
 SEED = tf.constant([7, 11], tf.int32)
 
@@ -325,10 +326,17 @@ def test_tiny_moe_model_overfits_a_fixed_batch():
       loss = losses.mean_token_cross_entropy(out.logits, batch["targets"])
       total = loss + out.moe_loss
     adam.apply(tape.gradient(total, optimizer_vars))
-    return loss
+    return loss, out
 
-  history = [float(train_step(tf.constant(s))) for s in range(60)]
+  history = []
+  for step in range(60):
+    loss, out = train_step(tf.constant(step))
+    history.append(float(loss))
   assert history[-1] < 0.2 * history[0], (history[0], history[-1])
+  # ModelOutput (with its RouterStats) can be returned from a tf.function.
+  assert isinstance(out, ModelOutput)
+  assert sorted(out.moe_stats) == ["decoder/layer_1/moe", "encoder/layer_1/moe"]
+  assert np.isfinite(out.moe_loss.numpy()) and out.moe_loss.numpy() > 0
 
 
 class _Adam:

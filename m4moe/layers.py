@@ -206,7 +206,8 @@ class LayerNorm(tf.Module):
 class MultiHeadAttention(tf.Module):
   """Multi-head dot-product attention with a per-head key/value width D.
 
-  Weights: ``wq``, ``wk``, ``wv`` <float32>[M, N, D] and ``wo`` <float32>[N, D, M].
+  Weights: ``wq``, ``wk``, ``wv`` <float32>[M, N, D] and ``wo``
+  <float32>[N, D, M].
   Queries are scaled by D^-0.5. Keys/values can be projected once
   (:meth:`project_kv`) and reused, which is how cross-attention memories and
   the decoder's incremental self-attention cache work.
@@ -220,9 +221,9 @@ class MultiHeadAttention(tf.Module):
     self.dropout_rate = dropout_rate
     with self.name_scope:
       shape = [d_model, num_heads, d_kv]
-      self.wq = init_variable(shape, fan_in=d_model, scale=init_scale, name="wq")
-      self.wk = init_variable(shape, fan_in=d_model, scale=init_scale, name="wk")
-      self.wv = init_variable(shape, fan_in=d_model, scale=init_scale, name="wv")
+      self.wq, self.wk, self.wv = (
+          init_variable(shape, fan_in=d_model, scale=init_scale, name=w)
+          for w in ("wq", "wk", "wv"))
       self.wo = init_variable([num_heads, d_kv, d_model],
                               fan_in=num_heads * d_kv, scale=init_scale,
                               name="wo")

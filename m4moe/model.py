@@ -476,9 +476,9 @@ class Transformer(tf.Module):
                             seed=layers.fold_seed(seed, i + 1))
       if moe_output is not None:
         moe_outputs[f"encoder/layer_{i}/moe"] = moe_output
-    x = self.encoder_norm(x)
-    x = layers.dropout(x, rate=self.config.dropout_rate, training=training,
-                       seed=layers.fold_seed(seed, len(self.encoder_layers) + 1))
+    final_seed = layers.fold_seed(seed, len(self.encoder_layers) + 1)
+    x = layers.dropout(self.encoder_norm(x), rate=self.config.dropout_rate,
+                       training=training, seed=final_seed)
     cross = [layer.cross_attention.project_kv(x)
              for layer in self.decoder_layers]
     output = EncoderOutput(
@@ -512,9 +512,9 @@ class Transformer(tf.Module):
           seed=layers.fold_seed(seed, i + 1))
       if moe_output is not None:
         moe_outputs[f"decoder/layer_{i}/moe"] = moe_output
-    x = self.decoder_norm(x)
-    x = layers.dropout(x, rate=self.config.dropout_rate, training=training,
-                       seed=layers.fold_seed(seed, len(self.decoder_layers) + 1))
+    final_seed = layers.fold_seed(seed, len(self.decoder_layers) + 1)
+    x = layers.dropout(self.decoder_norm(x), rate=self.config.dropout_rate,
+                       training=training, seed=final_seed)
     return self._logits(x), moe_outputs
 
   def init_cache(self, *, batch_size: int, max_length: int) -> DecoderCache:

@@ -56,7 +56,8 @@ def test_empty_batch_mean_is_zero_and_bad_smoothing_raises():
   logits = tf.zeros([1, 2, 4])
   targets = tf.zeros([1, 2], tf.int32)
   assert losses.mean_token_cross_entropy(logits, targets).numpy() == 0.0
-  with pytest.raises(ValueError, match=r"label_smoothing=1.0 must be in \[0, 1\)"):
+  with pytest.raises(ValueError,
+                     match=r"label_smoothing=1.0 must be in \[0, 1\)"):
     losses.token_cross_entropy(logits, targets, label_smoothing=1.0)
 
 

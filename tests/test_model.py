@@ -197,7 +197,8 @@ def test_caches_tile_along_batch_for_beam_search():
 def test_dropout_is_seeded_and_required():
   model = build(tiny_config(dropout_rate=0.2, attention_dropout_rate=0.1))
   batch = unpacked_batch()
-  with pytest.raises(ValueError, match=r"--dropout_rate=0.2.*seed=<int32>\[2\]"):
+  with pytest.raises(ValueError,
+                     match=r"--dropout_rate=0.2.*seed=<int32>\[2\]"):
     model(batch, training=True)
   a = model(batch, training=True, seed=SEED).logits.numpy()
   b = model(batch, training=True, seed=SEED).logits.numpy()

@@ -103,7 +103,7 @@ class ModelOutput:
     return cls(*components)
 
 
-def shift_right(targets: tf.Tensor,
+def shift_right(targets: tf.Tensor, *,
                 segment_ids: tf.Tensor | None = None) -> tf.Tensor:
   """Decoder inputs: targets shifted right by one within each segment.
 
@@ -416,7 +416,8 @@ class Transformer(tf.Module):
         inputs, segment_ids=in_segments, positions=in_positions,
         training=training, seed=layers.fold_seed(seed, 0))
     packed = "targets_segment_ids" in batch
-    decoder_inputs = shift_right(targets, tgt_segments if packed else None)
+    decoder_inputs = shift_right(targets,
+                                 segment_ids=tgt_segments if packed else None)
     logits, decoder_moe = self._decode(
         encoder_output, decoder_inputs, segment_ids=tgt_segments,
         positions=tgt_positions, training=training,

@@ -72,7 +72,7 @@ def test_shift_right_restarts_in_every_segment():
   segments = tf.constant([[1, 1, 1, 2, 2, 0]])
   np.testing.assert_array_equal(shift_right(targets).numpy(),
                                 [[0, 3, 4, 1, 5, 1]])
-  np.testing.assert_array_equal(shift_right(targets, segments).numpy(),
+  np.testing.assert_array_equal(shift_right(targets, segment_ids=segments).numpy(),
                                 [[0, 3, 4, 0, 5, 0]])
 
 
@@ -100,6 +100,30 @@ def test_padding_does_not_change_real_positions(moe):
   if moe:
     np.testing.assert_allclose(long.aux_loss.numpy(), short.aux_loss.numpy(),
                                rtol=1e-5)
+
+
+@pytest.mark.parametrize("moe", MODEL_KINDS)
+def test_padding_does_not_change_training_loss_or_gradients(moe):
+  config = tiny_config(moe=moe)
+  if moe:
+    config = dataclasses.replace(config, moe=dataclasses.replace(
+        config.moe, second_expert_policy="all"))
+  model = build(config)
+
+  def loss_and_grads(batch):
+    with tf.GradientTape() as tape:
+      out = model(batch, training=True, seed=SEED)
+      loss_sum, _ = losses.token_cross_entropy(out.logits, batch["targets"])
+      total = loss_sum + out.moe_loss
+    return total.numpy(), tape.gradient(total, model.trainable_variables)
+
+  short_loss, short_grads = loss_and_grads(unpacked_batch(6, 6))
+  long_loss, long_grads = loss_and_grads(unpacked_batch(12, 10))
+  np.testing.assert_allclose(long_loss, short_loss, rtol=1e-5)
+  for var, a, b in zip(model.trainable_variables, short_grads, long_grads):
+    np.testing.assert_allclose(tf.convert_to_tensor(b).numpy(),
+                               tf.convert_to_tensor(a).numpy(),
+                               rtol=1e-4, atol=1e-6, err_msg=var.name)
 
 
 def test_decoder_is_causal():

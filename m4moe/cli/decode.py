@@ -1,0 +1,115 @@
+r"""m4moe-decode: translate text with a trained run, one sentence per line.
+
+Examples:
+
+  m4moe-decode --model_dir=/work/runs/moe --source_lang=de < in.de > out.en
+  m4moe-decode --model_dir=/work/runs/moe --lang_column --input=mixed.tsv \
+      --output=out.en --beam_size=4 --alpha=0.6
+
+With --lang_column every line is ``lang<TAB>sentence``. Output lines are in
+input order; empty input lines give empty output lines; inputs longer than
+--max_input_length source ids are truncated (the count is reported);
+invalid UTF-8 stops with an error naming the line. A progress bar with
+sentences/s goes to stderr (--progress=auto: when stderr is a terminal or
+the input has at least 1000 lines).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from m4moe.cli import translation_flags
+from m4moe.eval import textio
+from m4moe.eval import translator as translator_lib
+
+_INPUT = flags.DEFINE_string("input", "-", "Input file; '-' = stdin.")
+_OUTPUT = flags.DEFINE_string("output", "-", "Output file; '-' = stdout.")
+_SOURCE_LANG = flags.DEFINE_string(
+    "source_lang", None, "Source language of every line (or --lang_column).")
+_LANG_COLUMN = flags.DEFINE_bool(
+    "lang_column", False, "Lines are 'lang<TAB>sentence'.")
+_PROGRESS = flags.DEFINE_enum("progress", "auto", ["auto", "on", "off"],
+                              "Progress bar on stderr.")
+
+PROGRESS_MIN_LINES = 1000
+
+
+def _read_input() -> list[textio.InputLine]:
+  name = "<stdin>" if _INPUT.value == "-" else _INPUT.value
+  with contextlib.ExitStack() as stack:
+    stream = (sys.stdin.buffer if _INPUT.value == "-"
+              else stack.enter_context(open(_INPUT.value, "rb")))
+    return textio.read_lines(stream, name=name, lang_column=_LANG_COLUMN.value)
+
+
+def translate_lines(translator: translator_lib.Translator,
+                    lines: list[textio.InputLine], *, default_lang: str | None,
+                    target_lang: str, progress: textio.Progress) -> list[str]:
+  """Translations of ``lines`` in input order (grouped by language inside)."""
+  by_lang = collections.defaultdict(list)
+  for index, line in enumerate(lines):
+    by_lang[line.lang or default_lang].append(index)
+  outputs = [""] * len(lines)
+  for lang, indices in by_lang.items():
+    texts = [lines[i].text for i in indices]
+    if lang is None:  # empty lines in --lang_column mode
+      progress(len(indices))
+      continue
+    for i, out in zip(indices, translator.translate(
+        texts, source_lang=lang, target_lang=target_lang,
+        progress=progress)):
+      outputs[i] = out
+  return outputs
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _LANG_COLUMN.value and not _SOURCE_LANG.value:
+    raise app.UsageError("give --source_lang or --lang_column")
+  try:
+    lines = _read_input()
+  except (textio.InputError, OSError) as e:
+    sys.exit(f"m4moe-decode: error: {e}")
+  translator, files = translation_flags.load_translator_from_flags()
+  logging.info("Restored %s", files.checkpoint)
+  enabled = {"on": True, "off": False}.get(
+      _PROGRESS.value, sys.stderr.isatty() or len(lines) >= PROGRESS_MIN_LINES)
+  progress = textio.Progress(len(lines), enabled=enabled)
+  try:
+    outputs = translate_lines(
+        translator, lines, default_lang=_SOURCE_LANG.value,
+        target_lang=translation_flags.TARGET_LANG.value, progress=progress)
+  except translator_lib.TranslatorError as e:
+    sys.exit(f"m4moe-decode: error: {e}")
+  progress.close()
+  text = "".join(o + "\n" for o in outputs)
+  if _OUTPUT.value == "-":
+    sys.stdout.write(text)
+    sys.stdout.flush()
+  else:
+    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
+      f.write(text)
+  stats = translator.stats
+  if stats.truncated:
+    logging.warning("%d input line(s) were longer than --max_input_length=%d "
+                    "source ids and were truncated", stats.truncated,
+                    translator.max_input_length)
+  print(f"m4moe-decode: {len(lines)} lines ({stats.empty} empty, "
+        f"{stats.truncated} truncated) in {stats.seconds:.1f} s, "
+        f"{len(lines) / max(stats.seconds, 1e-9):.1f} sentences/s",
+        file=sys.stderr)
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,125 @@
+r"""m4moe-eval: decode a corpus's test split and score it per language.
+
+Example:
+
+  m4moe-eval --model_dir=/work/runs/moe --corpus_dir=/work/corpus \
+      --output=eval/results/moe.json --languages=de,fr,ja --beam_size=4
+
+Writes one eval JSON (schema in m4moe.eval.results): per-language BLEU and
+chrF++ with sacrebleu signatures (BLEU tokenizer chosen by the target
+language: 13a, zh, ja-mecab, ko-mecab), segments, training size from the
+corpus build report, and the model's config and decoding settings. With
+--hypotheses_dir the decoded lines are kept as <dir>/<lang>.hyp.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+from absl import app
+from absl import flags
+
+from m4moe.cli import translation_flags
+from m4moe.eval import evaluate as evaluate_lib
+from m4moe.eval import results
+from m4moe.eval import scoring
+from m4moe.eval import testsets as testsets_lib
+from m4moe.eval import translator as translator_lib
+
+_CORPUS_DIR = flags.DEFINE_string("corpus_dir", None,
+                                  "Corpus built by m4moe-build-corpus.")
+_SPLIT = flags.DEFINE_enum("split", "test", ["test", "dev"], "Split to score.")
+_LANGUAGES = flags.DEFINE_list("languages", [],
+                               "Languages (default: every file of --split).")
+_DIRECTION = flags.DEFINE_enum("direction", "xx_en", ["xx_en", "en_xx"],
+                               "Translation direction.")
+_OUTPUT = flags.DEFINE_string("output", None, "Eval JSON to write.")
+_MODEL_NAME = flags.DEFINE_string("model_name", None,
+                                  "Name in reports (default: model_dir name).")
+_KIND = flags.DEFINE_enum("kind", "multilingual", ["multilingual",
+                                                   "bilingual"],
+                          "bilingual for a one-language-pair baseline.")
+_MAX_SENTENCES = flags.DEFINE_integer(
+    "max_sentences", 0, "Score only the first N sentences per language "
+    "(0 = all); recorded in the JSON.")
+_HYPOTHESES_DIR = flags.DEFINE_string("hypotheses_dir", None,
+                                      "Also write <lang>.hyp files here.")
+
+
+def _metadata(files: translator_lib.RunFiles,
+              translator: translator_lib.Translator) -> dict:
+  config = files.config
+  meta = {
+      "model_dir": str(files.model_dir), "checkpoint": files.checkpoint,
+      "config": config.to_dict(), "num_experts": config.moe.num_experts,
+      "num_layers": config.num_layers, "beam_size": translator.beam.beam_size,
+      "alpha": translator.beam.alpha,
+      "max_decode_length": translator.beam.max_decode_length,
+      "corpus_dir": _CORPUS_DIR.value, "split": _SPLIT.value,
+      "direction": _DIRECTION.value, "max_sentences": _MAX_SENTENCES.value,
+  }
+  try:
+    from m4moe import cost  # pylint: disable=g-import-not-at-top
+    meta["num_params"] = cost.num_params(config)
+    meta["num_experts_total"] = cost.num_experts_total(config)
+  except ImportError:
+    pass
+  return meta
+
+
+def _limit(sets: list[testsets_lib.TestSet]) -> list[testsets_lib.TestSet]:
+  n = _MAX_SENTENCES.value
+  if n <= 0:
+    return sets
+  return [testsets_lib.TestSet(
+      language=t.language, source_lang=t.source_lang,
+      target_lang=t.target_lang, sources=t.sources[:n],
+      references=t.references[:n], path=t.path) for t in sets]
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _CORPUS_DIR.value or not _OUTPUT.value:
+    raise app.UsageError("--corpus_dir and --output are required")
+  try:
+    sets = _limit(testsets_lib.load_testsets(
+        _CORPUS_DIR.value, split=_SPLIT.value, langs=_LANGUAGES.value,
+        direction=_DIRECTION.value))
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  translator, files = translation_flags.load_translator_from_flags()
+  hyp_dir = pathlib.Path(_HYPOTHESES_DIR.value or "")
+  def translate(sources, *, source_lang, target_lang):
+    out = translator.translate(sources, source_lang=source_lang,
+                               target_lang=target_lang)
+    if _HYPOTHESES_DIR.value:
+      hyp_dir.mkdir(parents=True, exist_ok=True)
+      lang = target_lang if source_lang == "en" else source_lang
+      (hyp_dir / f"{lang}.hyp").write_text("".join(o + "\n" for o in out),
+                                            encoding="utf-8")
+    return out
+  try:
+    result = evaluate_lib.evaluate(
+        translate, sets, model=_MODEL_NAME.value or files.model_dir.name,
+        kind=_KIND.value, metadata=_metadata(files, translator),
+        train_sizes=testsets_lib.train_sizes(_CORPUS_DIR.value))
+  except (scoring.ScoringError, translator_lib.TranslatorError) as e:
+    sys.exit(f"m4moe-eval: error: {e}")
+  results.write_eval_json(result, _OUTPUT.value)
+  for lang, score in result.languages.items():
+    if score.status == scoring.STATUS_EMPTY:
+      print(f"{lang}: EMPTY test split (0 segments)")
+    else:
+      print(f"{lang}: BLEU {score.bleu:.2f} chrF++ {score.chrf:.2f} "
+            f"({score.num_segments} segments, {score.bleu_signature})")
+  print(f"Wrote {_OUTPUT.value}")
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,55 @@
+"""absl flags shared by m4moe-decode, m4moe-eval and m4moe-export.
+
+Importing this module defines the flags; :func:`load_translator_from_flags`
+builds a :class:`m4moe.eval.translator.Translator` from them.
+"""
+
+from __future__ import annotations
+
+from absl import app
+from absl import flags
+
+from m4moe import decoding
+from m4moe.eval import translator as translator_lib
+
+MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "Run directory written by m4moe-train (config.json + "
+    "checkpoints); the latest checkpoint is used.")
+VOCAB_DIR = flags.DEFINE_string(
+    "vocab_dir", None, "Directory with source.model/target.model (default: "
+    "from the run's config.json, else <model_dir>/vocab).")
+BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beams; 1 with --alpha=0 "
+                                 "is greedy decoding.")
+ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent.")
+MAX_DECODE_LENGTH = flags.DEFINE_integer(
+    "max_decode_length", None, "Most target tokens (default: the model's "
+    "max_length).")
+MAX_INPUT_LENGTH = flags.DEFINE_integer(
+    "max_input_length", None, "Longer inputs are truncated to this many "
+    "source ids, with a counted warning (default: the model's max_length).")
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
+TARGET_LANG = flags.DEFINE_string(
+    "target_lang", "en", "Target language (its <2xx> tag starts the source).")
+
+
+def load_translator_from_flags(
+    ) -> tuple[translator_lib.Translator, translator_lib.RunFiles]:
+  """Restores the run named by --model_dir with the decoding flags.
+
+  Raises:
+    app.UsageError: a flag or file is wrong (the message says which).
+  """
+  if not MODEL_DIR.value:
+    raise app.UsageError("--model_dir is required")
+  try:
+    files = translator_lib.find_run_files(MODEL_DIR.value,
+                                          vocab_dir=VOCAB_DIR.value)
+    max_length = files.config.max_length
+    beam = decoding.BeamSearchConfig(
+        beam_size=BEAM_SIZE.value, alpha=ALPHA.value,
+        max_decode_length=MAX_DECODE_LENGTH.value or max_length)
+    return translator_lib.load_translator(
+        MODEL_DIR.value, vocab_dir=VOCAB_DIR.value, beam=beam,
+        max_input_length=MAX_INPUT_LENGTH.value, batch_size=BATCH_SIZE.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e

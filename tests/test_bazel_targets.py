@@ -153,7 +153,7 @@ def test_build_files_parse_and_reference_existing_files(targets):
 
 @pytest.mark.parametrize("pattern", ["m4moe/**/*.py", "data/**/*.py",
                                      "eval/**/*.py", "configs/**/*.py",
-                                     "configs/**/*.flags"])
+                                     "configs/**/*.flags", "tests/*.py"])
 def test_every_module_is_in_a_python_target(targets, pattern):
   covered = set()
   for target in targets.values():
@@ -206,7 +206,12 @@ def test_every_test_file_has_a_pytest_target(targets):
     # (pytest-style files do nothing when executed directly).
     assert target.attrs["main"] == "pytest_main.py"
     assert target.attrs["args"] == [f"$(location {name}.py)"]
-    assert f"{name}.py" in target.attrs["srcs"]
+    srcs = set(target.attrs["srcs"])
+    assert {f"{name}.py", "pytest_main.py"} <= srcs
+    # Helpers and conftest.py (not other tests) ride along with every test.
+    helpers = {p.name for p in (ROOT / "tests").glob("*.py")
+               if not p.name.startswith("test_")}
+    assert srcs == helpers | {f"{name}.py"}
     deps = {_resolve(d, "tests") for d in target.attrs["deps"]}
     assert {"//m4moe:m4moe", "//m4moe:data", "//m4moe:eval",
             "//m4moe/cli:cli"} <= deps

@@ -124,32 +124,6 @@ def shift_right(targets: tf.Tensor, *,
                   tf.zeros_like(shifted))
 
 
-def _randomness(config: ModelConfig) -> list[str]:
-  """Flags whose nonzero values make a training step random."""
-  found = [f"--{name}={getattr(config, name)}"
-           for name in ("dropout_rate", "attention_dropout_rate")
-           if getattr(config, name) > 0]
-  moe = config.moe
-  if moe.enabled:
-    for name in ("router_jitter", "expert_dropout_rate"):
-      if getattr(moe, name) > 0:
-        found.append(f"--{name}={getattr(moe, name)}")
-    if moe.router == "noisy_topk":
-      found.append("--router=noisy_topk")
-    if moe.router == "top2" and moe.second_expert_policy != "all":
-      found.append(f"--second_expert_policy={moe.second_expert_policy}")
-  return found
-
-
-def _check_seed(config: ModelConfig, *, training: bool, seed: Any) -> None:
-  if training and seed is None:
-    random_flags = _randomness(config)
-    if random_flags:
-      raise ValueError(
-          f"training=True with {', '.join(random_flags)} is random and needs "
-          "seed=<int32>[2] (the trainer passes fold_in(base_seed, step))")
-
-
 def _sequence_features(batch: Mapping[str, tf.Tensor], prefix: str,
                        max_length: int) -> tuple[tf.Tensor, ...]:
   """(ids, segment_ids, positions) for ``prefix`` in {inputs, targets}."""
@@ -407,7 +381,7 @@ class Transformer(tf.Module):
     Returns:
       ModelOutput with <float32>[B, Lt, V] logits and the MoE losses/stats.
     """
-    _check_seed(self.config, training=training, seed=seed)
+    self._check_seed(training=training, seed=seed)
     inputs, in_segments, in_positions = _sequence_features(
         batch, "inputs", self.config.max_length)
     targets, tgt_segments, tgt_positions = _sequence_features(
@@ -444,7 +418,7 @@ class Transformer(tf.Module):
       EncoderOutput including every decoder layer's cross-attention
       keys/values.
     """
-    _check_seed(self.config, training=training, seed=seed)
+    self._check_seed(training=training, seed=seed)
     inputs = tf.convert_to_tensor(inputs)
     segment_ids, positions = _default_packing(
         inputs, segment_ids, positions, self.config.max_length, name="inputs")
@@ -452,6 +426,24 @@ class Transformer(tf.Module):
                                      positions=positions, training=training,
                                      seed=seed)
     return encoder_output
+
+  def _check_seed(self, *, training: bool, seed: Any) -> None:
+    """Raises ValueError if a training step would be random without a seed."""
+    if not training or seed is not None:
+      return
+    c = self.config
+    reasons = [f"--{name}={getattr(c, name)}"
+               for name in ("dropout_rate", "attention_dropout_rate")
+               if getattr(c, name) > 0]
+    layers_ = [*self.encoder_layers, *self.decoder_layers]
+    if any(layer.is_moe and layer.ffn.uses_randomness(training=True)
+           for layer in layers_):
+      reasons.append(f"MoE --router={c.moe.router} (random routing, jitter, "
+                     "noise or expert dropout)")
+    if reasons:
+      raise ValueError(
+          f"training=True with {', '.join(reasons)} is random and needs "
+          "seed=<int32>[2] (the trainer passes fold_in(base_seed, step))")
 
   def _embed(self, embedding: layers.Embedding, ids: tf.Tensor,
              positions: tf.Tensor, *, training: bool,

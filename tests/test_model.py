@@ -320,6 +320,8 @@ def test_dense_model_has_no_moe_outputs():
 def test_moe_losses_and_stats_per_layer():
   config = tiny_config(moe=True)
   model = build(config)
+  with pytest.raises(ValueError, match=r"MoE --router=top2.*needs seed="):
+    model(unpacked_batch(), training=True)
   out = model(unpacked_batch(), training=True, seed=SEED)
   assert sorted(out.moe_stats) == ["decoder/layer_1/moe",
                                    "encoder/layer_1/moe"]

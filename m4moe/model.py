@@ -510,7 +510,8 @@ class Transformer(tf.Module):
                        training=training, seed=final_seed)
     return self._logits(x), moe_outputs
 
-  def init_cache(self, *, batch_size: int, max_length: int) -> DecoderCache:
+  def init_cache(self, *, batch_size: int | tf.Tensor,
+                 max_length: int) -> DecoderCache:
     """An empty self-attention cache for decoding up to ``max_length`` tokens.
 
     Returns:

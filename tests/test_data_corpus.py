@@ -170,6 +170,9 @@ def test_bad_inputs_are_counted_with_file_and_line(tmp_path):
   bad_po = src / "fr" / "LC_MESSAGES" / "corrupt.po"
   bad_po.write_text('msgid "Open"\nmsgstr "Ouvrir"\nthis is not gettext\n')
   (src / "fr" / "LC_MESSAGES" / "corrupt2.mo").write_bytes(b"\x00garbage")
+  (src / "fr" / "LC_MESSAGES" / "latin1.po").write_bytes(
+      b'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+      b'msgid "Open the file now"\nmsgstr "Ouvrir \xff le fichier"\n')
   fixtures.write_catalog(fixtures.make_catalog("fr", ["Close it now"]),
                          src / "toolonglang" / "LC_MESSAGES" / "x.po")
   tsv = tmp_path / "extra.tsv"
@@ -178,7 +181,7 @@ def test_bad_inputs_are_counted_with_file_and_line(tmp_path):
                  "klingon\tSave the file now\tx y z\n", encoding="utf-8")
   report = _build(tmp_path, [src, tsv], split_keys=None)
   counts = report["counts"]
-  assert counts["catalog:unreadable"] == 2
+  assert counts["catalog:unreadable"] == 3
   assert counts["catalog:unknown_language"] == 1
   assert counts["tsv:bad_line"] == 1
   assert counts["tsv:unknown_language"] == 1

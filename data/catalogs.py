@@ -35,6 +35,8 @@ import polib
 from m4moe.data import languages
 
 CATALOG_SUFFIXES = (".po", ".mo")
+# Counter key prefix naming a catalog whose Plural-Forms rule is broken.
+BROKEN_PLURAL_PREFIX = "broken_plural_header_file:"
 _GERMANIC = "n != 1"
 
 
@@ -73,7 +75,7 @@ def _plural_rule(header: str | None, counts: collections.Counter,
     return gettext.c2py(expr)
   except (ValueError, SyntaxError, RecursionError):
     counts["catalog:plural_header_broken"] += 1
-    counts[f"broken_plural_header_file:{path}"] += 1
+    counts[f"{BROKEN_PLURAL_PREFIX}{path}"] += 1
     return None
 
 

@@ -213,6 +213,12 @@ def _cleaned_pairs(config: BuildConfig, problems: _Problems,
   jobs = [(f, config.cleaning, selected) for f in files]
   for path, (pairs, counts, kind, error) in zip(
       files, _parallel_map(_process_catalog, jobs, config.workers)):
+    for key in [k for k in counts if k.startswith(
+        catalogs.BROKEN_PLURAL_PREFIX)]:
+      problems.listed.append({"kind": "catalog:plural_header_broken",
+                              "where": key[len(catalogs.BROKEN_PLURAL_PREFIX):],
+                              "reason": "plural entries skipped"})
+      del counts[key]
     problems.counts.update(counts)
     if kind:
       problems.add(kind, str(path), error)

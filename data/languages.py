@@ -10,7 +10,7 @@ Catalogs name their language as a gettext locale (``pt_BR``, ``sr@latin``,
   ``sr_Latn``, ``uz@cyrillic`` -> ``uz_Cyrl``, ``be@latin`` -> ``be_Latn``;
   other modifiers (``ca@valencia``, ``sr@ijekavian``) are dropped;
 * deprecated codes are mapped (``no`` -> ``nb``, ``iw`` -> ``he``,
-  ``in`` -> ``id``, ``ji`` -> ``yi``);
+  ``in`` -> ``id``, ``ji`` -> ``yi``, ``mo`` -> ``ro``);
 * English (``en*``) and pseudo-locales (``qps-ploc``, ``x-test``, ``*@quot``,
   ``C``) are excluded: :func:`normalize_language` returns ``None`` for them;
 * anything that is not a 2-3 letter ISO 639 code raises
@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
-_DEPRECATED = {"no": "nb", "iw": "he", "in": "id", "ji": "yi", "jw": "jv"}
+_DEPRECATED = {"no": "nb", "iw": "he", "in": "id", "ji": "yi", "jw": "jv",
+               "mo": "ro"}
 _SCRIPT_MODIFIERS = {
     "latin": "Latn", "latn": "Latn", "cyrillic": "Cyrl", "cyrl": "Cyrl",
     "ijekavianlatin": "Latn", "arab": "Arab", "arabic": "Arab",

@@ -122,7 +122,7 @@ def test_broken_plural_header_skips_plurals_and_names_file(tmp_path):
   counts = cleaning.new_counter()
   pairs = list(catalogs.read_catalog(path, counts=counts))
   assert counts["catalog:plural_header_broken"] == 1
-  assert counts[f"broken_plural_header_file:{path}"] == 1
+  assert counts[f"{catalogs.BROKEN_PLURAL_PREFIX}{path}"] == 1
   assert counts["entry:plural_skipped_broken_header"] == 1
   assert all("selected file" not in p.source for p in pairs)
 

@@ -69,8 +69,9 @@ _PER_EXPERT_MATMUL_MAX_EXPERTS = 32
 
 
 class FeedForwardExperts(tf.Module):
-  """E independent ReLU FFNs, ``wi <float32>[E, M, H]``, ``wo <float32>[E, H, M]``.
+  """E independent ReLU FFNs ``FFN_e(x) = wo_e . ReLU(wi_e . x)``.
 
+  Weights: ``wi <float32>[E, M, H]``, ``wo <float32>[E, H, M]``.
   Truncated-normal init with sigma = sqrt(init_scale / fan_in) (fan_in M for
   wi, H for wo). Weights are float32 and cast to the input dtype to compute.
   """

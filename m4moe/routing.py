@@ -322,7 +322,7 @@ def _request(expert: tf.Tensor, requesting: tf.Tensor, counts: tf.Tensor):
 
 def _no_token_left_behind(expert, position, kept, pending, counts, *,
                           taken, candidates, capacity: int):
-  """Re-routes one choice's overflowed tokens to their next-best expert with room.
+  """Re-routes one choice's overflowed tokens to their next-best free expert.
 
   Round t offers every pending token its t-th candidate expert (skipping one
   the token already uses); requests take positions in token order after
@@ -412,8 +412,9 @@ def _slot_view(choices: tf.Tensor, positions: tf.Tensor, kept: tf.Tensor,
   group = tf.range(num_groups)[:, tf.newaxis, tf.newaxis]
   slot = tf.where(kept, (group * num_experts + choices) * capacity + positions,
                   num_slots)  # trash segment for choices not dispatched
-  token = tf.broadcast_to(tf.range(1, group_size + 1)[tf.newaxis, :, tf.newaxis],
-                          tf.shape(choices))
+  token = tf.broadcast_to(
+      tf.range(1, group_size + 1)[tf.newaxis, :, tf.newaxis],
+      tf.shape(choices))
   slot = tf.reshape(slot, [-1])
   shape = tf.stack([num_groups, num_experts, capacity])
   slot_token = tf.math.unsorted_segment_sum(

@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from m4moe import dispatch, routing
-from m4moe.moe_layer import FeedForwardExperts
+from m4moe.config import ModelConfig, MoeConfig
+from m4moe.moe_layer import FeedForwardExperts, MoeLayer
 
 SEED = tf.constant([5, 11], tf.int32)
 E, M, H = 4, 8, 6
@@ -142,3 +143,31 @@ def test_unknown_implementation_is_rejected():
   with pytest.raises(ValueError, match="--dispatch"):
     dispatch.dispatch_combine(x, result, _scale_by_expert,
                               implementation="dense")
+
+
+@pytest.mark.parametrize("router", ["top2", "top1", "noisy_topk",
+                                    "expert_choice"])
+def test_layers_with_either_dispatch_agree_with_dropout_and_drops(router):
+  layers = {}
+  for implementation in ("einsum", "index"):
+    config = ModelConfig(d_model=M, moe=MoeConfig(
+        num_experts=E, expert_hidden_dim=H, router=router, group_size=6,
+        num_selected_experts=2, train_capacity_factor=0.75,
+        expert_dropout_rate=0.3, router_jitter=0.1, z_loss_weight=0.1,
+        dispatch=implementation))
+    layers[implementation] = MoeLayer(config=config, causal=False)
+  for a, b in zip(layers["index"].trainable_variables,
+                  layers["einsum"].trainable_variables):
+    a.assign(b)
+  x, mask = _inputs(num_groups=3, group_size=5, seed=4)
+  results = {}
+  for implementation, layer in layers.items():
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      out = layer(x, padding_mask=mask, training=True, seed=SEED)
+      loss = tf.reduce_sum(out.outputs * tf.cos(x)) + out.weighted_loss
+    grads = tape.gradient(loss, [x, *layer.trainable_variables],
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    results[implementation] = [out.outputs, *grads]
+  for a, b in zip(results["index"], results["einsum"]):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)

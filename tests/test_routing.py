@@ -314,7 +314,8 @@ def test_randomness_is_stateless_and_needs_a_seed(label, router):
 
 
 def test_make_router_follows_config():
-  for name, cls in (("top2", routing.Top2Router), ("top1", routing.SwitchRouter),
+  for name, cls in (("top2", routing.Top2Router),
+                    ("top1", routing.SwitchRouter),
                     ("noisy_topk", routing.NoisyTopKRouter),
                     ("expert_choice", routing.ExpertChoiceRouter)):
     config = ModelConfig(d_model=8, moe=MoeConfig(num_experts=4, router=name))

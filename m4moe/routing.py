@@ -521,9 +521,15 @@ class Top2Router(TokenChoiceRouter):
       uniform_draws: optional <float32>[G, S] U(0, 1) draws for the
         ``random`` policy (tests inject them); drawn from ``seed`` if None.
     """
-    if uniform_draws is None:
-      return super().__call__(x, padding_mask=padding_mask, capacity=capacity,
-                              training=training, seed=seed)
+    needs_seed = training and (
+        self.second_expert_policy == "sampling" or
+        (self.second_expert_policy == "random" and uniform_draws is None))
+    if needs_seed and seed is None:
+      raise ValueError(
+          f"Top2Router with --second_expert_policy="
+          f"{self.second_expert_policy} draws random numbers when "
+          "training=True; pass seed=<int32>[2] (e.g. fold_in(base_seed, "
+          "step))")
     return self._route(tf.cast(x, tf.float32),
                        mask=tf.cast(padding_mask, tf.float32),
                        capacity=capacity, training=training, seed=seed,

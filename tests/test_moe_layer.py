@@ -134,7 +134,8 @@ def test_dropped_and_padding_tokens_get_zero_output():
   np.testing.assert_allclose(out.stats.dropped_first.numpy(), 5 / 6)
 
 
-@pytest.mark.parametrize("router", ["top2", "top1", "noisy_topk"])
+@pytest.mark.parametrize("router", ["top2", "top1", "noisy_topk",
+                                    "expert_choice"])
 def test_gradients_reach_router_through_combine_and_aux_loss(router):
   layer = make_layer(router=router, second_expert_policy="all",
                      aux_loss_weight=0.0, z_loss_weight=0.0)
@@ -144,7 +145,9 @@ def test_gradients_reach_router_through_combine_and_aux_loss(router):
     through_combine = tf.reduce_sum(out.outputs * tf.sin(x))
   assert np.abs(tape.gradient(through_combine,
                               layer.router.wg).numpy()).max() > 0
-  assert np.abs(tape.gradient(out.aux_loss, layer.router.wg).numpy()).max() > 0
+  if router != "expert_choice":  # its aux loss is the constant 0
+    assert np.abs(tape.gradient(out.aux_loss,
+                                layer.router.wg).numpy()).max() > 0
   assert np.abs(tape.gradient(out.z_loss, layer.router.wg).numpy()).max() > 0
   assert out.weighted_loss.numpy() == 0
 
@@ -259,3 +262,17 @@ def test_moe_output_is_nest_compatible():
   flat = tf.nest.flatten(out)
   assert len(flat) == 4 + len(dataclasses.fields(routing.RouterStats))
   assert isinstance(tf.nest.pack_sequence_as(out, flat), MoeOutput)
+
+
+def test_unknown_static_shapes_use_full_groups():
+  layer = make_layer(causal=True, router="top2", group_size=4,
+                     no_token_left_behind=True)
+  fn = tf.function(
+      lambda x, m: layer(x, padding_mask=m, training=False).outputs,
+      input_signature=[tf.TensorSpec([None, None, D]),
+                       tf.TensorSpec([None, None])])
+  for shape in ((3, 5), (2, 1)):  # 15 tokens; 2 tokens < group_size
+    x, mask = random_batch(shape, pad_rows=[(1, 1)])
+    eager = layer(x, padding_mask=mask, training=False).outputs
+    np.testing.assert_allclose(fn(x, mask).numpy(), eager.numpy(),
+                               atol=1e-6)

@@ -3,6 +3,7 @@
 Output layout (``output_dir``)::
 
   train/<lang>.tsv  dev/<lang>.tsv  test/<lang>.tsv   # "english<TAB>x" lines
+                   # (all three exist for every language, possibly empty)
   report.json      # every counter, per-language counts, sources, timing
   split_keys.txt   # the dev/test group ids used (copy or freshly chosen)
 
@@ -295,10 +296,9 @@ def _write_splits(staging: pathlib.Path, out: pathlib.Path,
       gid, _, pair = line.partition("\t")
       routed[keys.split_of(gid)].append(pair)
     per_lang[lang] = {name: len(rows) for name, rows in routed.items()}
-    for name, rows in routed.items():
-      if rows:
-        (out / name / f"{lang}.tsv").write_text(
-            "\n".join(rows) + "\n", encoding="utf-8")
+    for name, rows in routed.items():  # empty files too: every split of
+      (out / name / f"{lang}.tsv").write_text(  # every language exists.
+          "".join(f"{row}\n" for row in rows), encoding="utf-8")
   return per_lang
 
 

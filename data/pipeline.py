@@ -216,7 +216,9 @@ def training_dataset(datasets: Mapping[str, tf.data.Dataset],
   if tokenizers.direction != config.direction:
     raise ValueError(f"tokenizers are for {tokenizers.direction}, config "
                      f"--direction={config.direction}")
-  langs = sorted(datasets)
+  langs = sorted(l for l in datasets if sizes[l] > 0)  # empty: never sampled
+  if not langs:
+    raise ValueError(f"no training pairs in any language: {dict(sizes)}")
   probs = sampling.language_probabilities({l: sizes[l] for l in langs},
                                           temperature=config.temperature)
   streams = []

@@ -75,6 +75,8 @@ class M4moeCorpus(tfds.core.GeneratorBasedBuilder):
     generators = {}
     for split in split_lib.SPLITS:
       for lang in vocab.corpus_languages(root, split):
+        if not (root / split / f"{lang}.tsv").stat().st_size:
+          continue  # TFDS splits cannot be empty
         generators[_split_name(split, lang)] = self._generate_examples(
             root / split / f"{lang}.tsv", lang)
     if not generators:

@@ -208,3 +208,26 @@ def test_config_validation():
     pipeline.PipelineConfig(direction="fr_de")
   with pytest.raises(ValueError, match="--batch_size_tokens"):
     pipeline.PipelineConfig(max_length=64, batch_size_tokens=32)
+
+
+def test_languages_without_training_pairs_are_not_sampled(setup, tmp_path):
+  corpus_dir, vocab_dir = setup
+  datasets, sizes = pipeline.tsv_language_datasets(corpus_dir,
+                                                   langs=["ru"])
+  empty = tmp_path / "empty.tsv"
+  empty.write_text("")
+  datasets["de"] = tf.data.TextLineDataset(str(empty)).map(
+      lambda line: (line, line))
+  sizes["de"] = 0
+  config = pipeline.PipelineConfig(max_length=256, batch_size_tokens=512,
+                                   chunk_size=16)
+  stats = pipeline.PipelineStats()
+  ds = pipeline.training_dataset(
+      datasets, sizes, config=config, stats=stats,
+      tokenizers=pipeline.load_tokenizers(vocab_dir))
+  next(iter(ds))
+  assert set(stats.as_dict()["kept"]) == {"ru"}
+  evals = pipeline.evaluation_dataset(datasets["de"], lang="de",
+                                      tokenizers=pipeline.load_tokenizers(
+                                          vocab_dir), batch_size=4)
+  assert not list(evals)

@@ -112,7 +112,8 @@ def test_training_batches_are_valid_packed_rows(setup):
     assert batch["inputs"].shape == (8, 48)
     assert batch["inputs"].dtype == np.int32
     _check_rows(batch, 48)
-    starts = (batch["inputs_positions"] == 0) & (batch["inputs_segment_ids"] > 0)
+    starts = ((batch["inputs_positions"] == 0) &
+              (batch["inputs_segment_ids"] > 0))
     assert (batch["inputs"][starts] == en_tag).all()
   counts = stats.as_dict()
   assert sum(counts["kept"].values()) > 0 and counts["rows"] > 0

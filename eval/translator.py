@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -34,6 +35,7 @@ from m4moe import decoding
 
 PAD_ID, EOS_ID = 0, 1
 SOURCE_MODEL, TARGET_MODEL = "source.model", "target.model"
+LINE_BREAKS = re.compile(r"[\r\n]")
 
 
 class TranslatorError(ValueError):
@@ -196,11 +198,16 @@ class Translator:
     return [tag, *pieces[:room], EOS_ID], len(pieces) > room
 
   def decode_ids(self, ids: Sequence[int]) -> str:
-    """Target ids up to the first EOS -> text."""
+    """Target ids up to the first EOS -> one line of text.
+
+    Line breaks a model may produce through byte-fallback pieces become
+    spaces, so every output is exactly one line.
+    """
     ids = list(ids)
     if EOS_ID in ids:
       ids = ids[:ids.index(EOS_ID)]
-    return self.target_sp.decode([i for i in ids if i != PAD_ID])
+    text = self.target_sp.decode([i for i in ids if i != PAD_ID])
+    return LINE_BREAKS.sub(" ", text)
 
   def search(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
     """Best hypothesis ids <int32>[N, T] for source id rows (any lengths)."""

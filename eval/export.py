@@ -1,0 +1,169 @@
+"""SavedModel export with a ``translate`` signature (strings in, strings out).
+
+Tokenisation inside the graph uses TensorFlow Text's
+``SentencepieceTokenizer`` (the SentencePiece library as TF ops, the model
+proto stored in the SavedModel). Core TensorFlow has no SentencePiece op,
+and ``tf.py_function`` is not serialised into a SavedModel, so the
+``tensorflow-text`` package (same minor version as TensorFlow) is required
+to export *and* must be imported before ``tf.saved_model.load`` in the
+loading process, to register its ops::
+
+  import tensorflow as tf
+  import tensorflow_text  # registers the SentencePiece ops
+  m = tf.saved_model.load(path)
+  out = m.signatures["translate"](sentences=tf.constant(["Hallo Welt"]),
+                                  source_lang=tf.constant(["de"]))
+  out["translations"]  # <string>[N]; out["truncated"] <bool>[N]
+
+The graph does what :class:`m4moe.eval.translator.Translator` does: source
+ids ``<2tgt> pieces[:max_input_length-2] </s>``, beam search with the
+export-time settings, ids up to EOS detokenised; whitespace-only inputs give
+``""``. A source language without a tag in the vocabulary fails with an
+InvalidArgumentError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from m4moe import decoding
+
+_TAG_PIECE = re.compile(r"^<2(.+)>$")
+
+
+class ExportError(RuntimeError):
+  """The export cannot be done here; says why and how to fix it."""
+
+
+def require_tensorflow_text() -> Any:
+  """Imports tensorflow_text or explains how to install it."""
+  try:
+    import tensorflow_text  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ExportError(
+        "m4moe-export needs TensorFlow Text for in-graph SentencePiece "
+        f"({e}). Install the release matching TensorFlow {tf.__version__} "
+        "without touching TensorFlow itself: pip install --no-deps "
+        f"'tensorflow-text=={'.'.join(tf.__version__.split('.')[:2])}.*'"
+    ) from e
+  return tensorflow_text
+
+
+def tagged_languages(source_sp) -> list[str]:
+  """Languages with a ``<2xx>`` piece in the source vocabulary."""
+  out = []
+  for pid in range(source_sp.get_piece_size()):
+    match = _TAG_PIECE.match(source_sp.id_to_piece(pid))
+    if match:
+      out.append(match.group(1))
+  return sorted(out)
+
+
+class TranslateModule(tf.Module):
+  """The exported module: model weights, tokenizers, ``translate``.
+
+  Args:
+    model: the restored Transformer.
+    source_proto, target_proto: serialized SentencePiece model protos.
+    languages: source languages accepted (those with a tag).
+    target_tag: id of the target-language tag starting every source.
+    beam: beam search settings baked into the graph.
+    max_input_length: most source ids (tag and EOS included).
+    metadata: JSON-serialisable facts stored in the SavedModel.
+  """
+
+  def __init__(self, *, model: Any, source_proto: bytes, target_proto: bytes,
+               languages: Sequence[str], target_tag: int,
+               beam: decoding.BeamSearchConfig, max_input_length: int,
+               metadata: dict[str, Any]):
+    super().__init__(name="m4moe_translate")
+    text = require_tensorflow_text()
+    self.model = model
+    # Distinct names: the op's kernel-owned resource is shared by node name,
+    # so two tokenizers with the default name would both get one model
+    # after tf.saved_model.load.
+    self.source_tokenizer = text.SentencepieceTokenizer(
+        model=source_proto, out_type=tf.int32, name="m4moe_source_spm")
+    self.target_tokenizer = text.SentencepieceTokenizer(
+        model=target_proto, out_type=tf.int32, name="m4moe_target_spm")
+    self.languages = tf.constant(list(languages), tf.string)
+    self.metadata = tf.Variable(json.dumps(metadata, sort_keys=True),
+                                trainable=False, dtype=tf.string)
+    self._beam, self._target_tag = beam, target_tag
+    self._max_input_length = max_input_length
+
+  def _check_languages(self, source_lang: tf.Tensor) -> tf.Operation:
+    known = tf.reduce_any(
+        tf.equal(source_lang[:, None], self.languages[None, :]), axis=1)
+    unknown = tf.boolean_mask(source_lang, tf.logical_not(known))
+    return tf.debugging.Assert(
+        tf.reduce_all(known),
+        ["unknown source_lang (no <2xx> tag in the vocabulary):", unknown,
+         "known:", self.languages], summarize=20)
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                tf.TensorSpec([None], tf.string)],
+               autograph=False)
+  def translate(self, sentences: tf.Tensor,
+                source_lang: tf.Tensor) -> dict[str, tf.Tensor]:
+    """<string>[N] sentences, <string>[N] source languages ->
+    {"translations": <string>[N], "truncated": <bool>[N]}."""
+    with tf.control_dependencies([self._check_languages(source_lang)]):
+      pieces = self.source_tokenizer.tokenize(sentences)
+    room = self._max_input_length - 2
+    truncated = pieces.row_lengths() > room
+    pieces = pieces[:, :room]
+    n = tf.shape(sentences)[0]
+    tag = tf.fill([n, 1], tf.constant(self._target_tag, tf.int32))
+    eos = tf.fill([n, 1], tf.constant(decoding.BeamSearchConfig().eos_id,
+                                      tf.int32))
+    inputs = tf.concat([tf.RaggedTensor.from_tensor(tag), pieces,
+                        tf.RaggedTensor.from_tensor(eos)], axis=1).to_tensor(0)
+    out = decoding.translate_ids(self.model, inputs, config=self._beam)
+    best = out.sequences[:, 0]
+    keep = out.lengths[:, 0] - tf.cast(out.finished[:, 0], tf.int32)
+    ragged = tf.RaggedTensor.from_tensor(best, lengths=keep)
+    texts = tf.strings.regex_replace(
+        self.target_tokenizer.detokenize(ragged), r"[\r\n]", " ")
+    empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)
+    return {"translations": tf.where(empty, tf.constant(""), texts),
+            "truncated": tf.logical_and(truncated, tf.logical_not(empty))}
+
+
+def export_saved_model(translator: Any, path: str | pathlib.Path, *,
+                       target_lang: str = "en",
+                       metadata: dict[str, Any] | None = None) -> pathlib.Path:
+  """Writes a SavedModel reproducing ``translator``'s output.
+
+  Args:
+    translator: an ``m4moe.eval.translator.Translator``.
+    path: output directory.
+    target_lang: target language baked in (its tag starts every source).
+    metadata: extra facts stored in the module's ``metadata`` JSON.
+
+  Raises:
+    ExportError: tensorflow-text is missing.
+  """
+  require_tensorflow_text()
+  path = pathlib.Path(path)
+  module = TranslateModule(
+      model=translator.model,
+      source_proto=translator.source_sp.serialized_model_proto(),
+      target_proto=translator.target_sp.serialized_model_proto(),
+      languages=tagged_languages(translator.source_sp),
+      target_tag=translator.tag_id(target_lang), beam=translator.beam,
+      max_input_length=translator.max_input_length,
+      metadata={"target_lang": target_lang,
+                "beam_size": translator.beam.beam_size,
+                "alpha": translator.beam.alpha,
+                "max_decode_length": translator.beam.max_decode_length,
+                "max_input_length": translator.max_input_length,
+                **(metadata or {})})
+  signature = module.translate.get_concrete_function()
+  tf.saved_model.save(module, str(path), signatures={"translate": signature})
+  return path

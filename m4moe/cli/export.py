@@ -1,0 +1,56 @@
+r"""m4moe-export: a SavedModel with a ``translate`` signature.
+
+Example:
+
+  m4moe-export --model_dir=/work/runs/moe --export_dir=/work/export/moe \
+      --beam_size=4 --alpha=0.6
+
+Load it in any process (tensorflow-text must be imported first, to register
+the SentencePiece ops the graph uses):
+
+  import tensorflow as tf, tensorflow_text
+  m = tf.saved_model.load("/work/export/moe")
+  m.signatures["translate"](sentences=tf.constant(["Datei öffnen"]),
+                            source_lang=tf.constant(["de"]))["translations"]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app
+from absl import flags
+
+from m4moe.cli import translation_flags
+from m4moe.eval import export as export_lib
+
+_EXPORT_DIR = flags.DEFINE_string("export_dir", None,
+                                  "SavedModel output directory.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _EXPORT_DIR.value:
+    raise app.UsageError("--export_dir is required")
+  try:
+    export_lib.require_tensorflow_text()
+  except export_lib.ExportError as e:
+    sys.exit(f"m4moe-export: error: {e}")
+  translator, files = translation_flags.load_translator_from_flags()
+  path = export_lib.export_saved_model(
+      translator, _EXPORT_DIR.value,
+      target_lang=translation_flags.TARGET_LANG.value,
+      metadata={"model_dir": str(files.model_dir),
+                "checkpoint": files.checkpoint,
+                "config": files.config.to_dict()})
+  print(f"Wrote SavedModel to {path} (signature 'translate': sentences "
+        "<string>[N], source_lang <string>[N] -> translations, truncated)")
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,101 @@
+"""m4moe-decode / m4moe-eval on a tiny run directory built in tmp_path."""
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from m4moe import decoding
+from m4moe.eval import fixtures
+from m4moe.eval import textio
+from m4moe.eval import translator as translator_lib
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+  return fixtures.make_tiny_run(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir):
+  beam = decoding.BeamSearchConfig(beam_size=2, alpha=0.6,
+                                   max_decode_length=12)
+  t, _ = translator_lib.load_translator(run_dir, beam=beam,
+                                        max_input_length=24, batch_size=3)
+  return t
+
+
+def test_translator_order_empty_truncation_and_batch_independence(translator):
+  texts = fixtures.sentences(7, seed=3)
+  long_text = " ".join(fixtures.WORDS * 2)
+  inputs = [texts[0], "", long_text, "   ", *texts[1:]]
+  before = translator.stats.truncated
+  outputs = translator.translate(inputs, source_lang="de")
+  assert len(outputs) == len(inputs)
+  assert outputs[1] == "" and outputs[3] == ""
+  assert translator.stats.truncated - before == 1
+  # Each sentence alone gives the same output as inside sorted batches.
+  for text, out in zip(inputs, outputs):
+    if text.strip():
+      assert translator.translate([text], source_lang="de") == [out]
+  ids, cut = translator.encode(long_text, tag=translator.tag_id("en"))
+  assert cut and len(ids) == 24 and ids[0] == translator.tag_id("en")
+  assert ids[-1] == 1
+
+
+def test_translator_rejects_unknown_language(translator):
+  with pytest.raises(translator_lib.TranslatorError, match="<2xx>"):
+    translator.translate(["open file"], source_lang="xx")
+
+
+def test_find_run_files_errors_name_the_problem(tmp_path, run_dir):
+  with pytest.raises(translator_lib.TranslatorError, match="config.json"):
+    translator_lib.find_run_files(tmp_path)
+  with pytest.raises(translator_lib.TranslatorError, match="--vocab_dir"):
+    translator_lib.find_run_files(run_dir, vocab_dir=str(tmp_path))
+
+
+def test_read_lines_utf8_and_lang_column():
+  lines = textio.read_lines(io.BytesIO(b"de\tHallo\r\n\nfr\tSalut\n"),
+                            lang_column=True)
+  assert [(l.number, l.lang, l.text) for l in lines] == [
+      (1, "de", "Hallo"), (2, None, ""), (3, "fr", "Salut")]
+  with pytest.raises(textio.InputError, match=r"in.txt: line 2 is not valid "
+                     r"UTF-8 \(byte 0xff"):
+    textio.read_lines(io.BytesIO(b"ok\nbad \xff\n"), name="in.txt")
+  with pytest.raises(textio.InputError, match="line 1 has no 'lang<TAB>"):
+    textio.read_lines(io.BytesIO(b"no column\n"), lang_column=True)
+  stream = io.StringIO()
+  progress = textio.Progress(4, stream=stream, interval=0)
+  progress(2)
+  progress(2)
+  assert "4/4 sentences" in stream.getvalue()
+  assert "sentences/s" in stream.getvalue()
+
+
+def _cli(name, *args, stdin=b""):
+  return subprocess.run([sys.executable, "-m", f"m4moe.cli.{name}", *args],
+                        input=stdin, capture_output=True, timeout=180,
+                        check=False)
+
+
+def test_decode_cli_matches_library(run_dir, translator, tmp_path):
+  texts = fixtures.sentences(4, seed=4)
+  long_text = " ".join(fixtures.WORDS * 2)
+  lines = [f"de\t{texts[0]}", "", f"fr\t{long_text}", f"de\t{texts[1]}",
+           f"fr\t{texts[2]}"]
+  (tmp_path / "in.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  proc = _cli("decode", f"--model_dir={run_dir}", "--lang_column",
+              f"--input={tmp_path}/in.tsv", f"--output={tmp_path}/out.txt",
+              "--beam_size=2", "--alpha=0.6", "--max_decode_length=12",
+              "--max_input_length=24", "--progress=on")
+  stderr = proc.stderr.decode()
+  assert proc.returncode == 0, stderr
+  got = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:-1]
+  expected = translator.translate(
+      [texts[0], "", long_text, texts[1], texts[2]], source_lang="de")
+  assert got == expected
+  assert "1 input line(s) were longer than --max_input_length=24" in stderr
+  assert "5/5 sentences" in stderr and "sentences/s" in stderr

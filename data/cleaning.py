@@ -19,6 +19,7 @@ Order (``DROP_RULES`` / ``EDIT_RULES`` name the counters):
    (``%(name)s``, ``{x}``, ``{0}``), Qt/KDE (``%1``) and shell/make
    (``$(ARG)``, ``${ARG}``) placeholders must form the same multiset on both
    sides (order may differ: translations reorder positional arguments).
+   The printf space flag is not recognised, so "50% off" has no placeholder.
 5. ``identical``: target equals source (case-insensitively): untranslated.
 6. ``too_short`` / ``too_long``: English under ``min_words`` or over
    ``max_words`` white-space words.
@@ -42,9 +43,9 @@ EDIT_RULES = ("edit:whitespace_nfc", "edit:accelerator")
 
 _WHITESPACE = re.compile(r"\s+")
 _PLACEHOLDER = re.compile(
-    r"%(?:\d+\$)?[-+ #0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|z|j|t|q)?"
+    r"%(?:\d+\$)?[-+#0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|z|j|t|q)?"
     r"[diouxXeEfFgGcsSpaA@]"          # printf, incl. positional %1$s
-    r"|%\([A-Za-z_][\w.]*\)[-+ #0]*\d*(?:\.\d+)?[diouxXeEfFgGrsa]"  # %(n)s
+    r"|%\([A-Za-z_][\w.]*\)[-+#0]*\d*(?:\.\d+)?[diouxXeEfFgGrsa]"  # %(n)s
     r"|\{[A-Za-z_0-9][\w.\[\]]*(?:![rsa])?(?::[^{}]*)?\}"  # {x}, {0}, {x:>3}
     r"|%\d+"                          # Qt / KDE %1
     r"|\$\([A-Za-z_][\w]*\)|\$\{[A-Za-z_][\w]*\}")  # $(ARG), ${ARG}

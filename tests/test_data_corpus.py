@@ -86,6 +86,14 @@ def test_clean_pair_keeps_reordered_positional_placeholders_and_edits():
   assert "edit:accelerator" in result.edits
 
 
+def test_placeholder_extraction():
+  assert cleaning.placeholders(
+      "Copy %1$s to %(dest)s in {0}, {name:>3}, %d, $(ARG), %1, %.2f%%") == [
+          "$(ARG)", "%(dest)s", "%.2f", "%1", "%1$s", "%d", "{0}",
+          "{name:>3}"]
+  assert cleaning.placeholders("Save 50% off now, 100%% sure") == []
+
+
 def test_script_rule_for_non_latin_languages():
   config = cleaning.CleaningConfig()
   latin_ru = cleaning.clean_pair("ru", "Open the file now", "Otkryt fajl",

@@ -12,6 +12,7 @@ order given) and the first occurrence of a (lang, english, x) triple is the
 one kept, so the output is a pure function of the inputs. Everything is
 written under a temporary directory next to ``output_dir`` and renamed into
 place at the end: a killed build leaves the previous output (or nothing).
+A killed build's temporary directory is deleted by the next build.
 Unreadable catalogs, unknown locales and bad TSV lines are skipped and listed
 with their file (and line) in the report; nothing is dropped without a count.
 """
@@ -327,6 +328,15 @@ def _replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _remove_stale_temporaries(output_dir: pathlib.Path) -> None:
+  """Deletes temporaries of earlier builds that were killed (SIGKILL/TERM
+  skip cleanup). Two builds into one output_dir at once are not supported."""
+  for stale in output_dir.parent.glob(f".{output_dir.name}.tmp-*"):
+    shutil.rmtree(stale, ignore_errors=True)
+  for stale in output_dir.parent.glob(f".{output_dir.name}.old-*"):
+    shutil.rmtree(stale, ignore_errors=True)
+
+
 def build_corpus(config: BuildConfig) -> dict:
   """Builds the corpus described by ``config``; returns the build report.
 
@@ -339,6 +349,7 @@ def build_corpus(config: BuildConfig) -> dict:
   start = time.time()
   output_dir = config.output_dir.resolve()
   output_dir.parent.mkdir(parents=True, exist_ok=True)
+  _remove_stale_temporaries(output_dir)
   counts = cleaning.new_counter()
   problems = _Problems(counts)
   report: dict = {"config": {k: str(v) for k, v in

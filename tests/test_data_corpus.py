@@ -225,10 +225,13 @@ def test_output_is_atomic_and_idempotent(tmp_path, monkeypatch):
   after = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*.tsv")}
   assert after == before  # the interrupted build left the old output intact
   assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]
+  # A SIGKILLed build cannot clean up: the next build removes its leftovers.
+  (tmp_path / ".out.tmp-killed" / "train").mkdir(parents=True)
   second = _build(tmp_path, [tmp_path / "src"], split_keys=None)
   assert second["languages"] == first["languages"]
   final = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*.tsv")}
   assert final == before
+  assert not (tmp_path / ".out.tmp-killed").exists()
 
 
 def _fake_deb(root: pathlib.Path, name: str, version: str) -> pathlib.Path:

@@ -395,3 +395,41 @@ def teacher_forced_log_probs(model: Any, inputs: tf.Tensor,
   log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
   picked = tf.gather(log_probs, targets, batch_dims=2)
   return tf.reduce_sum(picked * tf.cast(targets > 0, tf.float32), axis=1)
+
+
+def uncached_step_fn(model: Any, inputs: tf.Tensor) -> StepFn:
+  """Reference step function that recomputes everything at every step.
+
+  Runs the full teacher-forced forward pass (encoder and decoder over all T
+  target positions, static shapes) and reads the logits at ``step``; the
+  "cache" is only the decoded prefix, ``{"targets": <int32>[B*K, T]}``
+  (start it with zeros). Used as the oracle for the incremental decoder and
+  as the slow baseline in speed measurements.
+
+  Args:
+    model: an ``m4moe.model.Transformer``.
+    inputs: <int32>[B*K, Ls] source ids, already tiled to the beams.
+  """
+  def step_fn(token_ids, cache, step):
+    targets = cache["targets"]
+    position = tf.range(tf.shape(targets)[1])[None, :]
+    targets = tf.where(position == step - 1, token_ids[:, None], targets)
+    # A non-pad placeholder at ``step`` keeps that position a real token;
+    # causality makes its value irrelevant to the logits at ``step``.
+    forced = tf.where(position == step, 1, targets)
+    logits = model({"inputs": inputs, "targets": forced},
+                   training=False).logits
+    return tf.gather(logits, step, axis=1), {"targets": targets}
+  return step_fn
+
+
+def translate_ids_uncached(model: Any, inputs: tf.Tensor, *,
+                           config: BeamSearchConfig) -> BeamSearchOutput:
+  """:func:`translate_ids` without any cache (see :func:`uncached_step_fn`)."""
+  inputs = tf.convert_to_tensor(inputs, tf.int32)
+  batch = tf.shape(inputs)[0]
+  tiled = tile_beams(inputs, config.beam_size)
+  cache = {"targets": tf.zeros([batch * config.beam_size,
+                                config.max_decode_length], tf.int32)}
+  return beam_search(uncached_step_fn(model, tiled), initial_cache=cache,
+                     batch_size=batch, config=config)

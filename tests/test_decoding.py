@@ -236,7 +236,17 @@ def _tiny_model(kind: str):
       **({"expert_hidden_dim": 32, "num_experts": 4, "group_size": 64}
          if kind == "moe" else {}))
   tf.random.set_seed(1234)
-  return model_lib.Transformer(config=cfg)
+  model = model_lib.Transformer(config=cfg)
+  # Make EOS a near-copy of a token greedy decoding often emits, so
+  # hypotheses end at varied lengths (random weights alone never pick EOS).
+  greedy = decoding.translate_ids(model, _sources(8, seed=7), config=(
+      decoding.BeamSearchConfig(beam_size=1, alpha=0.0, max_decode_length=8)))
+  tokens, counts = np.unique(greedy.sequences.numpy()[:, 0, 1:],
+                             return_counts=True)
+  kernel = model.output_projection.kernel.numpy()
+  kernel[:, EOS] = kernel[:, tokens[np.argsort(counts)[-2]]] * 1.1
+  model.output_projection.kernel.assign(kernel)
+  return model
 
 
 def _sources(count: int, seed: int) -> np.ndarray:
@@ -257,11 +267,27 @@ def test_cached_scores_equal_teacher_forced(kind):
                                      max_decode_length=12)
   sources = _sources(4, seed=0)
   out = decoding.translate_ids(model, sources, config=config)
+  assert 0 < int(tf.reduce_sum(tf.cast(out.finished, tf.int32))) < 12
   for k in range(3):
     targets = out.sequences[:, k]
     forced = decoding.teacher_forced_log_probs(model, sources, targets)
     np.testing.assert_allclose(out.log_probs[:, k], forced, rtol=1e-4,
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_incremental_search_equals_uncached_search(kind):
+  model = _tiny_model(kind)
+  config = decoding.BeamSearchConfig(beam_size=3, alpha=0.6,
+                                     max_decode_length=10)
+  sources = _sources(3, seed=5)
+  cached = decoding.translate_ids(model, sources, config=config)
+  uncached = decoding.translate_ids_uncached(model, sources, config=config)
+  np.testing.assert_array_equal(cached.sequences, uncached.sequences)
+  np.testing.assert_allclose(cached.scores, uncached.scores, rtol=1e-4,
+                             atol=1e-4)
+  # The random model is far from uniform: real, varied hypotheses.
+  assert len({tuple(s) for s in cached.sequences[:, 0].numpy()}) == 3
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])

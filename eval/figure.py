@@ -62,7 +62,8 @@ def delta_bleu_figure(comparison: comparison_lib.Comparison, *,
   colors = [f"C{i % 10}" for i in range(len(comparison.models))]
   trendlines, plotted = {}, {}
   for model, color in zip(comparison.models, colors):
-    langs = tuple(l for l in languages if comparison.delta[model][l] is not None)
+    langs = tuple(l for l in languages
+                  if comparison.delta[model][l] is not None)
     plotted[model] = langs
     x = np.array([position[l] for l in langs], np.float64)
     y = np.array([comparison.delta[model][l] for l in langs], np.float64)

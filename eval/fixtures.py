@@ -70,8 +70,9 @@ def _train_copy_task(model, source_sp, target_sp, *, steps: int) -> None:
     with tf.GradientTape() as tape:
       logits = model({"inputs": x, "targets": y}, training=False).logits
       weights = tf.cast(y > 0, tf.float32)
-      loss = tf.reduce_sum(weights * tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=y, logits=logits)) / tf.reduce_sum(weights)
+      ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
+                                                          logits=logits)
+      loss = tf.reduce_sum(weights * ce) / tf.reduce_sum(weights)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss

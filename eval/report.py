@@ -70,8 +70,9 @@ def model_facts(result: results.EvalResult) -> ModelFacts:
   config = meta.get("config")
   if isinstance(config, Mapping):
     try:
-      from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
-      from m4moe import cost  # pylint: disable=g-import-not-at-top
+      # pylint: disable=g-import-not-at-top
+      from m4moe import config as config_lib
+      from m4moe import cost
       model_config = config_lib.config_from_dict(config)
       return ModelFacts(
           params=cost.num_params(model_config),

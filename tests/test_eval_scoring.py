@@ -116,7 +116,8 @@ def test_eval_json_round_trip_and_bad_files(tmp_path):
 def _write_corpus(root):
   for split, rows in {
       "train": {"de": ["a\tA", "b\tB", "c\tC"], "fr": ["a\tA"]},
-      "test": {"de": ["open the file now please\tdatei öffnen", "save all of the documents\tspeichern"],
+      "test": {"de": ["open the file now please\tdatei öffnen",
+                      "save all of the documents\tspeichern"],
                "fr": ["close\tfermer"]}}.items():
     (root / split).mkdir(parents=True)
     for lang, lines in rows.items():

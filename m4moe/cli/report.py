@@ -79,6 +79,10 @@ def _training_logs() -> dict[str, str]:
   return out
 
 
+def _round(value: float | None) -> float | None:
+  return None if value is None else round(value, 2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -112,10 +116,8 @@ def main(argv):
   for lang, reasons in comp.excluded.items():
     print(f"  {lang}: {'; '.join(reasons)}")
   for name, buckets in comp.averages.items():
-    cells = ", ".join(
-        f"{b}: BLEU {a.bleu if a.bleu is None else round(a.bleu, 2)} "
-        f"ΔBLEU {a.delta if a.delta is None else round(a.delta, 2)} (n={a.count})"
-        for b, a in buckets.items())
+    cells = ", ".join(f"{b}: BLEU {_round(a.bleu)} ΔBLEU {_round(a.delta)} "
+                      f"(n={a.count})" for b, a in buckets.items())
     print(f"{name}: {cells}")
   print(f"Wrote {files.markdown}, {files.html}, {files.png}, {files.summary}")
 

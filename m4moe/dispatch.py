@@ -92,9 +92,11 @@ def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   expert_outputs = expert_fn(dispatched, output_layout="EGCM")
   weight = tf.cast(tf.transpose(routing.slot_weight, [1, 0, 2]), x.dtype)
   weighted = expert_outputs * weight[..., tf.newaxis]
-  combined = tf.math.unsorted_segment_sum(
-      tf.reshape(weighted, [-1, model_dim]), tf.reshape(rows, [-1]),
-      num_tokens + 1)
+  # scatter_nd adds rows sharing an index (a token's k slots); the last row
+  # collects the empty slots. Faster than unsorted_segment_sum on CPU.
+  combined = tf.scatter_nd(
+      tf.reshape(rows, [-1, 1]), tf.reshape(weighted, [-1, model_dim]),
+      tf.stack([num_tokens + 1, model_dim]))
   return tf.reshape(combined[:-1], tf.shape(x))
 
 

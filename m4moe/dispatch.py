@@ -13,7 +13,7 @@ Two implementations with identical outputs and gradients:
   (the experts) and ``GSEC,GECM->GSM`` (combine). Memory O(G*S*E*C*M)
   intermediates; the form the paper's sharding annotations are written for.
 * :func:`index_dispatch_combine` -- a gather of token rows into the buffers
-  and an ``unsorted_segment_sum`` back, driven by
+  and a scatter-add (``tf.scatter_nd``, i.e. a segment sum) back, driven by
   ``RoutingResult.slot_token``; no ``[G, S, E, C]`` tensor is built, memory is
   O(G*E*C*M) = O(capacity_factor * k * G*S*M). Static shapes and int32
   indices only, so it compiles under XLA (``jit_compile=True``).
@@ -68,7 +68,7 @@ def einsum_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
 
 def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
                            expert_fn: ExpertFn) -> tf.Tensor:
-  """Gather into the buffers, segment-sum back; same result as the einsums.
+  """Gather into the buffers, scatter-add back; same result as the einsums.
 
   Args:
     x: <dtype>[G, S, M] tokens (dtype = activation dtype).

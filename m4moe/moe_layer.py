@@ -15,8 +15,21 @@ combined outputs back to ``[B, L, M]``; padding positions get exactly 0.
 
 Group size: S = ``moe.group_size``, or N when the (static) token count is
 smaller -- e.g. a decoding step -- so small batches are one group of their
-real size. Capacity: ``moe.capacity(group_size=S, training=training)``
-(eval factor 0 = no drops, C = S).
+real size (with an unknown static N, S = ``moe.group_size``). Capacity:
+``moe.capacity(group_size=S, training=training)`` (eval factor 0 = no drops,
+C = S).
+
+Padding is exact: adding padding tokens anywhere changes neither the real
+tokens' outputs nor any gradient, as long as S stays the same. Random draws
+(random routing policy, jitter, noise, expert dropout) are laid out by
+group, so with those on, extra groups of padding change the draws the real
+tokens see (the distribution is unchanged).
+
+In a causal (decoder) layer, capacity makes a token's routing depend on the
+earlier tokens of its group and, through the second-choice pass, on later
+tokens' first choices -- as in GShard. With the no-drop eval capacity every
+token gets its top-k experts whatever shares its group, so incremental
+decoding reproduces the full-sequence eval outputs.
 """
 
 from __future__ import annotations

@@ -180,13 +180,17 @@ def _gaps_blocks(comp) -> list[doc.Block]:
   items = [f"{lang}: {'; '.join(reasons)}"
            for lang, reasons in comp.excluded.items()]
   blocks: list[doc.Block] = [doc.Heading("Excluded from averages")]
+  if not comp.baseline_models:
+    blocks.append(doc.Paragraph(
+        "No bilingual baseline eval JSONs were given (--baselines): ΔBLEU, "
+        "the figure's points and trendlines are unavailable."))
   if items:
     blocks += [doc.Paragraph(f"{len(items)} of {len(comp.languages)} "
                              "languages are not averaged:"),
                doc.Bullets(tuple(items))]
   else:
     blocks.append(doc.Paragraph("None: every language has a score from "
-                                "every model and baseline."))
+                                "every model (and baseline, if given)."))
   if comp.notes:
     blocks += [doc.Heading("Notes"), doc.Bullets(tuple(comp.notes))]
   return blocks

@@ -72,16 +72,15 @@ def _tokens(record: dict) -> float | None:
 
 
 def _steps_per_sec(train: Sequence[dict]) -> float | None:
-  """From step_time_sec weighted by steps, else from step/time deltas."""
-  steps, seconds, previous = 0.0, 0.0, 0.0
-  for record in train:
-    step, step_time = _num(record["step"]), _num(record.get("step_time_sec"))
-    if step_time is not None and step > previous:
-      steps += step - previous
-      seconds += step_time * (step - previous)
-    previous = step
-  if steps and seconds:
-    return steps / seconds
+  """Steady-state steps/s: the median over logging intervals.
+
+  Each interval's rate is 1 / step_time_sec when logged, else its step and
+  time deltas; the median ignores the first interval's compilation time.
+  """
+  rates = [1.0 / r["step_time_sec"] for r in train
+           if (_num(r.get("step_time_sec")) or 0) > 0]
+  if rates:
+    return float(statistics.median(rates))
   timed = [(r["step"], r["time"]) for r in train
            if _num(r.get("time")) is not None]
   pairs = zip(timed, timed[1:])
@@ -89,7 +88,7 @@ def _steps_per_sec(train: Sequence[dict]) -> float | None:
             if s2 > s1 and t2 > t1]
   if not deltas:
     return None
-  return sum(d[0] for d in deltas) / sum(d[1] for d in deltas)
+  return float(statistics.median(s / t for s, t in deltas))
 
 
 def training_cost(records: Sequence[dict]) -> TrainingCost:

@@ -134,8 +134,15 @@ def test_training_log_tables(tmp_path):
       4.0: 2000, 3.0: 3000, 1.0: None}
   # Tolerant: no step_time_sec -> step/time deltas; "tokens" field.
   bare = [{"step": 0, "time": 0.0}, {"step": 8, "time": 2.0, "tokens": 7,
-                                     "train_ce": 0.1}]
-  assert training_logs.training_cost(bare).steps_per_sec == pytest.approx(4)
+                                     "train_ce": 0.1},
+          {"step": 9, "time": 3.0}, {"step": 12, "time": 4.0}]
+  # Median of the interval rates 4, 1, 3 steps/s.
+  assert training_logs.training_cost(bare).steps_per_sec == pytest.approx(3)
+  # The first (compiling) interval does not drag the rate down.
+  slow_start = [{"step": 10, "step_time_sec": 5.0}, {"step": 20,
+                "step_time_sec": 0.5}, {"step": 30, "step_time_sec": 0.5}]
+  assert training_logs.training_cost(slow_start).steps_per_sec == (
+      pytest.approx(2.0))
   assert training_logs.tokens_to_reach(bare, [0.5]) == {0.5: 7}
 
 
@@ -210,3 +217,13 @@ def test_report_cli(tmp_path):
        f"--output_dir={out}"], capture_output=True, text=True, timeout=120,
       check=False)
   assert bad.returncode != 0 and "matches no file" in bad.stderr
+
+
+def test_report_without_baselines_says_so(tmp_path):
+  model_a, _, _, _ = _inputs(tmp_path)
+  files = report.write_report(tmp_path / "nb", models=[model_a])
+  md = files.markdown.read_text()
+  assert "No bilingual baseline eval JSONs were given" in md
+  assert files.comparison.averages["moe"]["all"].delta is None
+  assert files.comparison.averages["moe"]["all"].bleu == pytest.approx(
+      sum(MODEL_A.values()) / len(MODEL_A))

@@ -116,6 +116,9 @@ def main(argv):
   for lang, reasons in comp.excluded.items():
     print(f"  {lang}: {'; '.join(reasons)}")
   for name, buckets in comp.averages.items():
+    if name == comparison.BASELINE_NAME and not comp.baseline_models:
+      print("No bilingual baselines given: no ΔBLEU.")
+      continue
     cells = ", ".join(f"{b}: BLEU {_round(a.bleu)} ΔBLEU {_round(a.delta)} "
                       f"(n={a.count})" for b, a in buckets.items())
     print(f"{name}: {cells}")

@@ -1,0 +1,229 @@
+"""m4moe-train: train (or resume) a model with Adafactor.
+
+Usage:
+  m4moe-train --config=tiny/moe --corpus_dir=corpus --vocab_dir=vocab \\
+      --languages=de,fr,ja --model_dir=runs/tiny_moe --train_steps=2000
+  m4moe-train --flagfile=configs/tiny/dense.flags --d_model=256 ...
+  m4moe-train --config=tiny/moe --synthetic_data --model_dir=/tmp/x \\
+      --train_steps=100 --check_config
+
+The model is the zoo entry / flagfile (``--config`` or ``--flagfile``);
+model flags given on the command line override ``--config``'s values. The
+vocabulary sizes come from the SentencePiece models in ``--vocab_dir``.
+Running again with the same ``--model_dir`` resumes from the last complete
+checkpoint (exactly, see m4moe.train). SIGTERM saves and exits with code 0.
+
+Writes to ``--model_dir``: config.json (effective config; decode/eval rebuild
+the model with m4moe.training.checkpointing.model_config_from_run),
+checkpoints, metrics.jsonl, TensorBoard events (train/, eval/).
+
+Distribution: one device by default; several local GPUs (or
+``--num_cpu_devices=N`` logical CPUs) use MirroredStrategy and split each
+global batch across them; ``--tpu=NAME`` connects to a TPU and uses
+TPUStrategy (untested here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from m4moe import config as config_lib
+from m4moe import optimizer as optimizer_lib
+
+config_lib.define_model_flags()
+
+_CONFIG = flags.DEFINE_string(
+    "config", None, "Zoo entry (e.g. tiny/moe) or model flagfile; model "
+    "flags on the command line override it. Alternatively use --flagfile.")
+# Data.
+_CORPUS_DIR = flags.DEFINE_string("corpus_dir", "", "Built corpus directory.")
+_VOCAB_DIR = flags.DEFINE_string("vocab_dir", "", "SentencePiece models dir.")
+_TFDS_NAME = flags.DEFINE_string(
+    "tfds_name", "", "Comma-separated TFDS translation datasets (offline).")
+_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", "", "TFDS data dir.")
+_SYNTHETIC = flags.DEFINE_bool("synthetic_data", False,
+                               "Train on the synthetic toy task (smoke runs).")
+_LANGUAGES = flags.DEFINE_list("languages", [], "Languages (empty: all).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 5.0,
+                                  "Language sampling temperature T.")
+_SEQUENCE_LENGTH = flags.DEFINE_integer(
+    "sequence_length", 64, "Tokens per packed row (each side).")
+_BATCH_TOKENS = flags.DEFINE_integer(
+    "batch_tokens", 4096, "Tokens per global batch (each side).")
+_PACK = flags.DEFINE_bool("pack", True, "Pack several pairs per row.")
+_DEV_SPLIT = flags.DEFINE_string("dev_split", "dev", "Split for dev CE.")
+_DEV_BATCH_SIZE = flags.DEFINE_integer("dev_batch_size", 64,
+                                       "Pairs per dev batch.")
+# Run.
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Run directory.")
+_TRAIN_STEPS = flags.DEFINE_integer("train_steps", 10000, "Total steps.")
+_SEED = flags.DEFINE_integer("seed", 0, "Init, data and per-step seed.")
+_LABEL_SMOOTHING = flags.DEFINE_float("label_smoothing", 0.0,
+                                      "Label smoothing epsilon.")
+_GRAD_ACCUM = flags.DEFINE_integer("grad_accum_steps", 1,
+                                   "Micro-batches per update.")
+_REMAT = flags.DEFINE_bool("remat", False,
+                           "Recompute layer activations in the backward pass.")
+_CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 1000,
+                                         "Save every N steps.")
+_KEEP = flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
+_EVAL_EVERY = flags.DEFINE_integer("eval_every", 1000,
+                                   "Dev CE every N steps (0: at the end).")
+_LOG_EVERY = flags.DEFINE_integer("log_every", 100, "Log every N steps.")
+_MAX_NONFINITE = flags.DEFINE_integer(
+    "max_consecutive_nonfinite", 10, "Stop after this many skipped steps.")
+_CHECKPOINT_INPUT = flags.DEFINE_bool(
+    "checkpoint_input", True, "Save the input iterator in checkpoints.")
+_CHECK_CONFIG = flags.DEFINE_bool(
+    "check_config", False, "Validate config, data and devices, then exit.")
+_DETERMINISTIC = flags.DEFINE_bool(
+    "deterministic", False, "tf.config.experimental.enable_op_determinism.")
+_TPU = flags.DEFINE_string("tpu", None, "TPU name ('local' on a TPU VM).")
+_NUM_CPU_DEVICES = flags.DEFINE_integer(
+    "num_cpu_devices", 1, "Split the CPU into N logical devices (Mirrored).")
+# Optimiser.
+_LR = flags.DEFINE_float("learning_rate", 1.0, "Adafactor rate multiplier.")
+_WARMUP = flags.DEFINE_integer("warmup_steps", 10000,
+                               "Constant-rate steps before rsqrt decay.")
+_SCHEDULE = flags.DEFINE_enum("lr_schedule", "rsqrt",
+                              list(optimizer_lib.SCHEDULES), "LR schedule.")
+_DECAY = flags.DEFINE_float("decay_exponent", 0.8,
+                            "Second-moment decay 1 - t^(-x).")
+_BETA1 = flags.DEFINE_float("beta1", 0.0, "First-moment decay (0: none).")
+_CLIP = flags.DEFINE_float("clipping_threshold", 1.0,
+                           "Update clipping (0: off).")
+_EPS1 = flags.DEFINE_float("epsilon1", 1e-30, "Adafactor epsilon1.")
+_EPS2 = flags.DEFINE_float("epsilon2", 1e-3, "Adafactor epsilon2.")
+_PARAM_SCALE = flags.DEFINE_bool("multiply_by_parameter_scale", True,
+                                 "Relative step sizes.")
+_FACTORED = flags.DEFINE_bool("factored", True, "Factored second moments.")
+
+_MODEL_FLAG_NAMES = tuple(
+    f.name for cls in (config_lib.ModelConfig, config_lib.MoeConfig)
+    for f in dataclasses.fields(cls) if f.name != "moe")
+
+
+def _model_config(overrides: dict[str, Any]) -> config_lib.ModelConfig:
+  """--config as the base, explicit model flags and vocab sizes on top."""
+  if _CONFIG.value is None:
+    return config_lib.model_config_from_flags(flags.FLAGS, **overrides)
+  explicit = [flags.FLAGS[n].serialize() for n in _MODEL_FLAG_NAMES
+              if flags.FLAGS[n].present]
+  return config_lib.load_model_config(_CONFIG.value, explicit, **overrides)
+
+
+def _optimizer_config() -> optimizer_lib.AdafactorConfig:
+  return optimizer_lib.AdafactorConfig(
+      learning_rate=_LR.value, warmup_steps=_WARMUP.value,
+      schedule=_SCHEDULE.value, decay_exponent=_DECAY.value,
+      beta1=_BETA1.value, clipping_threshold=_CLIP.value,
+      epsilon1=_EPS1.value, epsilon2=_EPS2.value,
+      multiply_by_parameter_scale=_PARAM_SCALE.value,
+      factored=_FACTORED.value)
+
+
+def _configs():
+  """(DataConfig, TrainConfig) from the flags; raises on invalid values."""
+  from m4moe import train as train_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
+  if not _MODEL_DIR.value:
+    raise flags.ValidationError("--model_dir is required")
+  data = inputs.DataConfig(
+      corpus_dir=_CORPUS_DIR.value, vocab_dir=_VOCAB_DIR.value,
+      tfds_name=_TFDS_NAME.value, tfds_data_dir=_TFDS_DATA_DIR.value,
+      synthetic=_SYNTHETIC.value, languages=tuple(_LANGUAGES.value),
+      temperature=_TEMPERATURE.value, sequence_length=_SEQUENCE_LENGTH.value,
+      batch_tokens=_BATCH_TOKENS.value, pack=_PACK.value,
+      dev_split=_DEV_SPLIT.value, dev_batch_size=_DEV_BATCH_SIZE.value,
+      seed=_SEED.value)
+  train = train_lib.TrainConfig(
+      model_dir=_MODEL_DIR.value, train_steps=_TRAIN_STEPS.value,
+      seed=_SEED.value, label_smoothing=_LABEL_SMOOTHING.value,
+      grad_accum_steps=_GRAD_ACCUM.value, remat=_REMAT.value,
+      checkpoint_every=_CHECKPOINT_EVERY.value,
+      keep_checkpoints=_KEEP.value, eval_every=_EVAL_EVERY.value,
+      log_every=_LOG_EVERY.value,
+      max_consecutive_nonfinite=_MAX_NONFINITE.value,
+      checkpoint_input=_CHECKPOINT_INPUT.value,
+      batch_tokens=_BATCH_TOKENS.value, optimizer=_optimizer_config())
+  return data, train
+
+
+def _check(data, strategy, model_config) -> list[str]:
+  """Problems with data files and devices (config values are checked at
+  construction already)."""
+  from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
+  problems = inputs.check_data(data)
+  replicas = strategy.num_replicas_in_sync
+  if data.batch_rows % replicas:
+    problems.append(
+        f"--batch_tokens={data.batch_tokens} gives {data.batch_rows} rows of "
+        f"--sequence_length={data.sequence_length}, not divisible by the "
+        f"{replicas} replicas; change --batch_tokens")
+  if data.sequence_length > model_config.max_length:
+    problems.append(f"--sequence_length={data.sequence_length} exceeds the "
+                    f"model's --max_length={model_config.max_length}")
+  return problems
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe import train as train_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
+  from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
+  distribute.configure_cpu_devices(_NUM_CPU_DEVICES.value)
+  if _DETERMINISTIC.value:
+    tf.config.experimental.enable_op_determinism()
+  try:
+    data, train = _configs()
+    problems = inputs.check_data(data)
+    built = None if problems else inputs.build_inputs(data)
+    overrides = {}
+    if built is not None and built.src_vocab_size:
+      overrides = {"src_vocab_size": built.src_vocab_size,
+                   "tgt_vocab_size": built.tgt_vocab_size}
+    model_config = _model_config(overrides)
+  except (ValueError, flags.ValidationError) as e:
+    logging.error("%s", e)
+    print(f"m4moe-train: {e}", file=sys.stderr)
+    return 2
+  strategy = distribute.make_strategy(tpu=_TPU.value)
+  problems += _check(data, strategy, model_config)
+  effective = {"model": model_config.to_dict(), "train": train.to_dict(),
+               "data": data.to_dict(),
+               "devices": strategy.num_replicas_in_sync}
+  print(json.dumps(effective, indent=2, sort_keys=True))
+  if problems:
+    for p in problems:
+      print(f"m4moe-train: {p}", file=sys.stderr)
+    return 2
+  if _CHECK_CONFIG.value:
+    print(f"m4moe-train: config OK ({len(built.languages)} languages, "
+          f"{strategy.num_replicas_in_sync} device(s))")
+    return 0
+  result = train_lib.train(
+      model_fn=lambda: model_lib.Transformer(config=model_config),
+      train_dataset=built.train, dev_datasets=built.dev, config=train,
+      model_config=model_config, strategy=strategy,
+      run_sections={"data": data.to_dict(),
+                    "languages": list(built.languages)})
+  logging.info("Finished: %s", result)
+  print(json.dumps({"step": result.step, "preempted": result.preempted,
+                    "checkpoint": result.last_checkpoint,
+                    "train_ce": result.train_ce, "dev_ce": result.dev_ce,
+                    "nonfinite_skipped": result.nonfinite_skipped}))
+  return 0
+
+
+def run():
+  app.run(main)

@@ -1,0 +1,216 @@
+"""Training and dev inputs for ``m4moe-train`` from a corpus, TFDS or synthetic.
+
+Sources (exactly one):
+
+* ``corpus_dir`` + ``vocab_dir``: a corpus built by ``m4moe-build-corpus``
+  (``train/dev/<lang>.tsv``) and the SentencePiece models of ``m4moe-vocab``;
+  the stream is :func:`m4moe.data.pipeline.training_dataset` (temperature
+  sampling, packing, checkpointable iterator).
+* ``tfds_name`` + ``vocab_dir``: TFDS translation datasets (comma-separated,
+  e.g. ``wmt19_translate/de-en``), each with a text feature ``en`` and one
+  other language feature; loaded offline (``try_gcs=False``) from
+  ``tfds_data_dir``.
+* ``synthetic``: the reverse-and-permute toy task of
+  :mod:`m4moe.training.fixtures` (no files; for smoke tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Mapping
+
+import tensorflow as tf
+
+from m4moe.training import fixtures
+
+
+class DataConfigError(ValueError):
+  """A data setting is invalid; the message names the flag and the fix."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+  """Input settings (each is an ``m4moe-train`` flag).
+
+  Attributes:
+    corpus_dir: built corpus directory.
+    vocab_dir: directory with source.model / target.model.
+    tfds_name: comma-separated TFDS translation dataset names.
+    tfds_data_dir: TFDS data directory (offline).
+    synthetic: use the synthetic toy task.
+    languages: languages to train on (empty: all of the corpus).
+    temperature: T of the language sampling p_l ∝ n_l^(1/T).
+    sequence_length: tokens per packed row and side.
+    batch_tokens: tokens per (global) batch and side.
+    pack: pack several pairs per row.
+    dev_split: corpus split for the per-language dev cross-entropy.
+    dev_batch_size: sentence pairs per dev batch.
+    seed: shuffling / sampling seed.
+  """
+
+  corpus_dir: str = ""
+  vocab_dir: str = ""
+  tfds_name: str = ""
+  tfds_data_dir: str = ""
+  synthetic: bool = False
+  languages: tuple[str, ...] = ()
+  temperature: float = 5.0
+  sequence_length: int = 64
+  batch_tokens: int = 4096
+  pack: bool = True
+  dev_split: str = "dev"
+  dev_batch_size: int = 64
+  seed: int = 0
+
+  def __post_init__(self) -> None:
+    chosen = [name for name, on in (("corpus_dir", self.corpus_dir),
+                                    ("tfds_name", self.tfds_name),
+                                    ("synthetic_data", self.synthetic)) if on]
+    if len(chosen) != 1:
+      raise DataConfigError(
+          f"give exactly one data source: --corpus_dir, --tfds_name or "
+          f"--synthetic_data (got {', '.join('--' + c for c in chosen) or 'none'})")
+    if not self.synthetic and not self.vocab_dir:
+      raise DataConfigError("--vocab_dir is required with --corpus_dir or "
+                            "--tfds_name (run m4moe-vocab first)")
+    if self.batch_tokens < self.sequence_length:
+      raise DataConfigError(
+          f"--batch_tokens={self.batch_tokens} is invalid: use at least "
+          f"--sequence_length={self.sequence_length} (one row)")
+    if self.temperature <= 0:
+      raise DataConfigError(f"--temperature={self.temperature} is invalid: "
+                            "use a positive value (1 proportional, 5 M4)")
+
+  @property
+  def batch_rows(self) -> int:
+    return self.batch_tokens // self.sequence_length
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """What the trainer consumes.
+
+  Attributes:
+    train: repeating dataset of global model batches.
+    dev: {language: finite dataset of dev batches}.
+    src_vocab_size, tgt_vocab_size: from the SentencePiece models (None
+      for synthetic data: keep the model config's).
+    languages: the training languages.
+  """
+  train: tf.data.Dataset
+  dev: Mapping[str, tf.data.Dataset]
+  src_vocab_size: int | None
+  tgt_vocab_size: int | None
+  languages: tuple[str, ...]
+
+
+SYNTHETIC_VOCAB = 64
+
+
+def _synthetic(config: DataConfig) -> Inputs:
+  length = config.sequence_length
+  pairs = fixtures.synthetic_pairs(num_pairs=4096, vocab_size=SYNTHETIC_VOCAB,
+                                   max_length=min(length - 1, 16),
+                                   seed=config.seed)
+  train = fixtures.pairs_dataset(pairs[256:], batch_size=config.batch_rows,
+                                 length=length, shuffle_seed=config.seed)
+  dev = fixtures.pairs_dataset(pairs[:256], batch_size=config.dev_batch_size,
+                               length=length, shuffle_seed=None, repeat=False)
+  return Inputs(train=train, dev={"syn": dev}, src_vocab_size=None,
+                tgt_vocab_size=None, languages=("syn",))
+
+
+def _pipeline_config(config: DataConfig):
+  from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.PipelineConfig(
+      max_length=config.sequence_length, batch_size_tokens=config.batch_tokens,
+      temperature=config.temperature, pack=config.pack, seed=config.seed)
+
+
+def _corpus(config: DataConfig) -> Inputs:
+  from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
+  corpus, vocab_dir = pathlib.Path(config.corpus_dir), pathlib.Path(config.vocab_dir)
+  tokenizers = pipeline.load_tokenizers(vocab_dir)
+  datasets, sizes = pipeline.tsv_language_datasets(
+      corpus, split="train", langs=config.languages)
+  train = pipeline.training_dataset(datasets, sizes, tokenizers=tokenizers,
+                                    config=_pipeline_config(config))
+  dev_pairs, _ = pipeline.tsv_language_datasets(
+      corpus, split=config.dev_split, langs=tuple(sorted(datasets)))
+  dev = {lang: pipeline.evaluation_dataset(
+      ds, lang=lang, tokenizers=tokenizers, batch_size=config.dev_batch_size)
+         for lang, ds in dev_pairs.items()}
+  return Inputs(train=train, dev=dev,
+                src_vocab_size=tokenizers.source.get_piece_size(),
+                tgt_vocab_size=tokenizers.target.get_piece_size(),
+                languages=tuple(sorted(datasets)))
+
+
+def _tfds_pairs(name: str, split: str, data_dir: str):
+  """(lang, dataset of (english, x) string pairs, size) of one TFDS name."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder(name, data_dir=data_dir or None)
+  keys = [k for k in builder.info.features.keys() if k != "en"]
+  if len(keys) != 1 or "en" not in builder.info.features.keys():
+    raise DataConfigError(
+        f"--tfds_name={name}: expected a translation dataset with an 'en' "
+        f"feature and one other language, got {list(builder.info.features)}")
+  lang = keys[0]
+  ds = builder.as_dataset(split=split).map(lambda ex: (ex["en"], ex[lang]))
+  return lang, ds, builder.info.splits[split].num_examples
+
+
+def _tfds(config: DataConfig) -> Inputs:
+  from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
+  tokenizers = pipeline.load_tokenizers(pathlib.Path(config.vocab_dir))
+  train, sizes, dev = {}, {}, {}
+  for name in filter(None, config.tfds_name.split(",")):
+    lang, ds, n = _tfds_pairs(name, "train", config.tfds_data_dir)
+    if config.languages and lang not in config.languages:
+      continue
+    train[lang], sizes[lang] = ds, n
+    _, dev_ds, _ = _tfds_pairs(name, "validation", config.tfds_data_dir)
+    dev[lang] = pipeline.evaluation_dataset(
+        dev_ds, lang=lang, tokenizers=tokenizers,
+        batch_size=config.dev_batch_size)
+  stream = pipeline.training_dataset(train, sizes, tokenizers=tokenizers,
+                                     config=_pipeline_config(config))
+  return Inputs(train=stream, dev=dev,
+                src_vocab_size=tokenizers.source.get_piece_size(),
+                tgt_vocab_size=tokenizers.target.get_piece_size(),
+                languages=tuple(sorted(train)))
+
+
+def build_inputs(config: DataConfig) -> Inputs:
+  """The train stream and dev sets for ``config`` (see module docstring)."""
+  if config.synthetic:
+    return _synthetic(config)
+  if config.corpus_dir:
+    return _corpus(config)
+  return _tfds(config)
+
+
+def check_data(config: DataConfig) -> list[str]:
+  """Problems with the data files (empty list: fine). Reads no examples."""
+  problems = []
+  if config.synthetic:
+    return problems
+  for name in ("source.model", "target.model"):
+    if not (pathlib.Path(config.vocab_dir) / name).is_file():
+      problems.append(f"--vocab_dir={config.vocab_dir}: {name} is missing "
+                      "(run m4moe-vocab)")
+  if config.corpus_dir:
+    train_dir = pathlib.Path(config.corpus_dir) / "train"
+    found = {p.stem for p in train_dir.glob("*.tsv")}
+    if not found:
+      problems.append(f"--corpus_dir={config.corpus_dir}: no train/*.tsv "
+                      "(run m4moe-build-corpus)")
+    missing = sorted(set(config.languages) - found)
+    if found and missing:
+      problems.append(f"--languages: {', '.join(missing)} not in "
+                      f"{train_dir} (has {len(found)} languages)")
+  return problems

@@ -1,0 +1,57 @@
+"""SIGTERM (preemption) with a real process: save at the current step, exit 0,
+and a restart resumes from there."""
+
+import signal
+import subprocess
+import sys
+
+import tensorflow as tf
+
+CHILD = r'''
+import sys
+from m4moe import optimizer as optimizer_lib
+from m4moe import train as train_lib
+from m4moe.training import fixtures
+
+pairs = fixtures.synthetic_pairs(num_pairs=512, vocab_size=24, max_length=9)
+config = train_lib.TrainConfig(
+    model_dir=sys.argv[1], train_steps=int(sys.argv[2]), seed=3, log_every=2,
+    checkpoint_every=1000, optimizer=optimizer_lib.AdafactorConfig())
+result = train_lib.train(
+    model_fn=lambda: fixtures.ToyTranslator(vocab_size=24),
+    train_dataset=fixtures.pairs_dataset(pairs, batch_size=8, length=10),
+    config=config, after_step=lambda s: print("STEP", s, flush=True))
+print("DONE", result.step, result.preempted, flush=True)
+'''
+
+
+def _child(tmp_path, model_dir, steps):
+  script = tmp_path / "child.py"
+  script.write_text(CHILD)
+  return subprocess.Popen([sys.executable, str(script), str(model_dir),
+                           str(steps)], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+  run = tmp_path / "run"
+  proc = _child(tmp_path, run, 100000)
+  for line in proc.stdout:
+    if line.strip() == "STEP 4":
+      proc.send_signal(signal.SIGTERM)
+      break
+  rest = proc.communicate(timeout=60)[0]
+  assert proc.returncode == 0
+  done = [l.split() for l in rest.splitlines() if l.startswith("DONE")]
+  assert done and done[0][2] == "True"  # preempted
+  last = int(done[0][1])
+  assert 4 <= last < 100
+  assert tf.train.latest_checkpoint(str(run)).endswith(f"ckpt-{last}")
+  records = [l for l in (run / "metrics.jsonl").read_text().splitlines()]
+  assert '"reason": "preempted"' in records[-1]
+  assert f'"step": {last}' in records[-1]
+  # A restart resumes from that checkpoint and finishes.
+  proc = _child(tmp_path, run, last + 2)
+  out = proc.communicate(timeout=120)[0]
+  assert f"DONE {last + 2} False" in out
+  assert out.split()[:2] == ["STEP", str(last + 1)]

@@ -1,7 +1,6 @@
 """m4moe-decode / m4moe-eval on a tiny run directory built in tmp_path."""
 
 import io
-import json
 import subprocess
 import sys
 

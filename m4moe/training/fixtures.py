@@ -105,11 +105,13 @@ class ToyTranslator(tf.Module):
 
 
 def synthetic_pairs(*, num_pairs: int, vocab_size: int, min_length: int = 3,
-                    max_length: int = 8, seed: int = 0
+                    max_length: int = 8, seed: int = 0,
+                    reverse: bool = True
                     ) -> list[tuple[list[int], list[int]]]:
-  """Pairs (source ids, target ids) of the reverse-and-permute task.
+  """Pairs (source ids, target ids) of the (reverse-and-)permute task.
 
   Ids 0 and 1 are pad and eos (contract); both sequences end with eos.
+  With ``reverse=False`` the target keeps the source order (easier).
   """
   rng = np.random.default_rng(seed)
   words = np.arange(3, vocab_size)
@@ -118,7 +120,7 @@ def synthetic_pairs(*, num_pairs: int, vocab_size: int, min_length: int = 3,
   for _ in range(num_pairs):
     n = int(rng.integers(min_length, max_length + 1))
     src = rng.choice(words, size=n).tolist()
-    tgt = [permutation[w] for w in reversed(src)]
+    tgt = [permutation[w] for w in (reversed(src) if reverse else src)]
     pairs.append((src + [1], tgt + [1]))
   return pairs
 

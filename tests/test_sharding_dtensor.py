@@ -2,11 +2,16 @@
 
 TensorFlow fixes its device list the first time it runs an op, and other test
 files in the same pytest process have already done so. The multi-device part
-therefore runs in a fresh subprocess: this file is also a script
-(``python tests/test_sharding_dtensor.py``) that creates 8 virtual CPUs,
-runs a GShard Algorithm-2 MoE layer (forward + backward) on several meshes
-made of subsets of those devices, and prints a JSON report that the pytest
-functions below check. One subprocess serves all tests (module fixture).
+therefore runs in fresh subprocesses: this file is also a script
+(``python tests/test_sharding_dtensor.py toy|moe_layer``) that creates 8
+virtual CPUs, runs an MoE layer forward + backward on several meshes made of
+subsets of those devices, and prints a JSON report that the pytest functions
+below check. Part ``toy`` is a minimal GShard Algorithm-2 layer carrying the
+paper's annotations; part ``moe_layer`` is the real
+:class:`m4moe.moe_layer.MoeLayer` (top-2, random policy, both dispatch
+implementations), unannotated, with its expert weights created as
+expert-split DVariables by ``Sharding.variable_scope``. One subprocess per
+part serves all its tests (module fixtures).
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ MESHES = ("data:1", "data:2,expert:1", "data:1,expert:4", "data:2,expert:2",
 # Dimensions: G groups, S group size, E experts, C capacity, M model, H hidden.
 G, S, E, M, H = 8, 4, 8, 8, 16
 C = 2
+# The meshes of issue 6 (2x1, 1x4, 2x2, 8x1) for the real layer.
+LAYER_MESHES = ("data:2,expert:1", "data:1,expert:4", "data:2,expert:2",
+                "data:8,expert:1")
 
 
 def _einsum_moe(x, wg, wi, wo, sharding):
@@ -112,24 +120,96 @@ def _run_on(mesh_text, values):
   return result
 
 
-def _worker() -> None:
+def _make_sharding(mesh_text):
+  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  if mesh_text is None:
+    return sharding_lib.NO_SHARDING
+  shape = sharding_lib.MeshShape.parse(mesh_text)
+  return sharding_lib.make_sharding(
+      shape, devices=[f"CPU:{i}" for i in range(shape.size)])
+
+
+# The real m4moe.moe_layer.MoeLayer: B*L = 32 tokens, S = 4, so G = 8.
+MOE_FLAGS = ("--d_model=8", f"--num_experts={E}", "--expert_hidden_dim=16",
+             "--group_size=4", "--train_capacity_factor=1.0",
+             "--second_expert_policy=random", "--z_loss_weight=0.01",
+             "--dispatch=index")
+
+
+def _run_moe_layer(mesh_text, dispatch):
+  """MoeLayer forward+backward (training, top-2 random policy, seeded)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
+  config = config_lib.load_model_config(
+      "tiny/moe", MOE_FLAGS + (f"--dispatch={dispatch}",))
+  sharding = _make_sharding(mesh_text)
+  tf.random.set_seed(0)  # Same initial weights on every mesh.
+  with sharding.variable_scope():
+    layer = moe_layer.MoeLayer(config=config, causal=False)
+  rng = np.random.default_rng(2)
+  x = sharding.put(rng.normal(size=(8, 4, 8)).astype(np.float32), ("data",))
+  mask = np.ones((8, 4), np.float32)
+  mask[::3, 2:] = 0.0
+  mask = sharding.put(mask, ("data",))
+  seed = sharding.put(tf.constant([3, 4]))
+
+  @tf.function
+  def step(x, mask, seed):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      out = layer(x, padding_mask=mask, training=True, seed=seed)
+      loss = tf.reduce_sum(tf.square(out.outputs)) + out.weighted_loss
+    return out.outputs, loss, tape.gradient(loss, [x] + list(
+        layer.trainable_variables))
+
+  out, loss, grads = step(x, mask, seed)
+  result = {"out": sharding.gather(out).numpy().tolist(),
+            "loss": float(sharding.gather(loss).numpy()),
+            "grads": [sharding.gather(g).numpy().tolist() for g in grads]}
+  if sharding.enabled:
+    result["shards"] = {v.name: sharding.local_shapes(v)
+                        for v in layer.trainable_variables}
+  return result
+
+
+def _worker(part: str) -> None:
+  """Runs one part ("toy" or "moe_layer") and prints its JSON report."""
   from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   sharding_lib.configure_virtual_cpus(8)
-  values = _initial_values()
-  report = {"reference": _run_on(None, values)}
-  for mesh_text in MESHES:
-    report[mesh_text] = _run_on(mesh_text, values)
+  report = {}
+  if part == "toy":
+    values = _initial_values()
+    report["reference"] = _run_on(None, values)
+    for mesh_text in MESHES:
+      report[mesh_text] = _run_on(mesh_text, values)
+  else:
+    for dispatch in ("index", "einsum"):
+      for mesh_text in (None,) + LAYER_MESHES:
+        report[f"moe_layer/{dispatch}/{mesh_text}"] = _run_moe_layer(
+            mesh_text, dispatch)
   print("REPORT " + json.dumps(report))
+
+
+def _run_worker(part: str) -> dict:
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__)), part],
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
+  assert proc.returncode == 0 and lines, (
+      f"worker {part!r} failed (exit code {proc.returncode}); a crash "
+      "(-11) inside DTensor usually means an indexing like t[:, tf.newaxis] "
+      "on a rank>=2 tensor (use tf.expand_dims):\n" + proc.stderr[-4000:])
+  return json.loads(lines[-1][len("REPORT "):])
 
 
 @pytest.fixture(scope="module")
 def report():
-  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__))],
-                        capture_output=True, text=True, timeout=300,
-                        check=False)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
-  assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-  return json.loads(lines[-1][len("REPORT "):])
+  return _run_worker("toy")
+
+
+@pytest.fixture(scope="module")
+def layer_report():
+  return _run_worker("moe_layer")
 
 
 @pytest.mark.parametrize("mesh_text", MESHES)
@@ -159,5 +239,25 @@ def test_each_device_holds_its_experts_only(report, mesh_text):
   assert shards["out"] == [[rows, S, M]] * shape.size
 
 
+@pytest.mark.parametrize("dispatch", ("index", "einsum"))
+@pytest.mark.parametrize("mesh_text", LAYER_MESHES)
+def test_real_moe_layer_matches_one_device(layer_report, mesh_text,
+                                           dispatch):
+  ref = layer_report[f"moe_layer/{dispatch}/None"]
+  got = layer_report[f"moe_layer/{dispatch}/{mesh_text}"]
+  np.testing.assert_allclose(got["out"], ref["out"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-5)
+  for g_got, g_ref in zip(got["grads"], ref["grads"]):
+    np.testing.assert_allclose(g_got, g_ref, rtol=1e-5, atol=1e-5)
+  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  shape = MeshShape.parse(mesh_text)
+  per_device = E // shape.axis_size("expert")
+  for name, shards in got["shards"].items():
+    if "/experts/" in name:
+      assert [s[0] for s in shards] == [per_device] * shape.size, name
+    else:
+      assert len({tuple(s) for s in shards}) == 1, name
+
+
 if __name__ == "__main__":
-  _worker()
+  _worker(sys.argv[1])

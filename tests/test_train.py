@@ -199,3 +199,35 @@ def test_config_json_round_trip_and_guard(tmp_path):
 def test_bad_train_config_names_the_flag(tmp_path):
   with pytest.raises(train_lib.TrainConfigError, match="--grad_accum_steps"):
     _config(tmp_path, grad_accum_steps=0)
+
+
+def test_logged_cross_entropy_is_plain_under_label_smoothing():
+  from m4moe.training import step as step_lib
+  batch = next(iter(fixtures.pairs_dataset(PAIRS, batch_size=8, length=10,
+                                           shuffle_seed=None)))
+  results = []
+  for smoothing in (0.0, 0.2):
+    model = fixtures.ToyTranslator(vocab_size=VOCAB)
+    variables = list(model.trainable_variables)
+    optimizer = optimizer_lib.Adafactor()
+    optimizer.build(variables)
+    runner = step_lib.StepRunner(
+        model=model, optimizer=optimizer, variables=variables,
+        strategy=tf.distribute.get_strategy(), label_smoothing=smoothing)
+    results.append(runner.train_step([batch], seed=tf.constant([1, 2])))
+  plain, smoothed = results
+  assert plain.ce_sum == smoothed.ce_sum  # logs show plain CE either way
+  mean_ce = plain.ce_sum / plain.target_tokens
+  np.testing.assert_allclose(plain.objective, mean_ce + plain.moe_loss,
+                             rtol=1e-5)
+  # The optimised objective is the smoothed CE (same seeds as the step).
+  from m4moe import losses
+  seed = tf.random.experimental.stateless_fold_in(
+      tf.random.experimental.stateless_fold_in(tf.constant([1, 2]), 0), 0)
+  out = fixtures.ToyTranslator(vocab_size=VOCAB)(batch, training=True,
+                                                 seed=seed)
+  total, count = losses.token_cross_entropy(out.logits, batch["targets"],
+                                            label_smoothing=0.2)
+  np.testing.assert_allclose(smoothed.objective,
+                             float(total / count + out.moe_loss), rtol=1e-5)
+  assert abs(smoothed.objective - plain.objective) > 1e-3

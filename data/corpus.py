@@ -3,7 +3,8 @@
 Output layout (``output_dir``)::
 
   train/<lang>.tsv  dev/<lang>.tsv  test/<lang>.tsv   # "english<TAB>x" lines
-                   # (all three exist for every language, possibly empty)
+                   # (all three exist for every language, possibly empty;
+                   # train rows in a fixed pseudo-random order)
   report.json      # every counter, per-language counts, sources, timing
   split_keys.txt   # the dev/test group ids used (copy or freshly chosen)
 
@@ -27,9 +28,11 @@ import hashlib
 import json
 import os
 import pathlib
+import random
 import shutil
 import tempfile
 import time
+import zlib
 from typing import Iterable, Iterator, Sequence
 
 from m4moe.data import catalogs
@@ -296,6 +299,9 @@ def _write_splits(staging: pathlib.Path, out: pathlib.Path,
     for line in lines:
       gid, _, pair = line.partition("\t")
       routed[keys.split_of(gid)].append(pair)
+    # Catalog order clusters strings by application: shuffle the training
+    # rows (deterministically) so a small shuffle buffer suffices later.
+    random.Random(zlib.crc32(lang.encode("utf-8"))).shuffle(routed["train"])
     per_lang[lang] = {name: len(rows) for name, rows in routed.items()}
     for name, rows in routed.items():  # empty files too: every split of
       (out / name / f"{lang}.tsv").write_text(  # every language exists.

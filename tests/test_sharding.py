@@ -8,6 +8,8 @@ TPU, and we check that text. Multi-device DTensor runs are in
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -174,3 +176,52 @@ def test_xla_absent_axis_means_not_split():
   assert found["moe/inputs"] == "{devices=[8,1,1]0,1,2,3,4,5,6,7}"
   assert found["moe/dispatched"] == "{replicated}"
   assert found["moe/expert_wi"] == "{replicated}"
+
+
+def _moe_layer_takes_sharding() -> bool:
+  from m4moe import moe_layer  # pylint: disable=g-import-not-at-top
+  return "sharding" in inspect.signature(moe_layer.MoeLayer).parameters
+
+
+@pytest.mark.skipif(not _moe_layer_takes_sharding(),
+                    reason="MoeLayer has no sharding= argument yet (see the "
+                    "call sites in m4moe/sharding.py's docstring)")
+@pytest.mark.parametrize("dispatch", ("index", "einsum"))
+def test_real_moe_layer_hlo_annotations(dispatch):
+  from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
+  config = config_lib.load_model_config("tiny/moe", (
+      "--d_model=8", "--num_experts=8", "--expert_hidden_dim=16",
+      "--group_size=4", f"--dispatch={dispatch}",
+      "--second_expert_policy=all"))
+  s = sharding_lib.make_sharding("data:2,expert:4", backend="xla")
+  layer = moe_layer.MoeLayer(config=config, causal=False, sharding=s)
+  x = tf.random.stateless_normal([4, 4, 8], seed=[1, 2])
+  mask = tf.ones([4, 4])
+
+  @tf.function(jit_compile=True)
+  def step(x, mask):
+    with tf.GradientTape() as tape:
+      out = layer(x, padding_mask=mask, training=True)
+      loss = tf.reduce_sum(tf.square(out.outputs))
+    return loss, tape.gradient(loss, layer.trainable_variables)
+
+  found = sharding_lib.hlo_shardings(
+      step.experimental_get_compiler_ir(x, mask)(stage="hlo"))
+  assert found["groups"] == _DATA3
+  assert found["group_mask"] == (
+      "{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}")
+  assert found["dispatched"] == _EXPERT4
+  assert found["wi"] == _EXPERT3
+  assert found["wo"] == _EXPERT3
+  assert found["expert_outputs"] == (
+      _EXPERT4 if dispatch == "index" else
+      "{devices=[1,4,1,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}")
+  assert found["combined"] == _DATA3
+  assert found["gradient_tape/wi"] == _EXPERT3
+  loss, _ = step(x, mask)
+  plain = moe_layer.MoeLayer(config=config, causal=False)
+  for a, b in zip(plain.trainable_variables, layer.trainable_variables):
+    a.assign(b)
+  ref = tf.reduce_sum(tf.square(
+      plain(x, padding_mask=mask, training=True).outputs))
+  np.testing.assert_allclose(loss, ref, rtol=1e-5)

@@ -35,6 +35,53 @@ Dimensions cheat sheet for the MoE annotation points (GShard Algorithm 2):
   AllToAll); expert weights <[E, M, H]>, <[E, H, M]>: split(dim=0,
   axis="expert"); expert outputs <[E, G, C, M]>: split(dim=0,
   axis="expert"); combined outputs <[G, S, M]>: split(dim=0, axis="data").
+
+Where the model calls it (``MoeLayer(..., sharding=s)``, threaded from
+``Transformer(..., sharding=s)``): after grouping, ``grouped`` and its mask
+are split on G over ``data``; in ``FeedForwardExperts`` the dispatched
+buffers, ``wi``, ``wo`` and the expert outputs are split on E over
+``expert``; the combined output is split on G over ``data``. Under a mesh
+the experts must use the batched einsums (an unstack over E would gather
+every expert on every device).
+
+DTensor on virtual CPUs (what the tests do)::
+
+  sharding_lib.configure_virtual_cpus(8)       # first thing in the process
+  s = sharding_lib.make_sharding("data:2,expert:4")
+  with s.variable_scope():                      # experts -> E-split DVariables
+    model = Transformer(config=config)
+    optimizer = Adafactor(...); optimizer.build(model.trainable_variables)
+  batch = {k: s.put(v, ("data",)) for k, v in batch.items()}
+  # then an ordinary tf.function train step.
+
+Known DTensor (TF 2.21) limitation: indexing that adds an axis while leaving
+trailing dimensions implicit, e.g. ``t[:, tf.newaxis]`` or ``t[None]`` on a
+rank >= 2 tensor, crashes layout propagation (segfault or "ComputeLayoutForward
+error"); write ``tf.expand_dims(t, 1)`` or spell out every dimension
+(``t[:, tf.newaxis, :]``). ``t[..., tf.newaxis]`` is fine.
+
+TPU VM recipe (XLA backend; not runnable here, no TPU)::
+
+  # On a Cloud TPU VM (e.g. v4-8), same TensorFlow version as here:
+  pip install tensorflow-tpu==2.21.0 -f \
+      https://storage.googleapis.com/libtpu-tf-releases/index.html
+  pip install -e /path/to/m4moe
+  # Data: TFDS data in a GCS bucket in the TPU's region (gs:// is read
+  # directly); the mesh flag needs the trainer wiring noted below.
+  m4moe-train --config=gshard/moe_128e_12l --tpu=local \
+      --tfds_data_dir=gs://BUCKET/tensorflow_datasets \
+      --model_dir=gs://BUCKET/m4moe/runs/moe128 --mesh=data:2,expert:4
+
+Under ``TPUStrategy`` built with ``experimental_spmd_xla_partitioning=True``
+and a ``DeviceAssignment`` of the mesh's cores, the step is compiled by XLA;
+``make_sharding(mesh, backend="xla")`` turns every annotation into an HLO
+``sharding={devices=[...]}`` custom-call that the SPMD partitioner uses
+(:func:`hlo_shardings` reads them back from
+``f.experimental_get_compiler_ir(*args)(stage="hlo")``). Variables there are
+placed with ``strategy.experimental_split_to_logical_devices(v, [n, 1, 1])``
+for expert weights. ``m4moe-train --mesh`` does not exist yet: the trainer
+must build ``make_sharding(FLAGS.mesh, backend="xla")`` under ``--tpu`` (or
+``"dtensor"`` otherwise) and pass it to ``Transformer(sharding=...)``.
 """
 
 from __future__ import annotations

@@ -51,17 +51,18 @@ def _dev():
 
 
 def test_learns_below_unigram_and_writes_metrics(tmp_path):
-  config = _config(tmp_path, train_steps=150, log_every=50,
-                   checkpoint_every=100, eval_every=75,
+  config = _config(tmp_path, train_steps=100, log_every=25,
+                   checkpoint_every=100, eval_every=50,
                    optimizer=optimizer_lib.AdafactorConfig(warmup_steps=100))
   result = _train(config, dev_datasets=_dev())
   unigram = fixtures.unigram_cross_entropy(PAIRS)
   assert result.dev_ce["xx"] < 0.3 * unigram
   records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
   kinds = [r["kind"] for r in records]
-  assert kinds == ["start", "train", "eval", "train", "train", "eval", "end"]
+  assert kinds == ["start", "train", "train", "eval", "train", "train",
+                   "eval", "end"]
   train = [r for r in records if r["kind"] == "train"]
-  assert [r["step"] for r in train] == [50, 100, 150]
+  assert [r["step"] for r in train] == [25, 50, 75, 100]
   assert train[-1]["train_ce"] < train[0]["train_ce"]
   for key in ("tokens_seen", "step_time_sec", "tokens_per_sec", "devices",
               "learning_rate", "grad_norm", "moe_loss", "batch_tokens"):

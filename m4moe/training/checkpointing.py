@@ -45,6 +45,7 @@ def write_json_atomic(path: str | os.PathLike[str], value: Any) -> None:
     f.write("\n")
     f.flush()
     os.fsync(f.fileno())
+  os.chmod(tmp, 0o644)  # mkstemp creates 0600
   os.replace(tmp, path)
 
 

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 from typing import Any, Callable, Iterator, Sequence
 
@@ -102,8 +103,8 @@ from m4moe.mesh import check_divisible, check_spec, validate_mesh
 __all__ = [
     "BACKENDS", "KNOWN_AXES", "MeshError", "MeshShape", "NO_SHARDING",
     "PartitionSpec", "Sharding", "VariableRule", "configure_virtual_cpus",
-    "default_variable_rules", "hlo_shardings", "make_sharding",
-    "validate_mesh",
+    "default_variable_rules", "export_unsharded", "hlo_shardings",
+    "make_sharding", "validate_mesh",
 ]
 
 BACKENDS = ("none", "dtensor", "xla")
@@ -374,6 +375,40 @@ def make_sharding(mesh: str | MeshShape | None, *, backend: str = "dtensor",
   dmesh = dtensor.create_mesh(list(shape.axes), devices=list(devices),
                               device_type=device_type)
   return Sharding(mesh=shape, backend="dtensor", device_mesh=dmesh)
+
+
+def export_unsharded(source: str, dest: str) -> str:
+  """Rewrites a (possibly mesh-sharded) checkpoint as one unsharded file.
+
+  A ``tf.train.Checkpoint`` of DVariables is written as one data file per
+  device, each holding that device's shard (every expert once). This reads
+  every saved tensor whole (``tf.train.load_checkpoint``) and writes them,
+  with the object graph, as a single-shard checkpoint that restores into
+  plain ``tf.Variable``s or into DVariables on any mesh. Variables only: no
+  model code or mesh is needed.
+
+  Args:
+    source: checkpoint prefix, e.g. ``.../ckpt-1000``.
+    dest: prefix to write, e.g. ``.../unsharded/ckpt-1000``.
+
+  Returns:
+    ``dest``.
+
+  Raises:
+    MeshError: ``source`` is not a readable checkpoint.
+  """
+  try:
+    reader = tf.train.load_checkpoint(source)
+  except (tf.errors.NotFoundError, ValueError) as e:
+    raise MeshError(f"cannot read checkpoint {source!r}: {e}; pass a prefix "
+                    "such as model_dir/ckpt-1000 (without .index)") from e
+  keys = sorted(reader.get_variable_to_dtype_map())
+  with tf.device("CPU:0"):
+    tensors = [tf.constant(reader.get_tensor(k)) for k in keys]
+    tf.io.gfile.makedirs(os.path.dirname(os.path.abspath(dest)))
+    tf.raw_ops.SaveV2(prefix=dest, tensor_names=keys,
+                      shape_and_slices=[""] * len(keys), tensors=tensors)
+  return dest
 
 
 def configure_virtual_cpus(num_devices: int) -> None:

@@ -350,8 +350,11 @@ def make_sharding(mesh: str | MeshShape | None, *, backend: str = "dtensor",
     mesh: e.g. ``"data:2,expert:4"``; None or ``""`` gives NO_SHARDING.
     backend: ``"dtensor"`` or ``"xla"`` (``"none"`` also gives NO_SHARDING).
     devices: DTensor only: the devices to use (e.g. ``["CPU:0", "CPU:1"]``);
-      default all local devices of ``device_type``, whose count must equal
-      the mesh size.
+      default all devices of ``device_type``, whose count must equal the
+      mesh size: the local ones, or with several DTensor clients (processes
+      started with DTensor's ``DTENSOR_CLIENT_ID``, ``DTENSOR_NUM_CLIENTS``,
+      ``DTENSOR_JOB_NAME``, ``DTENSOR_JOBS`` and
+      ``dtensor.initialize_accelerator_system``) those of all clients.
     device_type: ``"CPU"``, ``"GPU"`` or ``"TPU"`` (DTensor).
 
   Raises:
@@ -366,6 +369,13 @@ def make_sharding(mesh: str | MeshShape | None, *, backend: str = "dtensor",
   if backend != "dtensor":
     raise MeshError(f"sharding backend {backend!r} is unknown; choose one of "
                     f"{', '.join(BACKENDS)}")
+  if devices is None and dtensor.num_clients() > 1:
+    # Multi-client (several processes/hosts, after
+    # dtensor.initialize_accelerator_system): the mesh spans all clients.
+    validate_mesh(shape, num_devices=dtensor.num_global_devices(device_type))
+    dmesh = dtensor.create_distributed_mesh(list(shape.axes),
+                                            device_type=device_type)
+    return Sharding(mesh=shape, backend="dtensor", device_mesh=dmesh)
   if devices is None:
     local = tf.config.list_logical_devices(device_type)
     validate_mesh(shape, num_devices=len(local))

@@ -130,7 +130,16 @@ class CheckpointKeeper:
     path = self.manager.latest_checkpoint
     if path is None:
       return None
-    self.checkpoint.restore(path).assert_existing_objects_matched()
+    try:
+      self.checkpoint.restore(path).assert_existing_objects_matched()
+    except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
+      if "iterator" not in str(e).lower():
+        raise
+      raise RuntimeError(
+          f"{path}: cannot restore the input iterator (the input pipeline "
+          "definition changed since the checkpoint was written). Resume "
+          "with --nocheckpoint_input to skip the consumed batches instead "
+          "(the data stream will then not be bit-identical).") from e
     logging.info("Restored %s", path)
     return path
 

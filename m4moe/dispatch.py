@@ -14,7 +14,7 @@ Two implementations with identical outputs and gradients:
   intermediates; the form the paper's sharding annotations are written for.
 * :func:`index_dispatch_combine` -- a gather of token rows into the buffers
   and a scatter-add (``tf.scatter_nd``, i.e. a segment sum) back, driven by
-  ``RoutingResult.slot_token``; no ``[G, S, E, C]`` tensor is built, memory is
+  ``RoutingResult.slots()``; no ``[G, S, E, C]`` tensor is built, memory is
   O(G*E*C*M) = O(capacity_factor * k * G*S*M). Static shapes and int32
   indices only, so it compiles under XLA (``jit_compile=True``).
 
@@ -82,7 +82,8 @@ def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   group_size, model_dim = x.shape[1], x.shape[2]
   num_tokens = num_groups * group_size
   # Row index into [x; 0] <[G*S + 1, M]> of each slot, EGC order.
-  slot_token = tf.transpose(routing.slot_token, [1, 0, 2])  # [E, G, C]
+  slot_token, slot_weight = routing.slots()
+  slot_token = tf.transpose(slot_token, [1, 0, 2])  # [E, G, C]
   group = tf.range(num_groups)[tf.newaxis, :, tf.newaxis]
   rows = tf.where(slot_token < group_size, group * group_size + slot_token,
                   num_tokens)
@@ -90,8 +91,8 @@ def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
                      tf.zeros([1, model_dim], x.dtype)], axis=0)
   dispatched = tf.gather(table, rows)  # [E, G, C, M]
   expert_outputs = expert_fn(dispatched, output_layout="EGCM")
-  weight = tf.cast(tf.transpose(routing.slot_weight, [1, 0, 2]), x.dtype)
-  weighted = expert_outputs * weight[..., tf.newaxis]
+  weight = tf.cast(tf.transpose(slot_weight, [1, 0, 2]), x.dtype)
+  weighted = expert_outputs * tf.expand_dims(weight, -1)
   # scatter_nd adds rows sharing an index (a token's k slots); the last row
   # collects the empty slots. Faster than unsorted_segment_sum on CPU.
   combined = tf.scatter_nd(

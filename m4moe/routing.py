@@ -105,14 +105,17 @@ class RouterStats:
 class RoutingResult:
   """Where every token goes; both dispatch implementations read this.
 
-  The buffer-slot view (``slot_token``, ``slot_weight``) exists for every
-  router and is what dispatch uses. The per-token view exists for the
-  token-choice routers (it is ``None`` for expert_choice).
+  Token-choice routers fill the per-token view (``expert_index``,
+  ``buffer_position``, ``combine_weights``); expert_choice fills the
+  buffer-slot view (``slot_token``, ``slot_weight``). The methods derive
+  everything else: :meth:`dispatch_mask` / :meth:`combine_array` (one-hot
+  ops only, for the einsum path -- nothing but elementwise ops and einsums,
+  so DTensor can partition it) and :meth:`slots` (a scatter, for the index
+  path).
 
   Attributes:
-    slot_token: <int32>[G, E, C] index in [0, S) of the token in each buffer
-      slot, or S for an empty slot.
-    slot_weight: <float32>[G, E, C] combine weight of each slot (0 if empty).
+    num_experts: E (static).
+    capacity: C (static).
     group_size: S (static).
     aux_loss: <float32>[] unweighted load-balancing loss.
     z_loss: <float32>[] unweighted router z-loss.
@@ -122,10 +125,13 @@ class RoutingResult:
       expert's buffer, -1 if it was not dispatched (pad, policy, capacity).
     combine_weights: <float32>[G, S, K] weight of each choice, 0 unless
       dispatched.
+    slot_token: <int32>[G, E, C] index in [0, S) of the token in each buffer
+      slot, or S for an empty slot.
+    slot_weight: <float32>[G, E, C] combine weight of each slot (0 if empty).
   """
 
-  slot_token: tf.Tensor
-  slot_weight: tf.Tensor
+  num_experts: int
+  capacity: int
   group_size: int
   aux_loss: tf.Tensor
   z_loss: tf.Tensor
@@ -133,20 +139,37 @@ class RoutingResult:
   expert_index: tf.Tensor | None = None
   buffer_position: tf.Tensor | None = None
   combine_weights: tf.Tensor | None = None
+  slot_token: tf.Tensor | None = None
+  slot_weight: tf.Tensor | None = None
 
-  def _slot_one_hot(self) -> tf.Tensor:
-    """<float32>[G, S, E, C]: 1 where token s sits in slot (e, c)."""
-    one_hot = tf.one_hot(self.slot_token, self.group_size + 1,
-                         dtype=tf.float32)[..., :self.group_size]  # GECS
-    return tf.transpose(one_hot, [0, 3, 1, 2])
+  def slots(self) -> tuple[tf.Tensor, tf.Tensor]:
+    """(slot_token <int32>[G, E, C], slot_weight <float32>[G, E, C])."""
+    if self.slot_token is not None:
+      return self.slot_token, self.slot_weight
+    return _slot_view(self.expert_index, self.buffer_position,
+                      self.combine_weights, num_experts=self.num_experts,
+                      capacity=self.capacity)
+
+  def _one_hot(self, weighted: bool) -> tf.Tensor:
+    if self.expert_index is None:  # slot view: GECS one-hot -> GSEC
+      # An empty slot holds S, whose one-hot row of depth S is all zeros.
+      one_hot = tf.one_hot(self.slot_token, self.group_size, dtype=tf.float32)
+      if weighted:
+        one_hot *= tf.expand_dims(self.slot_weight, -1)
+      return tf.transpose(one_hot, [0, 3, 1, 2])
+    expert = tf.one_hot(self.expert_index, self.num_experts)  # GSKE
+    if weighted:
+      expert *= tf.expand_dims(self.combine_weights, -1)
+    position = tf.one_hot(self.buffer_position, self.capacity)  # -1: zeros
+    return tf.einsum("GSKE,GSKC->GSEC", expert, position)
 
   def dispatch_mask(self) -> tf.Tensor:
     """<float32>[G, S, E, C] Algorithm 2's binary dispatch mask."""
-    return self._slot_one_hot()
+    return self._one_hot(weighted=False)
 
   def combine_array(self) -> tf.Tensor:
     """<float32>[G, S, E, C] Algorithm 2's combine weights."""
-    return self._slot_one_hot() * self.slot_weight[:, tf.newaxis]
+    return self._one_hot(weighted=True)
 
 
 def _masked_mean(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
@@ -177,10 +200,10 @@ def balance_loss(gates: tf.Tensor, first_choice: tf.Tensor,
   num_experts = gates.shape[-1]
   tokens = tf.reduce_sum(mask, axis=1, keepdims=True)  # [G, 1]
   counts = tf.reduce_sum(
-      tf.one_hot(first_choice, num_experts) * mask[..., tf.newaxis], axis=1)
+      tf.one_hot(first_choice, num_experts) * tf.expand_dims(mask, -1), axis=1)
   fraction = tf.math.divide_no_nan(counts, tokens)  # c_e / S, [G, E]
   mean_gate = tf.math.divide_no_nan(
-      tf.reduce_sum(gates * mask[..., tf.newaxis], axis=1), tokens)  # m_e
+      tf.reduce_sum(gates * tf.expand_dims(mask, -1), axis=1), tokens)  # m_e
   per_group = num_experts * tf.reduce_sum(
       tf.stop_gradient(fraction) * mean_gate, axis=-1)
   return _group_weighted_mean(per_group, mask)
@@ -197,14 +220,14 @@ def _base_stats(logits: tf.Tensor, first_choice: tf.Tensor,
   num_experts = logits.shape[-1]
   load = tf.math.divide_no_nan(
       tf.reduce_sum(tf.one_hot(first_choice, num_experts)
-                    * mask[..., tf.newaxis], axis=[0, 1]),
+                    * tf.expand_dims(mask, -1), axis=[0, 1]),
       tf.reduce_sum(mask))
   load_cv = tf.math.divide_no_nan(tf.math.reduce_std(load),
                                   tf.reduce_mean(load))
   log_probs = tf.nn.log_softmax(logits)
   entropy = _masked_mean(
       -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=-1), mask)
-  masked_logits = tf.where(mask[..., tf.newaxis] > 0, logits, _NEG_INF)
+  masked_logits = tf.where(tf.expand_dims(mask, -1) > 0, logits, _NEG_INF)
   max_logit = tf.where(tf.reduce_sum(mask) > 0,
                        tf.reduce_max(masked_logits), 0.0)
   return dict(load=load, load_cv=load_cv, entropy=entropy,
@@ -299,7 +322,8 @@ def _reroute_candidates(reroute_key: tf.Tensor,
   chosen = tf.reduce_sum(tf.one_hot(choices, num_experts), axis=2) > 0
   key = tf.where(chosen, _NEG_INF, reroute_key)
   order = tf.argsort(key, axis=-1, direction="DESCENDING", stable=True)
-  return tf.cast(order[:, :, :num_experts - k], tf.int32)
+  return tf.cast(tf.gather(order, tf.range(num_experts - k), axis=2),
+                 tf.int32)
 
 
 def _request(expert: tf.Tensor, requesting: tf.Tensor, counts: tf.Tensor):
@@ -314,8 +338,9 @@ def _request(expert: tf.Tensor, requesting: tf.Tensor, counts: tf.Tensor):
     (position <int32>[G, S] (0 where not requesting), new counts).
   """
   one_hot = (tf.one_hot(expert, counts.shape[-1], dtype=tf.int32)
-             * tf.cast(requesting, tf.int32)[..., tf.newaxis])  # [G, S, E]
-  before = tf.cumsum(one_hot, axis=1, exclusive=True) + counts[:, tf.newaxis]
+             * tf.expand_dims(tf.cast(requesting, tf.int32), -1))  # [G, S, E]
+  before = (tf.cumsum(one_hot, axis=1, exclusive=True)
+            + tf.expand_dims(counts, 1))
   return (tf.reduce_sum(before * one_hot, axis=-1),
           counts + tf.reduce_sum(one_hot, axis=1))
 
@@ -332,7 +357,7 @@ def _no_token_left_behind(expert, position, kept, pending, counts, *,
   Args:
     expert, position: <int32>[G, S] this choice; kept, pending: <bool>[G, S].
     counts: <int32>[G, E] positions handed out so far.
-    taken: <int32>[G, S, J] the token's earlier (final) choices, J >= 0.
+    taken: <int32>[G, S, J] experts the token already uses (J >= 1).
     candidates: <int32>[G, S, R] from :func:`_reroute_candidates`.
     capacity: C.
 
@@ -342,7 +367,7 @@ def _no_token_left_behind(expert, position, kept, pending, counts, *,
   def body(t, expert, position, kept, pending, counts):
     candidate = tf.gather(candidates, t, axis=2)  # [G, S]
     requesting = pending & ~tf.reduce_any(
-        taken == candidate[..., tf.newaxis], axis=-1)
+        taken == tf.expand_dims(candidate, -1), axis=-1)
     offered, counts = _request(candidate, requesting, counts)
     moved = requesting & (offered < capacity)
     return (t + 1, tf.where(moved, candidate, expert),
@@ -378,18 +403,20 @@ def _place(choices: tf.Tensor, requested: tf.Tensor, attempted: tf.Tensor, *,
     (choices, positions, kept): final <int32>[G, S, K] experts, positions and
     <bool>[G, S, K] dispatched flags.
   """
-  counts = tf.zeros_like(tf.reduce_sum(
-      tf.one_hot(choices[:, :, 0], num_experts, dtype=tf.int32), axis=1))
+  # tf.unstack rather than [:, :, j] slices: DTensor partitions it cleanly.
+  choice_list = tf.unstack(choices, axis=-1)
+  requested_list = tf.unstack(requested, axis=-1)
+  attempted_list = tf.unstack(attempted, axis=-1)
+  counts = tf.reduce_sum(
+      tf.one_hot(choice_list[0], num_experts, dtype=tf.int32) * 0, axis=1)
   experts, positions, kepts = [], [], []
-  for j in range(choices.shape[-1]):
-    expert = choices[:, :, j]
-    position, counts = _request(expert, requested[:, :, j], counts)
-    kept = attempted[:, :, j] & (position < capacity)
+  for j, expert in enumerate(choice_list):
+    position, counts = _request(expert, requested_list[j], counts)
+    kept = attempted_list[j] & (position < capacity)
     if candidates is not None:
-      taken = tf.stack(experts, -1) if experts else tf.zeros_like(
-          choices[:, :, :0])
+      taken = tf.stack(experts + [expert], -1)  # its own expert is full
       expert, position, kept, counts = _no_token_left_behind(
-          expert, position, kept, attempted[:, :, j] & ~kept, counts,
+          expert, position, kept, attempted_list[j] & ~kept, counts,
           taken=taken, candidates=candidates, capacity=capacity)
     experts.append(expert)
     positions.append(position)
@@ -398,10 +425,16 @@ def _place(choices: tf.Tensor, requested: tf.Tensor, attempted: tf.Tensor, *,
           tf.stack(kepts, -1))
 
 
-def _slot_view(choices: tf.Tensor, positions: tf.Tensor, kept: tf.Tensor,
-               weights: tf.Tensor, *, num_experts: int,
+def _slot_view(choices: tf.Tensor, positions: tf.Tensor, weights: tf.Tensor,
+               *, num_experts: int,
                capacity: int) -> tuple[tf.Tensor, tf.Tensor]:
   """Scatters the per-token view <[G, S, K]> into buffer slots <[G, E, C]>.
+
+  Args:
+    choices: <int32>[G, S, K] experts; positions: <int32>[G, S, K] buffer
+      positions, -1 if not dispatched; weights: <float32>[G, S, K].
+    num_experts: E.
+    capacity: C.
 
   Returns:
     (slot_token <int32>[G, E, C] (S if empty), slot_weight <float32>[G, E, C]).
@@ -410,6 +443,7 @@ def _slot_view(choices: tf.Tensor, positions: tf.Tensor, kept: tf.Tensor,
   group_size = choices.shape[1]
   num_slots = num_groups * num_experts * capacity
   group = tf.range(num_groups)[:, tf.newaxis, tf.newaxis]
+  kept = positions >= 0
   slot = tf.where(kept, (group * num_experts + choices) * capacity + positions,
                   num_slots)  # trash segment for choices not dispatched
   token = tf.broadcast_to(
@@ -449,7 +483,7 @@ class TokenChoiceRouter(Router):
     sel = self._select(x, mask=mask, training=training, seed=seed,
                        **select_kwargs)
     num_experts = self.num_experts
-    real = mask[..., tf.newaxis] > 0
+    real = tf.expand_dims(mask, -1) > 0
     requested = tf.broadcast_to(real, tf.shape(sel.choices))
     attempted = requested & sel.policy_keep
     candidates = None
@@ -459,29 +493,27 @@ class TokenChoiceRouter(Router):
         sel.choices, requested, attempted, num_experts=num_experts,
         capacity=capacity, candidates=candidates)
     score = tf.reduce_sum(tf.one_hot(choices, num_experts)
-                          * sel.scores[:, :, tf.newaxis], axis=-1)
-    weights = tf.where(kept, score / sel.normaliser[..., tf.newaxis], 0.0)
-    slot_token, slot_weight = _slot_view(
-        choices, positions, kept, weights, num_experts=num_experts,
-        capacity=capacity)
+                          * tf.expand_dims(sel.scores, 2), axis=-1)
+    weights = tf.where(kept, score / tf.expand_dims(sel.normaliser, -1), 0.0)
     zl = z_loss(sel.logits, mask)
     stats = self._stats(sel, kept=kept, attempted=attempted, mask=mask,
                         z=zl)
     return RoutingResult(
-        slot_token=slot_token, slot_weight=slot_weight,
-        group_size=x.shape[1], aux_loss=sel.aux_loss, z_loss=zl, stats=stats,
-        expert_index=choices,
+        num_experts=num_experts, capacity=capacity, group_size=x.shape[1],
+        aux_loss=sel.aux_loss, z_loss=zl, stats=stats, expert_index=choices,
         buffer_position=tf.where(kept, positions, -1),
         combine_weights=weights)
 
   def _stats(self, sel: _Selection, *, kept, attempted, mask, z) -> RouterStats:
-    base = _base_stats(sel.logits, sel.choices[:, :, 0], mask)
-    dropped = tf.cast(attempted & ~kept, tf.float32)
-    later_attempts = tf.reduce_sum(tf.cast(attempted[:, :, 1:], tf.float32))
+    base = _base_stats(sel.logits, tf.unstack(sel.choices, axis=-1)[0], mask)
+    dropped = tf.unstack(tf.cast(attempted & ~kept, tf.float32), axis=-1)
+    later = tf.unstack(tf.cast(attempted, tf.float32), axis=-1)[1:]
+    later_attempts = tf.add_n([tf.reduce_sum(a) for a in later] + [0.0])
     return tf.nest.map_structure(tf.stop_gradient, RouterStats(
-        dropped_first=_masked_mean(dropped[:, :, 0], mask),
+        dropped_first=_masked_mean(dropped[0], mask),
         dropped_second=tf.math.divide_no_nan(
-            tf.reduce_sum(dropped[:, :, 1:]), later_attempts),
+            tf.add_n([tf.reduce_sum(d) for d in dropped[1:]] + [0.0]),
+            later_attempts),
         aux_loss=sel.aux_loss, z_loss=z, **base))
 
 
@@ -593,8 +625,8 @@ class SwitchRouter(TokenChoiceRouter):
     e1 = tf.argmax(gates, axis=-1, output_type=tf.int32)
     return _Selection(
         logits=logits, scores=gates, normaliser=tf.ones_like(gates[..., 0]),
-        choices=e1[..., tf.newaxis],
-        policy_keep=tf.ones_like(e1[..., tf.newaxis], dtype=tf.bool),
+        choices=tf.expand_dims(e1, -1),
+        policy_keep=tf.ones_like(tf.expand_dims(e1, -1), dtype=tf.bool),
         reroute_key=gates, aux_loss=balance_loss(gates, e1, mask))
 
 
@@ -609,9 +641,9 @@ def importance_loss(gates: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     <float32>[] squared coefficient of variation of the per-expert
     importance, averaged over groups by real-token count.
   """
-  importance = tf.reduce_sum(gates * mask[..., tf.newaxis], axis=1)  # [G, E]
+  importance = tf.reduce_sum(gates * tf.expand_dims(mask, -1), axis=1)  # [G, E]
   mean = tf.reduce_mean(importance, axis=-1)
-  variance = tf.reduce_mean(tf.square(importance - mean[:, tf.newaxis]), -1)
+  variance = tf.reduce_mean(tf.square(importance - tf.expand_dims(mean, 1)), -1)
   return _group_weighted_mean(tf.math.divide_no_nan(variance, mean * mean),
                               mask)
 
@@ -651,7 +683,7 @@ class NoisyTopKRouter(TokenChoiceRouter):
     scores = tf.nn.softmax(h)
     chosen = tf.reduce_sum(tf.one_hot(choices, self.num_experts), axis=2)
     normaliser = tf.reduce_sum(scores * chosen, axis=-1)
-    sparse_gates = scores * chosen / normaliser[..., tf.newaxis]
+    sparse_gates = scores * chosen / tf.expand_dims(normaliser, -1)
     return _Selection(
         logits=logits, scores=scores, normaliser=normaliser,
         choices=tf.cast(choices, tf.int32),
@@ -673,27 +705,24 @@ class ExpertChoiceRouter(Router):
     group_size = x.shape[1]
     logits = self.logits(x)
     gates = tf.nn.softmax(logits)
-    keyed = tf.where(mask[..., tf.newaxis] > 0, gates, -1.0)
+    keyed = tf.where(tf.expand_dims(mask, -1) > 0, gates, -1.0)
     values, tokens = tf.math.top_k(tf.transpose(keyed, [0, 2, 1]), k=capacity)
     valid = values >= 0  # [G, E, C]
     slot_token = tf.where(valid, tokens, group_size)
     slot_weight = tf.where(valid, values, 0.0)
-    num_groups = tf.shape(x)[0]
-    flat = (tf.range(num_groups)[:, tf.newaxis, tf.newaxis] * (group_size + 1)
-            + slot_token)
-    picked = tf.math.unsorted_segment_sum(
-        tf.ones_like(tf.reshape(flat, [-1])), tf.reshape(flat, [-1]),
-        num_groups * (group_size + 1))
-    picked = tf.reshape(picked, [num_groups, group_size + 1])[:, :group_size]
+    # A real token is picked iff its gate reaches some expert's C-th best.
+    threshold = tf.maximum(tf.reduce_min(values, axis=-1), 0.0)  # [G, E]
+    picked = tf.reduce_any(keyed >= tf.expand_dims(threshold, 1), axis=-1)
     zl = z_loss(logits, mask)
     aux = tf.zeros([], tf.float32)
     base = _base_stats(logits, tf.argmax(logits, -1, output_type=tf.int32),
                        mask)
     stats = tf.nest.map_structure(tf.stop_gradient, RouterStats(
-        dropped_first=_masked_mean(tf.cast(picked == 0, tf.float32), mask),
+        dropped_first=_masked_mean(1.0 - tf.cast(picked, tf.float32), mask),
         dropped_second=tf.zeros([], tf.float32), aux_loss=aux, z_loss=zl,
         **base))
-    return RoutingResult(slot_token=slot_token, slot_weight=slot_weight,
+    return RoutingResult(num_experts=self.num_experts, capacity=capacity,
+                         slot_token=slot_token, slot_weight=slot_weight,
                          group_size=group_size, aux_loss=aux, z_loss=zl,
                          stats=stats)
 

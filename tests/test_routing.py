@@ -139,7 +139,7 @@ def check_invariants(result, mask, capacity, k, *, token_choice):
   assert dispatch.sum(axis=(2, 3)).max() <= k
   # Padding takes no slot.
   assert (dispatch.sum(axis=(2, 3))[mask.numpy() == 0] == 0).all()
-  slot_token = result.slot_token.numpy()
+  slot_token = result.slots()[0].numpy()
   assert ((slot_token >= 0) & (slot_token <= group_size)).all()
   if not token_choice:
     return
@@ -174,6 +174,11 @@ def test_router_invariants(label, router, capacity):
                   seed=SEED)
   check_invariants(result, mask, capacity, k,
                    token_choice=label != "expert_choice")
+  if label == "expert_choice":  # dropped = real tokens no expert picked
+    unpicked = result.dispatch_mask().numpy().sum(axis=(2, 3)) == 0
+    real = mask.numpy() > 0
+    np.testing.assert_allclose(result.stats.dropped_first.numpy(),
+                               unpicked[real].mean(), rtol=1e-6)
   stats = result.stats.as_dict()
   assert set(stats) >= {"load", "load_cv", "dropped_first", "dropped_second",
                         "entropy", "max_logit", "aux_loss", "z_loss"}
@@ -191,7 +196,7 @@ def test_first_choices_get_priority_over_second_choices():
   router.wg.assign(tf.eye(4))
   result = router(tf.constant(logits), padding_mask=tf.ones([1, 4]),
                   capacity=1, training=True)
-  np.testing.assert_array_equal(result.slot_token.numpy()[0, :, 0],
+  np.testing.assert_array_equal(result.slots()[0].numpy()[0, :, 0],
                                 [0, 1, 2, 3])
   assert result.stats.dropped_first.numpy() == 0
   np.testing.assert_allclose(result.stats.dropped_second.numpy(), 1.0)

@@ -225,3 +225,39 @@ def test_real_moe_layer_hlo_annotations(dispatch):
   ref = tf.reduce_sum(tf.square(
       plain(x, padding_mask=mask, training=True).outputs))
   np.testing.assert_allclose(loss, ref, rtol=1e-5)
+
+
+def _transformer_takes_sharding() -> bool:
+  from m4moe import model  # pylint: disable=g-import-not-at-top
+  return "sharding" in inspect.signature(model.Transformer).parameters
+
+
+@pytest.mark.skipif(not _transformer_takes_sharding(),
+                    reason="Transformer has no sharding= argument yet")
+def test_transformer_train_step_hlo_annotates_every_moe_layer():
+  from m4moe import config as config_lib, losses, model  # pylint: disable=g-import-not-at-top,g-multiple-import
+  config = config_lib.load_model_config("tiny/moe", (
+      "--d_model=16", "--num_heads=2", "--d_kv=8", "--d_ff=32",
+      "--num_encoder_layers=2", "--num_decoder_layers=2",
+      "--src_vocab_size=32", "--tgt_vocab_size=32", "--num_experts=8",
+      "--expert_hidden_dim=16", "--group_size=8", "--dropout_rate=0",
+      "--attention_dropout_rate=0", "--second_expert_policy=all"))
+  s = sharding_lib.make_sharding("data:2,expert:4", backend="xla")
+  transformer = model.Transformer(config=config, sharding=s)
+  batch = {"inputs": tf.fill([4, 4], 5), "targets": tf.fill([4, 4], 6)}
+
+  @tf.function(jit_compile=True)
+  def step(batch):
+    with tf.GradientTape() as tape:
+      out = transformer(batch, training=True)
+      xent, weight = losses.token_cross_entropy(out.logits, batch["targets"])
+      loss = xent / weight + out.moe_loss
+    return loss, tape.gradient(loss, transformer.trainable_variables)
+
+  hlo = step.experimental_get_compiler_ir(batch)(stage="hlo")
+  # One MoE layer per stack (interval 2, offset 1): 2 layers, each with its
+  # wi/wo split on E forwards and backwards.
+  assert hlo.count(_EXPERT3) == 2 * 2 * 2
+  groups = [l for l in hlo.splitlines()
+            if 'custom_call_target="Sharding"' in l and "groups/" in l]
+  assert len(groups) == 2 and all(_DATA3 in l for l in groups)

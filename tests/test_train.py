@@ -232,3 +232,15 @@ def test_logged_cross_entropy_is_plain_under_label_smoothing():
   np.testing.assert_allclose(smoothed.objective,
                              float(total / count + out.moe_loss), rtol=1e-5)
   assert abs(smoothed.objective - plain.objective) > 1e-3
+
+
+def test_changed_input_pipeline_gives_a_clear_error_and_a_way_out(tmp_path):
+  _train(_config(tmp_path, train_steps=2))
+  same = fixtures.pairs_dataset(PAIRS, batch_size=8, length=10,
+                                shuffle_seed=1)
+  changed = tf.data.Dataset.zip((same, same)).map(lambda a, b: a)
+  with pytest.raises(RuntimeError, match="--nocheckpoint_input"):
+    _train(_config(tmp_path, train_steps=4), dataset=changed)
+  result = _train(_config(tmp_path, train_steps=4, checkpoint_input=False),
+                  dataset=changed)
+  assert result.step == 4

@@ -96,8 +96,10 @@ class AdafactorConfig:
              "use a value in [0, 1); 0 means no first moment")
     _require(self.clipping_threshold >= 0, "clipping_threshold",
              self.clipping_threshold, "use 0 (off) or a positive threshold")
-    _require(self.epsilon1 > 0, "epsilon1", self.epsilon1, "use a tiny positive value")
-    _require(self.epsilon2 >= 0, "epsilon2", self.epsilon2, "use a non-negative value")
+    _require(self.epsilon1 > 0, "epsilon1", self.epsilon1,
+             "use a tiny positive value")
+    _require(self.epsilon2 >= 0, "epsilon2", self.epsilon2,
+             "use a non-negative value")
 
   def learning_rate_at(self, step: tf.Tensor) -> tf.Tensor:
     """The rate of update number ``step`` (1-based).
@@ -120,7 +122,7 @@ def _rms(x: tf.Tensor) -> tf.Tensor:
 
 
 class _Slots(tf.Module):
-  """Slots of one variable: ``vr``/``vc`` (factored) or ``v``; ``m`` if beta1."""
+  """One variable's slots: ``vr``/``vc`` (factored) or ``v``; ``m`` if beta1."""
 
   def __init__(self, variable: tf.Variable, *, config: AdafactorConfig,
                index: int):

@@ -1,8 +1,6 @@
 """Crash safety with real processes: kill -9 inside a save and at random
 moments leaves a directory that resumes exactly."""
 
-import os
-import pathlib
 import signal
 import subprocess
 import sys

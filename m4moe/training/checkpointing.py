@@ -50,7 +50,7 @@ def write_json_atomic(path: str | os.PathLike[str], value: Any) -> None:
 
 
 def read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
-  """The whole ``config.json`` of a run (keys ``model``, ``train``, ``data``)."""
+  """A run's whole ``config.json`` (keys ``model``, ``train``, ``data``)."""
   path = pathlib.Path(model_dir) / CONFIG_FILENAME
   if not path.is_file():
     raise FileNotFoundError(
@@ -61,7 +61,7 @@ def read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 def model_config_from_run(
     model_dir: str | os.PathLike[str]) -> config_lib.ModelConfig:
-  """Rebuilds the ModelConfig a run was trained with (for decode/eval/export)."""
+  """The ModelConfig a run was trained with (for decode/eval/export)."""
   return config_lib.config_from_dict(read_run_config(model_dir)["model"])
 
 

@@ -100,7 +100,8 @@ class ToyTranslator(tf.Module):
              "load_cv": tf.math.reduce_std(load) / tf.reduce_mean(load),
              "entropy": -tf.reduce_mean(tf.reduce_sum(
                  gates * tf.math.log(gates + 1e-9), -1))}
-    return ToyOutput(logits=logits, moe_loss=self.moe_loss_weight * aux, aux_loss=aux,
+    return ToyOutput(logits=logits, moe_loss=self.moe_loss_weight * aux,
+                     aux_loss=aux,
                      z_loss=tf.constant(0.0), moe_stats={"toy/moe": stats})
 
 

@@ -70,7 +70,8 @@ class DataConfig:
     if len(chosen) != 1:
       raise DataConfigError(
           f"give exactly one data source: --corpus_dir, --tfds_name or "
-          f"--synthetic_data (got {', '.join('--' + c for c in chosen) or 'none'})")
+          "--synthetic_data (got "
+          f"{', '.join('--' + c for c in chosen) or 'none'})")
     if not self.synthetic and not self.vocab_dir:
       raise DataConfigError("--vocab_dir is required with --corpus_dir or "
                             "--tfds_name (run m4moe-vocab first)")
@@ -133,7 +134,8 @@ def _pipeline_config(config: DataConfig):
 
 def _corpus(config: DataConfig) -> Inputs:
   from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
-  corpus, vocab_dir = pathlib.Path(config.corpus_dir), pathlib.Path(config.vocab_dir)
+  corpus = pathlib.Path(config.corpus_dir)
+  vocab_dir = pathlib.Path(config.vocab_dir)
   tokenizers = pipeline.load_tokenizers(vocab_dir)
   datasets, sizes = pipeline.tsv_language_datasets(
       corpus, split="train", langs=config.languages)

@@ -1,4 +1,4 @@
-"""Per-layer rematerialisation (``tf.recompute_grad``) without touching model.py.
+"""Per-layer rematerialisation (``tf.recompute_grad``), model.py untouched.
 
 :func:`apply_remat` switches every layer in ``model.encoder_layers`` and
 ``model.decoder_layers`` to a subclass whose ``__call__`` runs the original

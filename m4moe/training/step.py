@@ -39,7 +39,8 @@ def model_features(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
   return {k: v for k, v in batch.items() if k in MODEL_KEYS}
 
 
-def flat_router_stats(moe_stats: Mapping[str, Any]) -> dict[str, dict[str, tf.Tensor]]:
+def flat_router_stats(
+    moe_stats: Mapping[str, Any]) -> dict[str, dict[str, tf.Tensor]]:
   """``{layer: RouterStats}`` -> ``{layer: {stat: float32 tensor}}``."""
   out = {}
   for layer, stats in moe_stats.items():
@@ -196,7 +197,8 @@ class StepRunner:
         metrics = {k: metrics[k] + m[k] for k in metrics}
     ok, finite, loss_finite, grad_norm, lr = self._apply_fn(
         grads, metrics["objective"])
-    nonfinite = [n for n, f in zip(self.variable_names, finite.numpy()) if not f]
+    nonfinite = [name for name, ok in zip(self.variable_names, finite.numpy())
+                 if not ok]
     if not bool(loss_finite):
       nonfinite.insert(0, "loss")
     host = {k: float(v) for k, v in metrics.items()}

@@ -1,7 +1,6 @@
 """Training the real (small) MoE Transformer: dev CE falls well below the
 unigram baseline."""
 
-import tensorflow as tf
 
 from m4moe import config as config_lib
 from m4moe import model as model_lib

@@ -14,17 +14,19 @@ Order (``DROP_RULES`` / ``EDIT_RULES`` name the counters):
 2. Accelerators: ``_File``, ``&Open``, ``~Save`` lose the marker; a trailing
    CJK-style ``(_F)`` / ``(&F)`` is removed; ``&&`` becomes ``&``. Counted as
    ``edit:accelerator``.
-3. ``markup``: pairs with XML/HTML tags or character entities are dropped.
-4. ``placeholder_mismatch``: printf (``%s``, ``%1$s``, ``%.2f``), Python
+3. ``empty_after_cleaning``: a side is empty after 1-2 (a white-space-only
+   or accelerator-only translation).
+4. ``markup``: pairs with XML/HTML tags or character entities are dropped.
+5. ``placeholder_mismatch``: printf (``%s``, ``%1$s``, ``%.2f``), Python
    (``%(name)s``, ``{x}``, ``{0}``), Qt/KDE (``%1``) and shell/make
    (``$(ARG)``, ``${ARG}``) placeholders must form the same multiset on both
    sides (order may differ: translations reorder positional arguments).
    The printf space flag is not recognised, so "50% off" has no placeholder.
-5. ``identical``: target equals source (case-insensitively): untranslated.
-6. ``too_short`` / ``too_long``: English under ``min_words`` or over
+6. ``identical``: target equals source (case-insensitively): untranslated.
+7. ``too_short`` / ``too_long``: English under ``min_words`` or over
    ``max_words`` white-space words.
-7. ``source_not_english``: the English side has letters outside Latin.
-8. ``wrong_script``: for a language with a non-Latin script, under
+8. ``source_not_english``: the English side has letters outside Latin.
+9. ``wrong_script``: for a language with a non-Latin script, under
    ``min_script_fraction`` of the target's letters are in that script.
 """
 
@@ -37,7 +39,7 @@ import unicodedata
 
 from m4moe.data import languages
 
-DROP_RULES = ("duplicate", "markup", "placeholder_mismatch", "identical",
+DROP_RULES = ("duplicate", "empty_after_cleaning", "markup", "placeholder_mismatch", "identical",
               "too_short", "too_long", "source_not_english", "wrong_script")
 EDIT_RULES = ("edit:whitespace_nfc", "edit:accelerator")
 
@@ -146,6 +148,8 @@ class Cleaned:
 
 def _drop_reason(lang: str, source: str, target: str,
                  config: CleaningConfig) -> str | None:
+  if not source or not target:
+    return "empty_after_cleaning"
   if _MARKUP.search(source) or _MARKUP.search(target):
     return "markup"
   if placeholders(source) != placeholders(target):

@@ -144,7 +144,7 @@ def tsv_language_datasets(corpus_dir: pathlib.Path, *, split: str = "train",
     # A native reader (no traced Python per language: 200 languages would
     # take tens of seconds to trace).
     datasets[lang] = tf.data.experimental.CsvDataset(
-        str(path), [tf.string, tf.string], field_delim="\t",
+        str(path), [tf.constant("", tf.string)] * 2, field_delim="\t",
         use_quote_delim=False)
   return datasets, sizes
 

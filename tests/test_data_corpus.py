@@ -62,6 +62,8 @@ def test_normalize_language_rejects_garbage(bad):
     ("Same in both languages", "same in BOTH languages", "identical"),
     ("Two words", "Deux mots ici", "too_short"),
     ("Открыть файл сейчас", "Ouvrir le fichier", "source_not_english"),
+    ("Open the file now", " \t ", "empty_after_cleaning"),
+    ("Open the file now", "(_O)", "empty_after_cleaning"),
 ])
 def test_clean_pair_drop_rules(source, target, rule):
   result = cleaning.clean_pair("fr", source, target,

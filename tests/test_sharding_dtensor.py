@@ -16,6 +16,7 @@ part serves all its tests (module fixtures).
 
 from __future__ import annotations
 
+import inspect
 import json
 import pathlib
 import subprocess
@@ -144,8 +145,12 @@ def _run_moe_layer(mesh_text, dispatch):
       "tiny/moe", MOE_FLAGS + (f"--dispatch={dispatch}",))
   sharding = _make_sharding(mesh_text)
   tf.random.set_seed(0)  # Same initial weights on every mesh.
+  # Once MoeLayer takes sharding= (the annotation call sites), pass it, so
+  # the annotated layer is what runs; before that, variable layouts only.
+  annotate = "sharding" in inspect.signature(moe_layer.MoeLayer).parameters
+  kwargs = {"sharding": sharding} if annotate else {}
   with sharding.variable_scope():
-    layer = moe_layer.MoeLayer(config=config, causal=False)
+    layer = moe_layer.MoeLayer(config=config, causal=False, **kwargs)
   rng = np.random.default_rng(2)
   x = sharding.put(rng.normal(size=(8, 4, 8)).astype(np.float32), ("data",))
   mask = np.ones((8, 4), np.float32)
@@ -172,6 +177,24 @@ def _run_moe_layer(mesh_text, dispatch):
   return result
 
 
+def _random_draws(mesh_text):
+  """Stateless U(0,1) draws <float32>[G, S] used on a G-split tensor."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  sharding = _make_sharding(mesh_text)
+  x = sharding.put(np.ones((G, S), np.float32), ("data",))
+  seed = sharding.put(tf.constant([3, 4]))
+
+  @tf.function
+  def draws(x, seed, pin):
+    u = tf.random.stateless_uniform(tf.shape(x), seed=seed)
+    if pin:
+      u = sharding.replicate(u, name="draws")
+    return sharding.split(x * u, dim=0, axis="data")
+
+  return {pin: sharding.gather(draws(x, seed, pin)).numpy().tolist()
+          for pin in (False, True)}
+
+
 def _worker(part: str) -> None:
   """Runs one part ("toy" or "moe_layer") and prints its JSON report."""
   from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
@@ -182,6 +205,7 @@ def _worker(part: str) -> None:
     report["reference"] = _run_on(None, values)
     for mesh_text in MESHES:
       report[mesh_text] = _run_on(mesh_text, values)
+    report["draws"] = {str(m): _random_draws(m) for m in (None, "data:8")}
   else:
     for dispatch in ("index", "einsum"):
       for mesh_text in (None,) + LAYER_MESHES:
@@ -237,6 +261,17 @@ def test_each_device_holds_its_experts_only(report, mesh_text):
   assert shards["grad_wi"] == [[experts, M, H]] * shape.size
   assert shards["wg"] == [[M, E]] * shape.size
   assert shards["out"] == [[rows, S, M]] * shape.size
+
+
+def test_replicate_pins_stateless_random_draws(report):
+  # DTensor draws stateless random numbers per shard of the op's output
+  # layout; drawing replicated (replicate() right after the random op) gives
+  # the single-device values whatever the mesh.
+  draws = report["draws"]
+  want = draws["None"]["true"]
+  np.testing.assert_array_equal(draws["None"]["false"], want)
+  np.testing.assert_array_equal(draws["data:8"]["true"], want)
+  assert not np.array_equal(draws["data:8"]["false"], want)
 
 
 @pytest.mark.parametrize("dispatch", ("index", "einsum"))

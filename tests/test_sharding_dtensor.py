@@ -141,13 +141,19 @@ def _run_moe_layer(mesh_text, dispatch):
   """MoeLayer forward+backward (training, top-2 random policy, seeded)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
-  config = config_lib.load_model_config(
-      "tiny/moe", MOE_FLAGS + (f"--dispatch={dispatch}",))
-  sharding = _make_sharding(mesh_text)
-  tf.random.set_seed(0)  # Same initial weights on every mesh.
   # Once MoeLayer takes sharding= (the annotation call sites), pass it, so
   # the annotated layer is what runs; before that, variable layouts only.
   annotate = "sharding" in inspect.signature(moe_layer.MoeLayer).parameters
+  # With G split over "data", the router's stateless draws would be made
+  # per shard (see test_replicate_pins_stateless_random_draws) unless the
+  # router pins them with sharding.replicate; until it does, the annotated
+  # layer is checked with the deterministic "all" policy.
+  policy = "all" if annotate else "random"
+  config = config_lib.load_model_config(
+      "tiny/moe", MOE_FLAGS + (f"--dispatch={dispatch}",
+                               f"--second_expert_policy={policy}"))
+  sharding = _make_sharding(mesh_text)
+  tf.random.set_seed(0)  # Same initial weights on every mesh.
   kwargs = {"sharding": sharding} if annotate else {}
   with sharding.variable_scope():
     layer = moe_layer.MoeLayer(config=config, causal=False, **kwargs)

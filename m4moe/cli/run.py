@@ -1,0 +1,127 @@
+r"""m4moe-run: the main job, from nothing to a BLEU report, resumably.
+
+Examples:
+
+  # Default: build the offline corpus, train the tiny MoE, decode, score,
+  # report (see m4moe/main_job.py for the recipe).
+  m4moe-run --run_dir=runs/demo
+
+  # Every stage on generated catalogs in about two minutes, offline:
+  m4moe-run --recipe=smoke --run_dir=/tmp/smoke
+
+  # Show the stages and their commands without running them:
+  m4moe-run --run_dir=runs/demo --dry_run
+
+A finished stage is recorded in <run_dir>/stages/<stage>.json and skipped on
+the next run; --restart_from=<stage> forgets it and every later stage.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from m4moe import main_job
+
+_RECIPE = flags.DEFINE_enum("recipe", "demo", sorted(main_job.RECIPES),
+                            "What to build, train and evaluate: " + "; ".join(
+                                f"{k}: {r.description}"
+                                for k, r in sorted(main_job.RECIPES.items())))
+_RUN_DIR = flags.DEFINE_string("run_dir", "runs/demo",
+                               "Where every stage writes its outputs.")
+_CACHE_DIR = flags.DEFINE_string(
+    "cache_dir", None, "Corpus download cache (default <run_dir>/cache); "
+    "share it between runs to download once.")
+_RESTART_FROM = flags.DEFINE_string(
+    "restart_from", None, "Re-run this stage and all later ones.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False,
+                             "Print the stages and commands; run nothing.")
+
+
+def _marker(run_dir: pathlib.Path, stage: main_job.Stage) -> pathlib.Path:
+  return run_dir / "stages" / f"{stage.name}.json"
+
+
+def _write_marker(path: pathlib.Path, stage: main_job.Stage,
+                  seconds: float) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps({"stage": stage.name, "command": stage.command(),
+                             "seconds": round(seconds, 1)}, indent=1))
+  tmp.replace(path)  # atomic: a killed run never leaves a half marker
+
+
+def _forget_from(stages: list[main_job.Stage], run_dir: pathlib.Path,
+                 name: str) -> None:
+  names = [s.name for s in stages]
+  if name not in names:
+    raise app.UsageError(f"--restart_from={name!r} is not a stage of this "
+                         f"recipe; choose one of {', '.join(names)}")
+  for stage in stages[names.index(name):]:
+    _marker(run_dir, stage).unlink(missing_ok=True)
+
+
+def _prepare_fixtures(recipe: main_job.Recipe, run_dir: pathlib.Path) -> None:
+  """Writes the generated catalog tree the ``smoke`` recipe builds from."""
+  if recipe.use_packaged_corpus_recipe:
+    return
+  from m4moe.data import fixtures  # pylint: disable=g-import-not-at-top
+  root = run_dir / "fixture_catalogs"
+  sentences = fixtures.english_sentences(600, seed=0, max_words=10)
+  # A small resource range: 500, 250, 120 and 60 catalog entries.
+  for locale, n in (("de", 500), ("fr", 250), ("ru", 120), ("ja", 60)):
+    po = fixtures.make_catalog(locale, sentences[:n])
+    fixtures.write_catalog(po, root / locale / "LC_MESSAGES" / "demo.po")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  recipe = main_job.RECIPES[_RECIPE.value]
+  run_dir = pathlib.Path(_RUN_DIR.value).resolve()
+  cache_dir = pathlib.Path(_CACHE_DIR.value or run_dir / "cache").resolve()
+  stages = main_job.plan(recipe, run_dir=run_dir, cache_dir=cache_dir)
+  if _RESTART_FROM.value:
+    _forget_from(stages, run_dir, _RESTART_FROM.value)
+  start = time.monotonic()
+  for i, stage in enumerate(stages, 1):
+    header = f"[stage {i}/{len(stages)}] {stage.name}: {stage.description}"
+    if _DRY_RUN.value:
+      print(header + "\n  " + " ".join(stage.command()), flush=True)
+      continue
+    marker = _marker(run_dir, stage)
+    if marker.exists():
+      print(f"{header} -- done earlier, skipped ({marker})", flush=True)
+      continue
+    print(f"{header}\n  $ {' '.join(stage.command())}", flush=True)
+    if stage.name == "corpus":
+      _prepare_fixtures(recipe, run_dir)
+    stage_start = time.monotonic()
+    result = subprocess.run(stage.command(), check=False)
+    if result.returncode != 0:
+      raise SystemExit(
+          f"m4moe-run: stage {stage.name!r} failed (exit {result.returncode})"
+          f"; fix the error above and re-run the same command: finished "
+          f"stages are skipped")
+    _write_marker(marker, stage, time.monotonic() - stage_start)
+    logging.info("stage %s took %.0f s (total %.0f s)", stage.name,
+                 time.monotonic() - stage_start, time.monotonic() - start)
+  if not _DRY_RUN.value:
+    report = run_dir / "report"
+    print(f"m4moe-run: done in {time.monotonic() - start:.0f} s. Report: "
+          f"{report / 'report.html'} (also report.md, delta_bleu.png)",
+          flush=True)
+
+
+def run() -> None:
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -407,7 +407,7 @@ def _place(choices: tf.Tensor, requested: tf.Tensor, attempted: tf.Tensor, *,
   choice_list = tf.unstack(choices, axis=-1)
   requested_list = tf.unstack(requested, axis=-1)
   attempted_list = tf.unstack(attempted, axis=-1)
-  counts = tf.reduce_sum(
+  counts = tf.reduce_sum(  # zeros <int32>[G, E] laid out like the inputs
       tf.one_hot(choice_list[0], num_experts, dtype=tf.int32) * 0, axis=1)
   experts, positions, kepts = [], [], []
   for j, expert in enumerate(choice_list):

@@ -155,8 +155,9 @@ class StepRunner:
   def _grads(self, batch, seed, total_tokens, num_micro):
     grads, metrics, router = self.strategy.run(
         self._replica_grads, args=(batch, seed, total_tokens, num_micro))
-    total = lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v,
-                                           axis=None)
+    def total(value):
+      return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value,
+                                  axis=None)
     return tf.nest.map_structure(total, (grads, metrics, router))
 
   def _apply(self, grads, objective):

@@ -246,6 +246,21 @@ class Sharding:
       return tf.identity(dtensor.unpack(t)[0])
     return t
 
+  def like_variables(self, tensors: Sequence[tf.Tensor | None],
+                     variables: Sequence[tf.Variable]) -> list[Any]:
+    """Relayouts each tensor (e.g. a gradient) to its variable's layout.
+
+    DTensor may leave a gradient as unreduced per-device partial sums (e.g.
+    an expert weight's gradient summed over the ``data`` axis); pass the
+    gradients through this before an optimiser does non-linear arithmetic on
+    them. Identity for other backends and for None entries.
+    """
+    if self.backend != "dtensor":
+      return list(tensors)
+    return [t if t is None or not hasattr(v, "layout") else
+            dtensor.relayout(tf.convert_to_tensor(t), v.layout)
+            for t, v in zip(tensors, variables)]
+
   def local_shapes(self, t: tf.Tensor) -> list[list[int]]:
     """Per-device shard shapes of a DTensor or DVariable (device order)."""
     self._require("dtensor", "local_shapes")

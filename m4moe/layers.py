@@ -135,8 +135,9 @@ def attention_bias(query_segment_ids: tf.Tensor, key_segment_ids: tf.Tensor,
   if causal:
     length = tf.shape(query_segment_ids)[1]
     index = tf.range(length)
-    allowed = tf.logical_and(allowed, (index[:, None] >= index[None, :])[None])
-  return tf.where(allowed, 0.0, NEG_INF)[:, None]
+    allowed = tf.logical_and(allowed, tf.expand_dims(
+        index[:, None] >= index[None, :], 0))
+  return tf.expand_dims(tf.where(allowed, 0.0, NEG_INF), 1)
 
 
 class Embedding(tf.Module):
@@ -163,7 +164,10 @@ class Embedding(tf.Module):
 
   def attend(self, x: tf.Tensor) -> tf.Tensor:
     """Tied softmax logits: <any float>[..., M] -> <float32>[..., V]."""
-    return tf.einsum("...M,VM->...V", tf.cast(x, tf.float32), self.embeddings)
+    x = tf.cast(x, tf.float32)
+    if x.shape.rank == 3:  # DTensor's einsum has no "..." broadcasting.
+      return tf.einsum("BLM,VM->BLV", x, self.embeddings)
+    return tf.einsum("...M,VM->...V", x, self.embeddings)
 
 
 class OutputProjection(tf.Module):
@@ -178,7 +182,10 @@ class OutputProjection(tf.Module):
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
     """<any float>[..., M] -> <float32>[..., V]."""
-    return tf.einsum("...M,MV->...V", tf.cast(x, tf.float32), self.kernel)
+    x = tf.cast(x, tf.float32)
+    if x.shape.rank == 3:  # DTensor's einsum has no "..." broadcasting.
+      return tf.einsum("BLM,MV->BLV", x, self.kernel)
+    return tf.einsum("...M,MV->...V", x, self.kernel)
 
 
 class LayerNorm(tf.Module):

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``m4moe-bench`` (one module per sub-benchmark)."""

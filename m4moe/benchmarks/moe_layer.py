@@ -1,0 +1,193 @@
+"""MoE layer forward+backward vs a dense FFN with the same useful FLOPs.
+
+Dimensions cheat sheet:
+
+  N: tokens, G: groups, S: group size, E: experts, C: capacity,
+  K: experts per token, M: model width, H: expert hidden width
+
+The dense baseline is ``wo . ReLU(wi . x)`` with hidden width K*H on all N
+tokens: exactly the useful FLOPs of the MoE layer (each token through K
+experts of width H), ``12*N*M*K*H`` for forward+backward. A square matmul
+(``--matmul_size``) times the machine's attainable GFLOP/s. All cases of one
+point are timed interleaved (see :mod:`m4moe.benchmarks.timing`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from m4moe import config as config_lib
+from m4moe import moe_layer
+from m4moe.benchmarks import timing
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerPoint:
+  """One MoE configuration (sizes as in the issue's defaults)."""
+  num_experts: int = 32
+  model_dim: int = 512
+  hidden_dim: int = 2048
+  num_tokens: int = 4096
+  group_size: int = 1024
+  capacity_factor: float = 1.25
+  top_k: int = 2
+
+  def __post_init__(self) -> None:
+    if self.num_tokens % self.group_size:
+      raise ValueError(f"--num_tokens={self.num_tokens} must be a multiple of "
+                       f"--group_size={self.group_size}")
+    if self.top_k not in (1, 2):
+      raise ValueError(f"--top_k={self.top_k}: use 1 (top1) or 2 (top2)")
+
+  @property
+  def capacity(self) -> int:
+    raw = self.capacity_factor * self.top_k * self.group_size / self.num_experts
+    return max(1, min(self.group_size, int(-(-raw // 1))))
+
+  @property
+  def useful_flops(self) -> float:
+    """Forward+backward FLOPs of the experts' useful work, 12*N*M*K*H."""
+    return 12.0 * self.num_tokens * self.model_dim * self.top_k * self.hidden_dim
+
+
+def model_config(point: LayerPoint, *, dispatch: str) -> config_lib.ModelConfig:
+  """A ModelConfig whose MoE layer is ``point`` (deterministic top-k)."""
+  router = ["--router=top2", "--second_expert_policy=all"] if (
+      point.top_k == 2) else ["--router=top1"]
+  return config_lib.load_model_config("tiny/moe", extra_flags=[
+      f"--d_model={point.model_dim}", f"--num_experts={point.num_experts}",
+      f"--expert_hidden_dim={point.hidden_dim}",
+      f"--group_size={point.group_size}",
+      f"--train_capacity_factor={point.capacity_factor}",
+      f"--dispatch={dispatch}", "--dropout_rate=0",
+      "--attention_dropout_rate=0", *router])
+
+
+def _inputs(point: LayerPoint) -> tf.Tensor:
+  """<float32>[N/S, S, M] random tokens (B = N/S rows of length S)."""
+  rng = np.random.default_rng(0)
+  return tf.constant(rng.standard_normal(
+      (point.num_tokens // point.group_size, point.group_size,
+       point.model_dim)), tf.float32)
+
+
+def moe_case(point: LayerPoint, *, dispatch: str,
+             jit: bool) -> Callable[[], Any]:
+  """A blocking zero-argument call: MoE forward+backward (x and weights)."""
+  layer = moe_layer.MoeLayer(config=model_config(point, dispatch=dispatch),
+                             causal=False)
+  x = _inputs(point)
+  mask = tf.ones(x.shape[:2], tf.float32)
+  seed = tf.constant([1, 2], tf.int32)
+  variables = list(layer.trainable_variables)
+
+  @tf.function(jit_compile=jit)
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      out = layer(x, padding_mask=mask, training=True, seed=seed)
+      loss = tf.reduce_sum(out.outputs * out.outputs) + out.weighted_loss
+    grads = tape.gradient(loss, [x] + variables)
+    return tf.add_n([tf.reduce_sum(g) for g in grads])
+  return lambda: step(x).numpy()
+
+
+def dense_case(point: LayerPoint, *, jit: bool) -> Callable[[], Any]:
+  """Dense FFN with hidden K*H on all N tokens, forward+backward."""
+  rng = np.random.default_rng(1)
+  hidden = point.top_k * point.hidden_dim
+  wi = tf.Variable(rng.standard_normal((point.model_dim, hidden)) /
+                   np.sqrt(point.model_dim), dtype=tf.float32)
+  wo = tf.Variable(rng.standard_normal((hidden, point.model_dim)) /
+                   np.sqrt(hidden), dtype=tf.float32)
+  x = tf.reshape(_inputs(point), [-1, point.model_dim])
+
+  @tf.function(jit_compile=jit)
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.matmul(tf.nn.relu(tf.matmul(x, wi)), wo)
+      loss = tf.reduce_sum(y * y)
+    grads = tape.gradient(loss, [x, wi, wo])
+    return tf.add_n([tf.reduce_sum(g) for g in grads])
+  return lambda: step(x).numpy()
+
+
+def matmul_case(size: int) -> Callable[[], Any]:
+  """A ``[size, size] x [size, size]`` float32 matmul (2*size**3 FLOPs)."""
+  rng = np.random.default_rng(2)
+  a = tf.constant(rng.standard_normal((size, size)), tf.float32)
+  b = tf.constant(rng.standard_normal((size, size)), tf.float32)
+  fn = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)), jit_compile=True)
+  return lambda: fn().numpy()
+
+
+def buffer_bytes(point: LayerPoint, *, dispatch: str) -> dict[str, int]:
+  """Bytes of the dispatch intermediates of one call (float32/int32).
+
+  einsum: the ``[G, S, E, C]`` dispatch mask and combine weights (and the
+  ``[G, S, K, E]``/``[G, S, K, C]`` one-hots they come from) -- O(S*E*C) per
+  group, quadratic in S at a fixed capacity factor. index: the ``[G, E, C]``
+  slot tables and gather rows. Both hold the ``[E, G, C, M]`` expert input
+  and output buffers, O(cf * K * S * M) per group.
+  """
+  g = point.num_tokens // point.group_size
+  s, e, c, k, m = (point.group_size, point.num_experts, point.capacity,
+                   point.top_k, point.model_dim)
+  buffers = 2 * 4 * e * g * c * m
+  if dispatch == "einsum":
+    routing_bytes = 4 * (2 * g * s * e * c + g * s * k * (e + c))
+  else:
+    routing_bytes = 4 * 3 * g * e * c + 4 * (g * s + 1) * m
+  return {"routing_bytes": routing_bytes, "expert_buffer_bytes": buffers,
+          "total_bytes": routing_bytes + buffers}
+
+
+def _cases(point: LayerPoint, *, dispatches, jits, matmul_size):
+  cases = {}
+  for dispatch, jit in itertools.product(dispatches, jits):
+    cases[f"moe_{dispatch}_{'jit' if jit else 'nojit'}"] = moe_case(
+        point, dispatch=dispatch, jit=jit)
+  for jit in jits:
+    cases[f"dense_{'jit' if jit else 'nojit'}"] = dense_case(point, jit=jit)
+  if matmul_size:
+    cases["matmul"] = matmul_case(matmul_size)
+  return cases
+
+
+def run_point(point: LayerPoint, *, dispatches: tuple[str, ...] = ("index",
+              "einsum"), jits: tuple[bool, ...] = (True, False),
+              reps: int = 3, warmup: int = 1,
+              matmul_size: int = 2048) -> Iterator[dict[str, Any]]:
+  """Times one point's cases interleaved; yields one JSON record per case.
+
+  Each MoE record has ``speed_vs_dense`` = median(dense, same jit) /
+  median(MoE) (the issue's ratio, target >= 0.8 with XLA) and
+  ``fraction_of_matmul`` = useful GFLOP/s / the square matmul's GFLOP/s.
+  """
+  cases = _cases(point, dispatches=dispatches, jits=jits,
+                 matmul_size=matmul_size)
+  times = timing.interleaved(cases, reps=reps, warmup=warmup)
+  matmul_gflops = (2.0 * matmul_size ** 3 / times.median("matmul") / 1e9
+                   if matmul_size else None)
+  base = {"benchmark": "moe_layer", **dataclasses.asdict(point),
+          "capacity": point.capacity, "reps": reps, **timing.machine()}
+  for name in cases:
+    if name == "matmul":
+      continue
+    gflops = point.useful_flops / times.median(name) / 1e9
+    record = {**base, "case": name, "median_sec": times.median(name),
+              "useful_gflops_per_sec": gflops, "seconds": times.seconds[name]}
+    if matmul_gflops:
+      record["fraction_of_matmul"] = gflops / matmul_gflops
+      record["matmul_gflops_per_sec"] = matmul_gflops
+    if name.startswith("moe_"):
+      _, dispatch, jit = name.split("_")
+      record["speed_vs_dense"] = times.ratio(f"dense_{jit}", name)
+      record.update(buffer_bytes(point, dispatch=dispatch))
+    yield record

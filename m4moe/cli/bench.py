@@ -1,0 +1,151 @@
+"""m4moe-bench: performance benchmarks, one JSON line per measurement.
+
+Usage:
+  m4moe-bench moe_layer [--experts=8,32,128] [--top_ks=1,2]
+      [--dispatches=index,einsum] [--jit=on,off] [--model_dim=512]
+      [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
+      [--capacity_factor=1.25] [--matmul_size=2048] [--memory]
+  m4moe-bench train_step [--batch_size=64] [--length=32]
+  m4moe-bench decode [--batch_size=32] [--beam_size=4]
+      [--max_decode_length=64] [--decode_configs=tiny/moe,tiny/dense]
+  m4moe-bench input_pipeline [--corpus_dir=DIR --vocab_dir=DIR]
+  common: [--reps=R] [--warmup=W]
+
+Every sub-benchmark times the cases it compares interleaved in one process
+(this machine's speed drifts) and prints medians over R reps after W warm-up
+calls, plus the ratios of issue 7 (see ``m4moe/benchmarks``).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Sequence
+
+from absl import app
+from absl import flags
+
+_REPS = flags.DEFINE_integer("reps", 3, "Timed repetitions per case.")
+_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls per case first.")
+_EXPERTS = flags.DEFINE_list("experts", ["32"], "moe_layer: E values.")
+_TOP_KS = flags.DEFINE_list("top_ks", ["2"], "moe_layer: k values (1, 2).")
+_DISPATCHES = flags.DEFINE_list("dispatches", ["index", "einsum"],
+                                "moe_layer: dispatch implementations.")
+_JIT = flags.DEFINE_list("jit", ["on", "off"], "moe_layer: XLA on/off.")
+_MODEL_DIM = flags.DEFINE_integer("model_dim", 512, "moe_layer: M.")
+_HIDDEN_DIM = flags.DEFINE_integer("hidden_dim", 2048, "moe_layer: H.")
+_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 4096, "moe_layer: N.")
+_GROUP_SIZE = flags.DEFINE_integer("group_size", 1024, "moe_layer: S.")
+_CAPACITY_FACTOR = flags.DEFINE_float("capacity_factor", 1.25,
+                                      "moe_layer: training capacity factor.")
+_MATMUL_SIZE = flags.DEFINE_integer(
+    "matmul_size", 2048, "moe_layer: square matmul for the GFLOP/s reference "
+    "(0: none).")
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", None, "train_step: rows (default 64); decode: sentences "
+    "(default 32).")
+_LENGTH = flags.DEFINE_integer("length", 32, "train_step: tokens per row.")
+_BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "decode: beam.")
+_MAX_DECODE_LENGTH = flags.DEFINE_integer("max_decode_length", 64,
+                                          "decode: max target tokens.")
+_SOURCE_LENGTH = flags.DEFINE_integer("source_length", 16,
+                                      "decode: source tokens.")
+_DECODE_CONFIGS = flags.DEFINE_list(
+    "decode_configs", ["tiny/moe", "tiny/dense"], "decode: zoo configs.")
+_STEP_CONFIGS = flags.DEFINE_list(
+    "step_configs", ["tiny/moe", "tiny/dense"],
+    "train_step: the two zoo configs compared (first vs second).")
+_CORPUS_DIR = flags.DEFINE_string(
+    "corpus_dir", None, "input_pipeline: built corpus (default: a synthetic "
+    "fixture corpus in a temporary directory).")
+_VOCAB_DIR = flags.DEFINE_string("vocab_dir", None,
+                                 "input_pipeline: m4moe-vocab output.")
+_BATCH_TOKENS = flags.DEFINE_integer("batch_size_tokens", 4096,
+                                     "input_pipeline: tokens per batch side.")
+_BATCHES_PER_REP = flags.DEFINE_integer(
+    "batches_per_rep", 20, "input_pipeline: batches per timed repetition.")
+_FIXTURE_PAIRS = flags.DEFINE_integer(
+    "fixture_pairs", 2000, "input_pipeline: pairs of the largest fixture "
+    "language.")
+
+BENCHMARKS = ("moe_layer", "train_step", "decode", "input_pipeline")
+
+
+def _jits() -> tuple[bool, ...]:
+  bad = [v for v in _JIT.value if v not in ("on", "off")]
+  if bad:
+    raise app.UsageError(f"--jit={','.join(_JIT.value)}: use on and/or off")
+  return tuple(v == "on" for v in _JIT.value)
+
+
+def _moe_layer() -> None:
+  from m4moe.benchmarks import moe_layer  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  for e in _EXPERTS.value:
+    for k in _TOP_KS.value:
+      point = moe_layer.LayerPoint(
+          num_experts=int(e), top_k=int(k), model_dim=_MODEL_DIM.value,
+          hidden_dim=_HIDDEN_DIM.value, num_tokens=_NUM_TOKENS.value,
+          group_size=_GROUP_SIZE.value,
+          capacity_factor=_CAPACITY_FACTOR.value)
+      for record in moe_layer.run_point(
+          point, dispatches=tuple(_DISPATCHES.value), jits=_jits(),
+          reps=_REPS.value, warmup=_WARMUP.value,
+          matmul_size=_MATMUL_SIZE.value):
+        timing.emit(record)
+
+
+def _train_step() -> None:
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  point = train_step.StepPoint(batch_size=_BATCH_SIZE.value or 64,
+                               length=_LENGTH.value)
+  if len(_STEP_CONFIGS.value) != 2:
+    raise app.UsageError("--step_configs takes exactly two configs")
+  for record in train_step.run(point, configs=tuple(_STEP_CONFIGS.value),
+                               reps=_REPS.value, warmup=_WARMUP.value):
+    timing.emit(record)
+
+
+def _decode() -> None:
+  from m4moe.benchmarks import decode  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  point = decode.DecodePoint(
+      batch_size=_BATCH_SIZE.value or 32, beam_size=_BEAM_SIZE.value,
+      max_decode_length=_MAX_DECODE_LENGTH.value,
+      source_length=_SOURCE_LENGTH.value)
+  for record in decode.run(point, configs=tuple(_DECODE_CONFIGS.value),
+                           reps=_REPS.value, warmup=_WARMUP.value):
+    timing.emit(record)
+
+
+def _input_pipeline() -> None:
+  from m4moe.benchmarks import input_pipeline  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  if (_CORPUS_DIR.value is None) != (_VOCAB_DIR.value is None):
+    raise app.UsageError("give both --corpus_dir and --vocab_dir, or neither")
+  point = input_pipeline.PipelinePoint(
+      batch_size_tokens=_BATCH_TOKENS.value,
+      batches_per_rep=_BATCHES_PER_REP.value,
+      fixture_pairs=_FIXTURE_PAIRS.value)
+  corpus = pathlib.Path(_CORPUS_DIR.value) if _CORPUS_DIR.value else None
+  vocab = pathlib.Path(_VOCAB_DIR.value) if _VOCAB_DIR.value else None
+  for record in input_pipeline.run(point, corpus_dir=corpus, vocab_dir=vocab,
+                                   reps=_REPS.value):
+    timing.emit(record)
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) != 2 or argv[1] not in BENCHMARKS:
+    raise app.UsageError(
+        f"usage: m4moe-bench <{'|'.join(BENCHMARKS)}> [flags]; got "
+        f"{' '.join(argv[1:]) or 'nothing'}")
+  {"moe_layer": _moe_layer, "train_step": _train_step, "decode": _decode,
+   "input_pipeline": _input_pipeline}[argv[1]]()
+
+
+def run() -> None:
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,84 @@
+"""Smoke tests of m4moe-bench: each sub-benchmark runs at tiny sizes and
+prints JSON lines carrying its config and the issue-7 ratios (no timing
+assertions)."""
+
+import json
+import math
+
+import pytest
+
+from m4moe.benchmarks import decode
+from m4moe.benchmarks import moe_layer
+from m4moe.benchmarks import timing
+from m4moe.benchmarks import train_step
+from m4moe.cli import bench
+
+
+def _finite_positive(record, *keys):
+  for key in keys:
+    assert math.isfinite(record[key]) and record[key] > 0, (key, record)
+
+
+def test_interleaved_runs_round_robin_after_warmup():
+  calls = []
+  times = timing.interleaved({"a": lambda: calls.append("a"),
+                              "b": lambda: calls.append("b")},
+                             reps=3, warmup=1)
+  assert calls == ["a", "b"] * 4
+  assert [len(v) for v in times.seconds.values()] == [3, 3]
+  with pytest.raises(ValueError, match="--reps"):
+    timing.interleaved({"a": lambda: None}, reps=0)
+
+
+def test_emit_prints_one_json_line(capsys):
+  timing.emit({"x": 1.23456789, "y": [0.5], "z": "s"})
+  out = capsys.readouterr().out
+  assert out.count("\n") == 1
+  assert json.loads(out) == {"x": 1.23457, "y": [0.5], "z": "s"}
+
+
+def test_buffer_accounting_einsum_grows_with_s_e_c():
+  point = moe_layer.LayerPoint(num_experts=128)
+  einsum = moe_layer.buffer_bytes(point, dispatch="einsum")
+  index = moe_layer.buffer_bytes(point, dispatch="index")
+  g, s, c = 4, 1024, point.capacity
+  assert c == 20
+  assert einsum["routing_bytes"] >= 4 * 2 * g * s * 128 * c
+  assert index["routing_bytes"] < einsum["routing_bytes"] / 5
+  assert index["expert_buffer_bytes"] == 2 * 4 * 128 * g * c * 512
+
+
+def test_moe_layer_tiny(capsys):
+  point = moe_layer.LayerPoint(num_experts=4, model_dim=8, hidden_dim=16,
+                               num_tokens=32, group_size=16, top_k=1)
+  records = list(moe_layer.run_point(point, dispatches=("index", "einsum"),
+                                     jits=(True,), reps=1, matmul_size=32))
+  cases = {r["case"]: r for r in records}
+  assert set(cases) == {"moe_index_jit", "moe_einsum_jit", "dense_jit"}
+  for name in ("moe_index_jit", "moe_einsum_jit"):
+    _finite_positive(cases[name], "speed_vs_dense", "fraction_of_matmul",
+                     "useful_gflops_per_sec", "total_bytes")
+    assert cases[name]["num_experts"] == 4 and cases[name]["top_k"] == 1
+  timing.emit(records[0])
+  assert json.loads(capsys.readouterr().out)["benchmark"] == "moe_layer"
+
+
+def test_train_step_tiny():
+  point = train_step.StepPoint(batch_size=2, length=4, vocab_size=50)
+  moe, dense = train_step.run(point, reps=1, warmup=1)
+  assert (moe["config"], dense["config"]) == ("tiny/moe", "tiny/dense")
+  _finite_positive(moe, "tokens_per_sec", "tokens_per_sec_vs_tiny/dense")
+  assert moe["tokens_per_step"] == 16
+
+
+def test_decode_tiny():
+  point = decode.DecodePoint(batch_size=2, beam_size=2, max_decode_length=3,
+                             source_length=4, vocab_size=50)
+  (record,) = decode.run(point, configs=("tiny/moe",), reps=1)
+  _finite_positive(record, "cached_speedup", "cached_sentences_per_sec")
+  assert record["identical_hypotheses"] is True
+
+
+def test_cli_rejects_unknown_benchmark():
+  with pytest.raises(bench.app.UsageError, match="moe_layer"):
+    bench.main(["m4moe-bench", "nope"])

@@ -18,7 +18,16 @@ Two implementations with identical outputs and gradients:
   O(G*E*C*M) = O(capacity_factor * k * G*S*M). Static shapes and int32
   indices only, so it compiles under XLA (``jit_compile=True``).
 
-Both call an :class:`ExpertFn` on the dispatched buffers
+* :func:`block_dispatch_combine` -- for a small token count with a large
+  capacity (the no-drop eval capacity C = S makes the buffers E*S rows per
+  group, E/K times the useful rows -- the decoding case). The T = G*S*K
+  choices are sorted by expert into rows padded per expert to a multiple of
+  a block size b; each block of b rows belongs to one expert, whose weights
+  are gathered per block (``block_fn``). Rows: at most T + E*(b-1), so the
+  cost grows with S*K, not E*C. Same outputs as the buffer paths (each row
+  meets the same weights). Static shapes, int32 only.
+
+The first two call an :class:`ExpertFn` on the dispatched buffers
 ``<activation dtype>[E, G, C, M]``. Empty slots hold zero rows; experts
 without biases map them to zero, and they are never combined anyway.
 """
@@ -99,6 +108,100 @@ def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
       tf.reshape(rows, [-1, 1]), tf.reshape(weighted, [-1, model_dim]),
       tf.stack([num_tokens + 1, model_dim]))
   return tf.reshape(combined[:-1], tf.shape(x))
+
+
+class BlockFn(Protocol):
+  """The experts on expert-homogeneous blocks of rows."""
+
+  def __call__(self, blocks: tf.Tensor, block_expert: tf.Tensor) -> tf.Tensor:
+    """<dtype>[NB, b, M] rows, <int32>[NB] expert of each block -> outputs."""
+
+
+def block_layout(*, num_choices: int, num_experts: int) -> tuple[int, int]:
+  """(block size b, number of blocks NB) for T = ``num_choices`` choices.
+
+  b = ceil(T / (2E)) balances the padding rows (at most E*(b-1)) against the
+  number of per-block weight gathers; NB = ceil((T + E*(b-1)) / b) blocks
+  hold any assignment of the T choices.
+  """
+  block = max(1, -(-num_choices // (2 * num_experts)))
+  rows = num_choices + num_experts * (block - 1)
+  return block, -(-rows // block)
+
+
+def block_rows_are_fewer(*, num_choices: int, num_experts: int,
+                         buffer_rows: int) -> bool:
+  """True if the block layout has fewer rows than the E*G*C buffers."""
+  block, num_blocks = block_layout(num_choices=num_choices,
+                                   num_experts=num_experts)
+  return block * num_blocks < buffer_rows
+
+
+def _sorted_rows(expert: tf.Tensor, kept: tf.Tensor, *, num_experts: int,
+                 block: int, num_rows: int) -> tuple[tf.Tensor, tf.Tensor]:
+  """Row of each choice in the expert-sorted, block-padded layout.
+
+  Args:
+    expert: <int32>[T] expert of each choice; kept: <bool>[T] dispatched.
+    num_experts: E; block: b; num_rows: NB*b.
+
+  Returns:
+    (row <int32>[T] (``num_rows`` for choices not dispatched),
+     block_expert <int32>[NB] expert of each block (E-1 past the last one)).
+  """
+  one_hot = tf.one_hot(tf.where(kept, expert, num_experts), num_experts + 1,
+                       dtype=tf.int32)[:, :num_experts]  # [T, E]
+  counts = tf.reduce_sum(one_hot, axis=0)
+  padded = (counts + block - 1) // block * block
+  end = tf.cumsum(padded)
+  start = end - padded
+  rank = tf.reduce_sum(tf.cumsum(one_hot, axis=0, exclusive=True) * one_hot,
+                       axis=1)
+  row = tf.where(kept, tf.gather(start, tf.minimum(expert, num_experts - 1)) +
+                 rank, num_rows)
+  block_start = tf.range(0, num_rows, block)
+  block_expert = tf.reduce_sum(tf.cast(
+      end[tf.newaxis, :] <= block_start[:, tf.newaxis], tf.int32), axis=1)
+  return row, tf.minimum(block_expert, num_experts - 1)
+
+
+def block_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
+                           block_fn: BlockFn) -> tf.Tensor:
+  """Expert-sorted blocks: cost O(S*K) rows; same result as the buffers.
+
+  Args:
+    x: <dtype>[G, S, M] tokens, G static.
+    routing: a token-choice router's result (per-token view).
+    block_fn: the experts on blocks.
+
+  Returns:
+    <dtype>[G, S, M] combined expert outputs (0 for tokens with no slot).
+  """
+  num_groups, group_size, model_dim = x.shape
+  num_experts = routing.num_experts
+  num_k = routing.expert_index.shape[-1]
+  num_choices = num_groups * group_size * num_k
+  block, num_blocks = block_layout(num_choices=num_choices,
+                                   num_experts=num_experts)
+  num_rows = block * num_blocks
+  row, block_expert = _sorted_rows(
+      tf.reshape(routing.expert_index, [-1]),
+      tf.reshape(routing.buffer_position >= 0, [-1]),
+      num_experts=num_experts, block=block, num_rows=num_rows)
+  token = tf.repeat(tf.range(num_groups * group_size), num_k)  # [T]
+  # Token of each row (T: empty row, the zero row of the table).
+  row_token = tf.math.unsorted_segment_min(token, row, num_rows + 1)
+  row_token = tf.minimum(row_token[:-1], num_choices // num_k)
+  table = tf.concat([tf.reshape(x, [-1, model_dim]),
+                     tf.zeros([1, model_dim], x.dtype)], axis=0)
+  blocks = tf.reshape(tf.gather(table, row_token),
+                      [num_blocks, block, model_dim])
+  outputs = tf.reshape(block_fn(blocks, block_expert), [num_rows, model_dim])
+  outputs = tf.concat([outputs, tf.zeros([1, model_dim], x.dtype)], axis=0)
+  weight = tf.cast(tf.reshape(routing.combine_weights, [-1, 1]), x.dtype)
+  per_choice = tf.gather(outputs, row) * weight  # [T, M]
+  return tf.reduce_sum(tf.reshape(per_choice, [num_groups, group_size, num_k,
+                                               model_dim]), axis=2)
 
 
 DISPATCHERS: dict[str, Callable[[tf.Tensor, RoutingResult, ExpertFn],

@@ -5,6 +5,7 @@ Dimensions cheat sheet:
   B: batch, L: sequence length, N = B*L tokens
   G: groups, S: group size, E: experts, C: expert capacity
   M: model width, H: expert hidden width
+  X: expert-homogeneous blocks, R: rows per block (block dispatch)
 
 ``MoeLayer`` turns ``<dtype>[B, L, M]`` into N tokens, moves the real tokens
 to the front (keeping their order) so that adding padding never changes
@@ -132,6 +133,21 @@ class FeedForwardExperts(tf.Module):
       h *= keep
     return tf.einsum(f"EGCH,EHM->{output_layout}", h, tf.cast(self.wo, dtype))
 
+  def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor) -> tf.Tensor:
+    """Applies expert ``block_expert[x]`` to block x (no dropout).
+
+    Args:
+      blocks: <dtype>[X, R, M] rows; block_expert: <int32>[X].
+
+    Returns:
+      <dtype>[X, R, M] expert outputs.
+    """
+    dtype = blocks.dtype
+    wi = tf.cast(tf.gather(self.wi, block_expert), dtype)  # [X, M, H]
+    wo = tf.cast(tf.gather(self.wo, block_expert), dtype)  # [X, H, M]
+    h = tf.nn.relu(tf.einsum("XRM,XMH->XRH", blocks, wi))
+    return tf.einsum("XRH,XHM->XRM", h, wo)
+
   def _dropout_scale(self, buffer_shape: tf.Tensor, *, dtype: tf.DType,
                      seed: tf.Tensor) -> tf.Tensor:
     """<dtype>[E, G, C, H]: 0 for dropped hidden units, 1/(1-rate) else."""
@@ -250,10 +266,14 @@ class MoeLayer(tf.Module):
     result = self.router(grouped, padding_mask=grouped_mask,
                          capacity=capacity, training=training,
                          seed=router_seed)
-    expert_fn = functools.partial(self.experts, training=training,
-                                  seed=expert_seed)
-    combined = dispatch_lib.dispatch_combine(
-        grouped, result, expert_fn, implementation=self.config.moe.dispatch)
+    if self._use_blocks(grouped, result, training=training):
+      combined = dispatch_lib.block_dispatch_combine(grouped, result,
+                                                     self.experts.blocks)
+    else:
+      expert_fn = functools.partial(self.experts, training=training,
+                                    seed=expert_seed)
+      combined = dispatch_lib.dispatch_combine(
+          grouped, result, expert_fn, implementation=self.config.moe.dispatch)
     outputs = tf.gather(tf.reshape(combined, [-1, model_dim]), position)
     moe = self.config.moe
     return MoeOutput(
@@ -262,6 +282,26 @@ class MoeLayer(tf.Module):
         weighted_loss=(moe.aux_loss_weight * result.aux_loss +
                        moe.z_loss_weight * result.z_loss),
         stats=result.stats)
+
+  def _use_blocks(self, grouped: tf.Tensor, result: routing.RoutingResult, *,
+                  training: bool) -> bool:
+    """Block dispatch for ``--dispatch=index`` when it computes fewer rows.
+
+    That is a large capacity for few tokens (the no-drop eval capacity C = S
+    at decoding: E*C buffer rows per group vs at most S*K + E*(b-1) block
+    rows). Needs the per-token routing view, a static G and no expert
+    dropout.
+    """
+    moe = self.config.moe
+    if (moe.dispatch != "index" or result.expert_index is None or
+        grouped.shape[0] is None or
+        (training and moe.expert_dropout_rate > 0)):
+      return False
+    num_groups, group_size = grouped.shape[0], grouped.shape[1]
+    return dispatch_lib.block_rows_are_fewer(
+        num_choices=num_groups * group_size * result.expert_index.shape[-1],
+        num_experts=moe.num_experts,
+        buffer_rows=moe.num_experts * num_groups * result.capacity)
 
   def _group(self, tokens: tf.Tensor, mask: tf.Tensor):
     """Compacts real tokens to the front and splits them into groups.

@@ -171,3 +171,64 @@ def test_layers_with_either_dispatch_agree_with_dropout_and_drops(router):
     results[implementation] = [out.outputs, *grads]
   for a, b in zip(results["index"], results["einsum"]):
     np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+
+
+def _run_blocks(router, experts, x, mask, capacity):
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    result = router(x, padding_mask=mask, capacity=capacity, training=True,
+                    seed=SEED)
+    y = dispatch.block_dispatch_combine(x, result, experts.blocks)
+    loss = tf.reduce_sum(y * tf.sin(tf.range(M, dtype=tf.float32)))
+  grads = tape.gradient(loss, [x, router.wg, experts.wi, experts.wo])
+  return y, grads
+
+
+@pytest.mark.parametrize("name", [n for n in ROUTERS if n != "expert_choice"])
+@pytest.mark.parametrize("capacity", [10, 2])  # no-drop (C = S) and drops
+def test_block_dispatch_matches_index_in_values_and_gradients(name, capacity):
+  x, mask = _inputs()
+  experts = _experts()
+  y_index, g_index = _run("index", ROUTERS[name], experts, x, mask, capacity)
+  y_block, g_block = _run_blocks(ROUTERS[name], experts, x, mask, capacity)
+  np.testing.assert_allclose(y_block, y_index, rtol=1e-5, atol=1e-6)
+  for a, b in zip(g_block, g_index):
+    np.testing.assert_allclose(tf.convert_to_tensor(a),
+                               tf.convert_to_tensor(b), rtol=1e-4, atol=1e-5)
+
+
+def test_block_layout_rows_hold_any_assignment_and_beat_no_drop_buffers():
+  block, num_blocks = dispatch.block_layout(num_choices=256, num_experts=8)
+  assert (block, num_blocks) == (16, 24)  # 256 + 8*15 = 376 <= 384 rows
+  # All 256 choices on one expert, or spread with maximal padding, fit.
+  assert block * num_blocks >= 256 + 8 * (block - 1)
+  assert dispatch.block_rows_are_fewer(num_choices=256, num_experts=8,
+                                       buffer_rows=8 * 128)
+  # Training capacity (cf 1.25): the buffers are smaller, blocks unused.
+  assert not dispatch.block_rows_are_fewer(num_choices=2048, num_experts=32,
+                                           buffer_rows=32 * 80)
+
+
+def test_no_drop_layer_uses_blocks_and_equals_buffer_path():
+  config = ModelConfig(d_model=M, moe=MoeConfig(
+      num_experts=E, expert_hidden_dim=H, group_size=16,
+      eval_capacity_factor=0.0, dispatch="index"))
+  layer = MoeLayer(config=config, causal=True)
+  rng = np.random.default_rng(3)
+  x = tf.constant(rng.normal(size=(3, 5, M)), tf.float32)
+  mask = tf.constant(rng.random((3, 5)) > 0.3, tf.float32)
+  grouped, grouped_mask, _ = layer._group(tf.reshape(x, [-1, M]),
+                                          tf.reshape(mask, [-1]))
+  result = layer.router(grouped, padding_mask=grouped_mask,
+                        capacity=grouped.shape[1], training=False)
+  assert layer._use_blocks(grouped, result, training=False)
+  out = layer(x, padding_mask=mask, training=False).outputs
+  buffers = dispatch.index_dispatch_combine(grouped, result, layer.experts)
+  position = layer._group(tf.reshape(x, [-1, M]), tf.reshape(mask, [-1]))[2]
+  expected = tf.reshape(tf.gather(tf.reshape(buffers, [-1, M]), position),
+                        x.shape)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+  compiled = tf.function(lambda x: layer(x, padding_mask=mask,
+                                         training=False).outputs,
+                         jit_compile=True)
+  np.testing.assert_allclose(compiled(x), expected, rtol=1e-5, atol=1e-6)

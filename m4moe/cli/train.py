@@ -227,3 +227,7 @@ def main(argv):
 
 def run():
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -19,7 +19,9 @@ the next run; --restart_from=<stage> forgets it and every later stage.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import shutil
 import subprocess
 import time
 
@@ -80,6 +82,27 @@ def _prepare_fixtures(recipe: main_job.Recipe, run_dir: pathlib.Path) -> None:
     fixtures.write_catalog(po, root / locale / "LC_MESSAGES" / "demo.po")
 
 
+def _ensure_apt_lists(recipe: main_job.Recipe) -> None:
+  """Runs ``apt-get update`` once if the package lists are empty.
+
+  ``apt-get download`` (the Debian half of the corpus recipe) finds nothing
+  on a fresh machine whose lists were never fetched. Only done as root;
+  otherwise the corpus builder skips the Debian half and says so.
+  """
+  if not recipe.use_packaged_corpus_recipe or not shutil.which("apt-get"):
+    return
+  lists = pathlib.Path("/var/lib/apt/lists")
+  if lists.is_dir() and any(lists.glob("*_Packages*")):
+    return
+  if os.geteuid() != 0:
+    logging.warning("apt package lists are empty and this is not root: the "
+                    "Debian half of the corpus will be skipped (run "
+                    "'sudo apt-get update' first to include it)")
+    return
+  print("m4moe-run: apt-get update (package lists are empty)", flush=True)
+  subprocess.run(["apt-get", "update", "-q"], check=False)
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -102,6 +125,7 @@ def main(argv: list[str]) -> None:
     print(f"{header}\n  $ {' '.join(stage.command())}", flush=True)
     if stage.name == "corpus":
       _prepare_fixtures(recipe, run_dir)
+      _ensure_apt_lists(recipe)
     stage_start = time.monotonic()
     result = subprocess.run(stage.command(), check=False)
     if result.returncode != 0:

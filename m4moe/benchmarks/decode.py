@@ -6,7 +6,10 @@ required), as importable functions: the two searches are
 :func:`m4moe.decoding.translate_ids` and
 :func:`m4moe.decoding.translate_ids_uncached`. Several configs (e.g.
 tiny/moe and tiny/dense) are timed interleaved in one process, so the MoE
-vs dense decoding cost is a ratio too.
+vs dense decoding cost is a ratio too. A config name ending in
+``+buffers`` (e.g. ``tiny/moe+buffers``) is the same model with the block
+dispatch of no-drop MoE layers switched off (the E*C buffer path), to
+measure what :func:`m4moe.dispatch.block_dispatch_combine` buys.
 """
 
 from __future__ import annotations
@@ -36,12 +39,19 @@ def searches(config_name: str, point: DecodePoint
              ) -> dict[str, Callable[[tf.Tensor], decoding.BeamSearchOutput]]:
   """{"cached": fn, "uncached": fn} compiled searches of a random model."""
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe import moe_layer  # pylint: disable=g-import-not-at-top
+  buffers = config_name.endswith("+buffers")
+  config_name = config_name.removesuffix("+buffers")
   config = config_lib.load_model_config(
       config_name, src_vocab_size=point.vocab_size,
       tgt_vocab_size=point.vocab_size, dropout_rate=0.0,
       attention_dropout_rate=0.0)
   tf.random.set_seed(0)
   model = model_lib.Transformer(config=config)
+  if buffers:
+    for layer in model.submodules:
+      if isinstance(layer, moe_layer.MoeLayer):
+        layer._use_blocks = lambda *args, **kwargs: False  # pylint: disable=protected-access
   beam = decoding.BeamSearchConfig(beam_size=point.beam_size, alpha=0.6,
                                    max_decode_length=point.max_decode_length)
   spec = [tf.TensorSpec([None, None], tf.int32)]

@@ -66,13 +66,14 @@ def test_moe_layer_tiny(capsys):
 
 @pytest.fixture(scope="module")
 def one_layer_configs(tmp_path_factory):
-  """tiny/moe and tiny/dense flagfiles cut to two encoder and decoder layers."""
+  """tiny/moe and tiny/dense flagfiles cut to one layer each (an MoE one)."""
   root = tmp_path_factory.mktemp("configs")
   paths = []
   for name in ("moe", "dense"):
     path = root / f"{name}.flags"
     path.write_text(f"--flagfile={config_lib.resolve_config_path('tiny/' + name)}"
-                    "\n--num_encoder_layers=2\n--num_decoder_layers=2\n")
+                    "\n--num_encoder_layers=1\n--num_decoder_layers=1\n"
+                    "--moe_layer_offset=0\n--d_model=32\n--d_kv=8\n")
     paths.append(str(path))
   return tuple(paths)
 

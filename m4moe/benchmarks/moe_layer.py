@@ -79,6 +79,7 @@ def _inputs(point: LayerPoint) -> tf.Tensor:
 def moe_case(point: LayerPoint, *, dispatch: str,
              jit: bool) -> Callable[[], Any]:
   """A blocking zero-argument call: MoE forward+backward (x and weights)."""
+  tf.random.set_seed(0)  # seeded init: works with op determinism enabled
   layer = moe_layer.MoeLayer(config=model_config(point, dispatch=dispatch),
                              causal=False)
   x = _inputs(point)

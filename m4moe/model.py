@@ -39,6 +39,7 @@ from typing import Any, Mapping, NamedTuple
 import tensorflow as tf
 
 from m4moe import layers
+from m4moe import sharding as sharding_lib
 from m4moe.config import ModelConfig
 from m4moe.moe_layer import MoeLayer
 
@@ -164,9 +165,11 @@ def _default_packing(ids: tf.Tensor, segment_ids: tf.Tensor | None,
   return tf.cast(segment_ids, tf.int32), tf.cast(positions, tf.int32)
 
 
-def _make_ffn(config: ModelConfig, index: int, *, causal: bool) -> tf.Module:
+def _make_ffn(config: ModelConfig, index: int, *, causal: bool,
+              sharding: sharding_lib.Sharding) -> tf.Module:
   if config.moe.is_moe_layer(index):
-    return MoeLayer(config=config, causal=causal, name="moe")
+    return MoeLayer(config=config, causal=causal, name="moe",
+                    sharding=sharding)
   return layers.DenseFfn(d_model=config.d_model, d_ff=config.d_ff,
                          init_scale=config.init_scale, name="ffn")
 
@@ -191,7 +194,7 @@ class _Layer(tf.Module):
   """Shared pieces of encoder and decoder layers."""
 
   def __init__(self, *, config: ModelConfig, index: int, causal: bool,
-               name: str):
+               name: str, sharding: sharding_lib.Sharding):
     super().__init__(name=name)
     self.dropout_rate = config.dropout_rate
     with self.name_scope:
@@ -199,7 +202,7 @@ class _Layer(tf.Module):
                                                   name="self_attention_norm")
       self.self_attention = _attention(config, "self_attention")
       self.ffn_norm = layers.LayerNorm(d_model=config.d_model, name="ffn_norm")
-      self.ffn = _make_ffn(config, index, causal=causal)
+      self.ffn = _make_ffn(config, index, causal=causal, sharding=sharding)
 
   @property
   def is_moe(self) -> bool:
@@ -224,8 +227,10 @@ class EncoderLayer(_Layer):
   """Self-attention + (dense or MoE) feed-forward, pre-layer-norm."""
 
   def __init__(self, *, config: ModelConfig, index: int,
-               name: str = "encoder_layer"):
-    super().__init__(config=config, index=index, causal=False, name=name)
+               name: str = "encoder_layer",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    super().__init__(config=config, index=index, causal=False, name=name,
+                     sharding=sharding)
 
   def __call__(self, x: tf.Tensor, *, bias: tf.Tensor,
                padding_mask: tf.Tensor, training: bool,
@@ -254,8 +259,10 @@ class DecoderLayer(_Layer):
   """Causal self-attention + cross-attention + (dense or MoE) FFN."""
 
   def __init__(self, *, config: ModelConfig, index: int,
-               name: str = "decoder_layer"):
-    super().__init__(config=config, index=index, causal=True, name=name)
+               name: str = "decoder_layer",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    super().__init__(config=config, index=index, causal=True, name=name,
+                     sharding=sharding)
     with self.name_scope:
       self.cross_attention_norm = layers.LayerNorm(
           d_model=config.d_model, name="cross_attention_norm")
@@ -339,7 +346,8 @@ class Transformer(tf.Module):
   """
 
   def __init__(self, *, config: ModelConfig, name: str = "transformer",
-               share_target_embedding: bool = False):
+               share_target_embedding: bool = False,
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(name=name)
     self.config = config
     self.dtype = _DTYPES[config.activation_dtype]
@@ -353,10 +361,12 @@ class Transformer(tf.Module):
           vocab_size=c.tgt_vocab_size, d_model=c.d_model,
           init_scale=c.init_scale, name="target_embedding")
       self.encoder_layers = [
-          EncoderLayer(config=c, index=i, name=f"encoder_layer_{i}")
+          EncoderLayer(config=c, index=i, name=f"encoder_layer_{i}",
+                       sharding=sharding)
           for i in range(c.num_encoder_layers)]
       self.decoder_layers = [
-          DecoderLayer(config=c, index=i, name=f"decoder_layer_{i}")
+          DecoderLayer(config=c, index=i, name=f"decoder_layer_{i}",
+                       sharding=sharding)
           for i in range(c.num_decoder_layers)]
       self.encoder_norm = layers.LayerNorm(d_model=c.d_model,
                                            name="encoder_norm")

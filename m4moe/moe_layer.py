@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from m4moe import dispatch as dispatch_lib
 from m4moe import routing
+from m4moe import sharding as sharding_lib
 from m4moe.config import ConfigError, ModelConfig
 
 
@@ -92,9 +93,11 @@ class FeedForwardExperts(tf.Module):
 
   def __init__(self, *, num_experts: int, model_dim: int, hidden_dim: int,
                init_scale: float, dropout_rate: float = 0.0,
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
                name: str = "experts"):
     super().__init__(name=name)
     self.dropout_rate = dropout_rate
+    self.sharding = sharding
     with self.name_scope:
       self.wi = tf.Variable(routing.truncated_normal_init(
           (num_experts, model_dim, hidden_dim), fan_in=model_dim,
@@ -118,20 +121,28 @@ class FeedForwardExperts(tf.Module):
       <dtype>[E, G, C, M] or <dtype>[G, E, C, M] expert outputs.
     """
     dtype = dispatched.dtype
+    shard = self.sharding
+    # GShard's AllToAll: dispatched buffers are re-split from groups to E.
+    dispatched = shard.split(dispatched, dim=0, axis="expert",
+                             name="dispatched")
     keep = None
     if training and self.dropout_rate > 0:
       if seed is None:
         raise ValueError("expert dropout needs seed=<int32>[2] when training")
       keep = self._dropout_scale(tf.shape(dispatched), dtype=dtype, seed=seed)
     num_experts = self.wi.shape[0]
-    if (output_layout == "EGCM" and
+    # Per-expert matmuls would put every expert on every device when sharded.
+    if (output_layout == "EGCM" and not shard.enabled and
         num_experts <= _PER_EXPERT_MATMUL_MAX_EXPERTS):
       return self._per_expert(dispatched, keep)
-    h = tf.nn.relu(tf.einsum("EGCM,EMH->EGCH", dispatched,
-                             tf.cast(self.wi, dtype)))
+    wi = shard.split(tf.cast(self.wi, dtype), dim=0, axis="expert", name="wi")
+    wo = shard.split(tf.cast(self.wo, dtype), dim=0, axis="expert", name="wo")
+    h = tf.nn.relu(tf.einsum("EGCM,EMH->EGCH", dispatched, wi))
     if keep is not None:
       h *= keep
-    return tf.einsum(f"EGCH,EHM->{output_layout}", h, tf.cast(self.wo, dtype))
+    out = tf.einsum(f"EGCH,EHM->{output_layout}", h, wo)
+    return shard.split(out, dim=output_layout.index("E"), axis="expert",
+                       name="expert_outputs")
 
   def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor) -> tf.Tensor:
     """Applies expert ``block_expert[x]`` to block x (no dropout).
@@ -200,13 +211,16 @@ def _compaction_permutation(mask: tf.Tensor) -> tf.Tensor:
 class MoeLayer(tf.Module):
   """GShard/Switch MoE layer replacing a Transformer feed-forward layer."""
 
-  def __init__(self, *, config: ModelConfig, causal: bool, name: str = "moe"):
+  def __init__(self, *, config: ModelConfig, causal: bool, name: str = "moe",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     """Builds the router and the experts.
 
     Args:
       config: the model config; ``config.moe`` must have experts.
       causal: True in the decoder (rejects ``--router=expert_choice``).
       name: module name.
+      sharding: GShard annotations (groups split on ``data``, experts on
+        ``expert``); the default annotates nothing.
 
     Raises:
       ConfigError: for a config this layer cannot run.
@@ -215,13 +229,15 @@ class MoeLayer(tf.Module):
     _check_config(config, causal=causal)
     self.config = config
     self.causal = causal
+    self.sharding = sharding
     moe = config.moe
     with self.name_scope:
       self.router = routing.make_router(config, name="router")
       self.experts = FeedForwardExperts(
           num_experts=moe.num_experts, model_dim=config.d_model,
           hidden_dim=moe.expert_hidden_dim, init_scale=config.init_scale,
-          dropout_rate=moe.expert_dropout_rate, name="experts")
+          dropout_rate=moe.expert_dropout_rate, sharding=sharding,
+          name="experts")
 
   def uses_randomness(self, *, training: bool) -> bool:
     return (self.router.uses_randomness(training=training) or
@@ -261,6 +277,9 @@ class MoeLayer(tf.Module):
     tokens = tf.reshape(x, [-1, model_dim])
     mask = tf.reshape(tf.cast(padding_mask, tf.float32), [-1])
     grouped, grouped_mask, position = self._group(tokens, mask)
+    grouped = self.sharding.split(grouped, dim=0, axis="data", name="groups")
+    grouped_mask = self.sharding.split(grouped_mask, dim=0, axis="data",
+                                       name="group_mask")
     capacity = self.config.moe.capacity(group_size=grouped.shape[1],
                                         training=training)
     result = self.router(grouped, padding_mask=grouped_mask,
@@ -274,6 +293,8 @@ class MoeLayer(tf.Module):
                                     seed=expert_seed)
       combined = dispatch_lib.dispatch_combine(
           grouped, result, expert_fn, implementation=self.config.moe.dispatch)
+    combined = self.sharding.split(combined, dim=0, axis="data",
+                                   name="combined")
     outputs = tf.gather(tf.reshape(combined, [-1, model_dim]), position)
     moe = self.config.moe
     return MoeOutput(
@@ -294,6 +315,7 @@ class MoeLayer(tf.Module):
     """
     moe = self.config.moe
     if (moe.dispatch != "index" or result.expert_index is None or
+        self.sharding.enabled or  # blocks gather weights across experts
         grouped.shape[0] is None or
         (training and moe.expert_dropout_rate > 0)):
       return False

@@ -186,9 +186,8 @@ def test_setup_py_declares_the_console_scripts():
 
 @pytest.mark.parametrize("name", _console_scripts())
 def test_every_console_script_has_a_py_binary(targets, name):
-  if not (ROOT / "m4moe" / "cli" / f"{name}.py").is_file():
-    pytest.skip(f"m4moe/cli/{name}.py does not exist yet, so m4moe/cli/BUILD "
-                "defines no binary for it")
+  assert (ROOT / "m4moe" / "cli" / f"{name}.py").is_file(), (
+      f"setup.py declares m4moe-{name} but m4moe/cli/{name}.py is missing")
   target = targets.get(f"//m4moe/cli:{name}")
   assert target is not None and target.rule == "py_binary", name
   assert target.attrs["main"] == f"{name}.py"

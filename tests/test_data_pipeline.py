@@ -1,6 +1,5 @@
 """tf.data pipeline: packing invariants, sampling, determinism, resume."""
 
-import collections
 
 import numpy as np
 import pytest

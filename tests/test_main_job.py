@@ -1,7 +1,6 @@
 """The main job (m4moe-run): stage planning, an end-to-end smoke run, resume."""
 
 import json
-import pathlib
 import subprocess
 import sys
 

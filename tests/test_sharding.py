@@ -8,7 +8,6 @@ TPU, and we check that text. Multi-device DTensor runs are in
 
 from __future__ import annotations
 
-import inspect
 
 import numpy as np
 import pytest
@@ -178,14 +177,6 @@ def test_xla_absent_axis_means_not_split():
   assert found["moe/expert_wi"] == "{replicated}"
 
 
-def _moe_layer_takes_sharding() -> bool:
-  from m4moe import moe_layer  # pylint: disable=g-import-not-at-top
-  return "sharding" in inspect.signature(moe_layer.MoeLayer).parameters
-
-
-@pytest.mark.skipif(not _moe_layer_takes_sharding(),
-                    reason="MoeLayer has no sharding= argument yet (see the "
-                    "call sites in m4moe/sharding.py's docstring)")
 @pytest.mark.parametrize("dispatch", ("index", "einsum"))
 def test_real_moe_layer_hlo_annotations(dispatch):
   from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
@@ -227,13 +218,6 @@ def test_real_moe_layer_hlo_annotations(dispatch):
   np.testing.assert_allclose(loss, ref, rtol=1e-5)
 
 
-def _transformer_takes_sharding() -> bool:
-  from m4moe import model  # pylint: disable=g-import-not-at-top
-  return "sharding" in inspect.signature(model.Transformer).parameters
-
-
-@pytest.mark.skipif(not _transformer_takes_sharding(),
-                    reason="Transformer has no sharding= argument yet")
 def test_transformer_train_step_hlo_annotates_every_moe_layer():
   from m4moe import config as config_lib, losses, model  # pylint: disable=g-import-not-at-top,g-multiple-import
   config = config_lib.load_model_config("tiny/moe", (

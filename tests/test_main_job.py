@@ -100,3 +100,19 @@ def test_unknown_restart_stage_is_a_usage_error(tmp_path):
   assert result.returncode != 0
   assert "--restart_from='nope' is not a stage" in result.stderr
   assert "corpus, vocab" in result.stderr
+
+
+def test_a_preempted_training_stage_is_not_marked_done(tmp_path):
+  from m4moe.cli import run as run_cli  # pylint: disable=g-import-not-at-top
+  stage = main_job.Stage(name="train_moe", description="", tool="train",
+                         args=(f"--model_dir={tmp_path}", "--train_steps=9"))
+  assert not run_cli._training_finished(stage)  # no metrics log yet
+  log = tmp_path / "metrics.jsonl"
+  records = [{"kind": "start", "step": 0}, {"kind": "end", "step": 4,
+                                            "reason": "preempted"}]
+  log.write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert not run_cli._training_finished(stage)
+  records += [{"kind": "start", "step": 4},
+              {"kind": "end", "step": 9, "reason": "done"}]
+  log.write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert run_cli._training_finished(stage)

@@ -69,6 +69,25 @@ def _forget_from(stages: list[main_job.Stage], run_dir: pathlib.Path,
     _marker(run_dir, stage).unlink(missing_ok=True)
 
 
+def _training_finished(stage: main_job.Stage) -> bool:
+  """Whether a train stage's run ended with reason "done".
+
+  ``m4moe-train`` exits 0 after a SIGTERM too (it saves and stops, as on a
+  preempted TPU VM); such a stage is not finished and must run again, which
+  resumes from the saved checkpoint.
+  """
+  model_dir = next(a.partition("=")[2] for a in stage.args
+                   if a.startswith("--model_dir="))
+  metrics = pathlib.Path(model_dir) / "metrics.jsonl"
+  reason = None
+  if metrics.is_file():
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+      record = json.loads(line) if line.strip() else {}
+      if record.get("kind") == "end":
+        reason = record.get("reason")
+  return reason == "done"
+
+
 def _prepare_fixtures(recipe: main_job.Recipe, run_dir: pathlib.Path) -> None:
   """Writes the generated catalog tree the ``smoke`` recipe builds from."""
   if recipe.use_packaged_corpus_recipe:
@@ -133,6 +152,11 @@ def main(argv: list[str]) -> None:
           f"m4moe-run: stage {stage.name!r} failed (exit {result.returncode})"
           f"; fix the error above and re-run the same command: finished "
           f"stages are skipped")
+    if stage.tool == "train" and not _training_finished(stage):
+      raise SystemExit(
+          f"m4moe-run: stage {stage.name!r} stopped before its last step "
+          f"(preempted or interrupted); re-run the same command to resume "
+          f"it from its last checkpoint")
     _write_marker(marker, stage, time.monotonic() - stage_start)
     logging.info("stage %s took %.0f s (total %.0f s)", stage.name,
                  time.monotonic() - stage_start, time.monotonic() - start)

@@ -46,8 +46,9 @@ class LayerPoint:
 
   @property
   def capacity(self) -> int:
-    raw = self.capacity_factor * self.top_k * self.group_size / self.num_experts
-    return max(1, min(self.group_size, int(-(-raw // 1))))
+    """C at training time, as the layer computes it (MoeConfig.capacity)."""
+    return model_config(self, dispatch="index").moe.capacity(
+        group_size=self.group_size, training=True)
 
   @property
   def useful_flops(self) -> float:

@@ -213,6 +213,16 @@ class _Layer(tf.Module):
     return x + layers.dropout(branch, rate=self.dropout_rate,
                               training=training, seed=seed)
 
+  def _self_attention_residual(self, x: tf.Tensor, *, bias: tf.Tensor,
+                               training: bool,
+                               seed: tf.Tensor | None) -> tf.Tensor:
+    """Pre-LN self-attention block with dropout on the residual branch."""
+    h = self.self_attention_norm(x)
+    h = self.self_attention(h, h, bias=bias, training=training,
+                            seed=layers.fold_seed(seed, 0))
+    return self._residual(x, h, training=training,
+                          seed=layers.fold_seed(seed, 1))
+
   def _ffn_residual(self, x: tf.Tensor, *, padding_mask: tf.Tensor,
                     training: bool,
                     seed: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
@@ -247,10 +257,8 @@ class EncoderLayer(_Layer):
     Returns:
       (<dtype>[B, Ls, M], MoeOutput or None).
     """
-    h = self.self_attention_norm(x)
-    h = self.self_attention(h, h, bias=bias, training=training,
-                            seed=layers.fold_seed(seed, 0))
-    x = self._residual(x, h, training=training, seed=layers.fold_seed(seed, 1))
+    x = self._self_attention_residual(x, bias=bias, training=training,
+                                      seed=seed)
     return self._ffn_residual(x, padding_mask=padding_mask, training=training,
                               seed=seed)
 
@@ -286,10 +294,8 @@ class DecoderLayer(_Layer):
     Returns:
       (<dtype>[B, Lt, M], MoeOutput or None).
     """
-    h = self.self_attention_norm(x)
-    h = self.self_attention(h, h, bias=self_bias, training=training,
-                            seed=layers.fold_seed(seed, 0))
-    x = self._residual(x, h, training=training, seed=layers.fold_seed(seed, 1))
+    x = self._self_attention_residual(x, bias=self_bias, training=training,
+                                      seed=seed)
     h = self.cross_attention.attend(
         self.cross_attention_norm(x), cross_keys, cross_values,
         bias=cross_bias, training=training, seed=layers.fold_seed(seed, 2))

@@ -1,9 +1,11 @@
 """m4moe-decode / m4moe-eval on a tiny run directory built in tmp_path."""
 
+import dataclasses
 import io
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from m4moe import decoding
@@ -98,3 +100,65 @@ def test_decode_cli_matches_library(run_dir, translator, tmp_path):
   assert got == expected
   assert "1 input line(s) were longer than --max_input_length=24" in stderr
   assert "5/5 sentences" in stderr and "sentences/s" in stderr
+
+
+@pytest.fixture(scope="module")
+def trained_run_dir(tmp_path_factory):
+  """A run trained briefly on a copy task, so outputs end with EOS."""
+  return fixtures.make_tiny_run(tmp_path_factory.mktemp("trained"),
+                                train_steps=40)
+
+
+def test_decode_length_per_batch_matches_full_search(trained_run_dir):
+  """A per-batch limit T changes nothing for outputs that end before T.
+
+  Beam search over the shorter buffer sees a subset of the candidates; the
+  full search's best hypothesis, if it ends with EOS before T, is in that
+  subset and still wins. Outputs cut at T are counted.
+  """
+  full_beam = decoding.BeamSearchConfig(beam_size=2, alpha=0.6,
+                                        max_decode_length=48)
+  full, _ = translator_lib.load_translator(trained_run_dir, beam=full_beam,
+                                           max_input_length=24)
+  short, _ = translator_lib.load_translator(trained_run_dir, beam=full_beam,
+                                            max_input_length=24,
+                                            length_ratio=0.5)
+  assert full.decode_length(20) == 48
+  assert short.decode_length(5) == 32  # ceil(2.5) + 16 = 19 -> 32
+  assert short.decode_length(24) == 32  # 12 + 16 = 28 -> 32
+  assert short.decode_length(80) == 48  # 56 -> 64, capped at 48
+  tag = short.tag_id("en")
+  rows = [short.encode(text, tag=tag)[0]
+          for text in fixtures.sentences(12, seed=11)]
+  compared = cut = 0
+  for row in rows:
+    limit = short.decode_length(len(row))
+    before = short.stats.length_limited
+    got = short.search([row])[0]
+    want = full.search([row])[0]
+    assert got.shape == (limit,)
+    ends = [i for i, t in enumerate(want) if t == translator_lib.EOS_ID]
+    if ends and ends[0] < limit:
+      np.testing.assert_array_equal(got, want[:limit])
+      compared += 1
+    hit_limit = translator_lib.EOS_ID not in got.tolist()
+    cut += hit_limit
+    assert short.stats.length_limited - before == int(hit_limit)
+  assert compared > 0, "no output ended before the limit: test is vacuous"
+  # A limit below the outputs' lengths cuts them, and each cut is counted.
+  tiny_beam = dataclasses.replace(full_beam, max_decode_length=2)
+  tiny, _ = translator_lib.load_translator(trained_run_dir, beam=tiny_beam,
+                                           max_input_length=24,
+                                           length_ratio=0.5)
+  best = tiny.search(rows)
+  assert best.shape == (len(rows), 2)
+  no_eos = int(np.sum(~np.any(best == translator_lib.EOS_ID, axis=1)))
+  assert no_eos > 0 and tiny.stats.length_limited == no_eos
+
+
+def test_decode_length_ratio_must_be_positive(run_dir):
+  beam = decoding.BeamSearchConfig(beam_size=1, alpha=0.0,
+                                   max_decode_length=8)
+  with pytest.raises(translator_lib.TranslatorError,
+                     match="--decode_length_ratio"):
+    translator_lib.load_translator(run_dir, beam=beam, length_ratio=-1.0)

@@ -101,8 +101,13 @@ def main(argv):
     logging.warning("%d input line(s) were longer than --max_input_length=%d "
                     "source ids and were truncated", stats.truncated,
                     translator.max_input_length)
+  if stats.length_limited:
+    logging.warning("%d output(s) reached the decode-length limit without "
+                    "EOS (raise --decode_length_ratio or --max_decode_length)",
+                    stats.length_limited)
   print(f"m4moe-decode: {len(lines)} lines ({stats.empty} empty, "
-        f"{stats.truncated} truncated) in {stats.seconds:.1f} s, "
+        f"{stats.truncated} truncated, {stats.length_limited} cut at the "
+        f"decode-length limit) in {stats.seconds:.1f} s, "
         f"{len(lines) / max(stats.seconds, 1e-9):.1f} sentences/s",
         file=sys.stderr)
 

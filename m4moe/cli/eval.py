@@ -14,6 +14,8 @@ corpus build report, and the model's config and decoding settings. With
 
 from __future__ import annotations
 
+import dataclasses
+
 import pathlib
 import sys
 
@@ -56,6 +58,7 @@ def _metadata(files: translator_lib.RunFiles,
       "num_layers": config.num_layers, "beam_size": translator.beam.beam_size,
       "alpha": translator.beam.alpha,
       "max_decode_length": translator.beam.max_decode_length,
+      "decode_length_ratio": translator.length_ratio,
       "corpus_dir": _CORPUS_DIR.value, "split": _SPLIT.value,
       "direction": _DIRECTION.value, "max_sentences": _MAX_SENTENCES.value,
   }
@@ -107,6 +110,9 @@ def main(argv):
         train_sizes=testsets_lib.train_sizes(_CORPUS_DIR.value))
   except (scoring.ScoringError, translator_lib.TranslatorError) as e:
     sys.exit(f"m4moe-eval: error: {e}")
+  stats = translator.stats
+  result = dataclasses.replace(result, metadata={
+      **result.metadata, "decode_stats": dataclasses.asdict(stats)})
   results.write_eval_json(result, _OUTPUT.value)
   for lang, score in result.languages.items():
     if score.status == scoring.STATUS_EMPTY:
@@ -114,6 +120,9 @@ def main(argv):
     else:
       print(f"{lang}: BLEU {score.bleu:.2f} chrF++ {score.chrf:.2f} "
             f"({score.num_segments} segments, {score.bleu_signature})")
+  print(f"{stats.sentences} sentences in {stats.seconds:.1f} s "
+        f"({stats.empty} empty, {stats.truncated} inputs truncated, "
+        f"{stats.length_limited} outputs cut at the decode-length limit)")
   print(f"Wrote {_OUTPUT.value}")
 
 

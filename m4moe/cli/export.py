@@ -37,7 +37,8 @@ def main(argv):
     export_lib.require_tensorflow_text()
   except export_lib.ExportError as e:
     sys.exit(f"m4moe-export: error: {e}")
-  translator, files = translation_flags.load_translator_from_flags()
+  translator, files = translation_flags.load_translator_from_flags(
+      per_batch_length=False)
   path = export_lib.export_saved_model(
       translator, _EXPORT_DIR.value,
       target_lang=translation_flags.TARGET_LANG.value,

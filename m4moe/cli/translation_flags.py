@@ -23,7 +23,13 @@ BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beams; 1 with --alpha=0 "
 ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent.")
 MAX_DECODE_LENGTH = flags.DEFINE_integer(
     "max_decode_length", None, "Most target tokens (default: the model's "
-    "max_length).")
+    "max_length); --decode_length_ratio may lower it per batch.")
+DECODE_LENGTH_RATIO = flags.DEFINE_float(
+    "decode_length_ratio", 2.0, "Each batch decodes at most round_up(ratio * "
+    "longest source + 16, 16) target tokens (capped by --max_decode_length); "
+    "beam search costs grow with this limit. Outputs that hit it are counted "
+    "and reported. 0 = always decode --max_decode_length tokens. "
+    "m4moe-export ignores it (its graph has one fixed limit).")
 MAX_INPUT_LENGTH = flags.DEFINE_integer(
     "max_input_length", None, "Longer inputs are truncated to this many "
     "source ids, with a counted warning (default: the model's max_length).")
@@ -33,14 +39,23 @@ TARGET_LANG = flags.DEFINE_string(
 
 
 def load_translator_from_flags(
+    *, per_batch_length: bool = True
     ) -> tuple[translator_lib.Translator, translator_lib.RunFiles]:
   """Restores the run named by --model_dir with the decoding flags.
+
+  Args:
+    per_batch_length: apply --decode_length_ratio (False for export, whose
+      graph decodes one fixed --max_decode_length).
 
   Raises:
     app.UsageError: a flag or file is wrong (the message says which).
   """
   if not MODEL_DIR.value:
     raise app.UsageError("--model_dir is required")
+  if DECODE_LENGTH_RATIO.value < 0:
+    raise app.UsageError(f"--decode_length_ratio={DECODE_LENGTH_RATIO.value}:"
+                         " use a positive ratio, or 0 to turn it off")
+  ratio = DECODE_LENGTH_RATIO.value if per_batch_length else 0.0
   try:
     files = translator_lib.find_run_files(MODEL_DIR.value,
                                           vocab_dir=VOCAB_DIR.value)
@@ -50,6 +65,7 @@ def load_translator_from_flags(
         max_decode_length=MAX_DECODE_LENGTH.value or max_length)
     return translator_lib.load_translator(
         MODEL_DIR.value, vocab_dir=VOCAB_DIR.value, beam=beam,
-        max_input_length=MAX_INPUT_LENGTH.value, batch_size=BATCH_SIZE.value)
+        max_input_length=MAX_INPUT_LENGTH.value, batch_size=BATCH_SIZE.value,
+        length_ratio=ratio or None)
   except ValueError as e:
     raise app.UsageError(str(e)) from e

@@ -13,6 +13,11 @@ Recipes:
   Debian/PyPI localisation recipe, a representative set of languages from
   high- to low-resource, SentencePiece vocabularies, the tiny MoE model,
   beam-search decoding of the test split, sacrebleu and the report.
+* ``study``: the mini-M4 study of ``eval/results/study/``: 16 languages
+  from 136k down to 1.7k training pairs, one tiny dense bilingual baseline
+  per language, a dense multilingual model and MoE multilingual models with
+  the same active FLOPs per token at 8 and 32 experts and at 4 and 8 layers
+  per stack. About 1.5 h on a 2-core machine with cached downloads.
 * ``smoke``: the same stages on a small generated catalog tree (no
   downloads), with a micro model and a few steps: it checks the plumbing in
   about two minutes and is what the tests run.
@@ -110,6 +115,17 @@ class Recipe:
 # pairs measured on the 2026-11 build: pt 136k, kk 17k, si 6.3k, ia 1.4k).
 _DEMO_LANGUAGES = ("pt", "kk", "si", "ia")
 
+# The study's languages: 5 high (>= 50k pairs), 5 mid (10k-50k) and 6 low
+# (< 10k, down to 1.7k) resource languages of the 2026-11 build, in several
+# scripts and families, each with >= 60 test sentences. Training pairs:
+# pt 136k, de 101k, ru 90k, ja 70k, fi 67k, ar 40k, is 31k, hi 23k, kk 18k,
+# ka 12k, my 7.7k, si 6.3k, az 5.7k, uz 3.5k, sd 2.2k, ckb 1.7k.
+_STUDY_LANGUAGES = ("pt", "de", "ru", "ja", "fi", "ar", "is", "hi", "kk", "ka",
+                    "my", "si", "az", "uz", "sd", "ckb")
+_STUDY_STEPS = 400
+_STUDY_SCHEDULE = ("--learning_rate=1.0", f"--warmup_steps={_STUDY_STEPS // 2}")
+_DEEP = ("--num_encoder_layers=8", "--num_decoder_layers=8")
+
 RECIPES: dict[str, Recipe] = {
     "demo": Recipe(
         name="demo",
@@ -127,6 +143,37 @@ RECIPES: dict[str, Recipe] = {
                           train_steps=200,
                           extra_flags=("--learning_rate=1.0",
                                        "--warmup_steps=100")),
+        batch_tokens=4096,
+        sequence_length=64,
+        eval_max_sentences=200,
+        beam_size=4,
+    ),
+    "study": Recipe(
+        name="study",
+        description=("offline localisation corpus, 16 languages X->en: "
+                     "dense vs MoE (8/32 experts, 4/8 layers) multilingual "
+                     "models vs tiny dense bilingual baselines"),
+        languages=_STUDY_LANGUAGES,
+        use_packaged_corpus_recipe=True,
+        source_vocab_size=16000,
+        target_vocab_size=8000,
+        models=(
+            ModelRun(name="dense_L4", config="tiny/dense",
+                     train_steps=_STUDY_STEPS, extra_flags=_STUDY_SCHEDULE),
+            ModelRun(name="moe_E8_L4", config="tiny/moe",
+                     train_steps=_STUDY_STEPS, extra_flags=_STUDY_SCHEDULE),
+            ModelRun(name="moe_E32_L4", config="tiny/moe",
+                     train_steps=_STUDY_STEPS,
+                     extra_flags=("--num_experts=32", *_STUDY_SCHEDULE)),
+            ModelRun(name="moe_E32_L8", config="tiny/moe",
+                     train_steps=_STUDY_STEPS,
+                     extra_flags=("--num_experts=32", *_DEEP,
+                                  *_STUDY_SCHEDULE)),
+        ),
+        baseline=ModelRun(name="bilingual", config="tiny/dense",
+                          train_steps=100,
+                          extra_flags=("--learning_rate=1.0",
+                                       "--warmup_steps=50")),
         batch_tokens=4096,
         sequence_length=64,
         eval_max_sentences=200,

@@ -26,6 +26,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from m4moe import sharding as sharding_lib
+
 # Truncated at two standard deviations, a normal keeps this fraction of its
 # standard deviation; dividing by it makes the *actual* std equal sigma.
 _TRUNCATED_NORMAL_STD = 0.87962566103423978
@@ -63,7 +65,9 @@ def fold_seed(seed: tf.Tensor | None, key: int) -> tf.Tensor | None:
 
 
 def dropout(x: tf.Tensor, *, rate: float, training: bool,
-            seed: tf.Tensor | None) -> tf.Tensor:
+            seed: tf.Tensor | None,
+            sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING
+            ) -> tf.Tensor:
   """Stateless inverted dropout.
 
   Args:
@@ -71,6 +75,10 @@ def dropout(x: tf.Tensor, *, rate: float, training: bool,
     rate: probability of zeroing a unit.
     training: dropout is only applied when True.
     seed: <int32>[2]; required when ``training`` and ``rate > 0``.
+    sharding: under a mesh the draw is pinned
+      (:meth:`~m4moe.sharding.Sharding.pin_random`) so the mask equals the
+      one-device mask; the numbers are those of
+      ``tf.nn.experimental.stateless_dropout`` either way.
 
   Returns:
     Same dtype and shape as ``x``.
@@ -84,7 +92,14 @@ def dropout(x: tf.Tensor, *, rate: float, training: bool,
     raise ValueError(
         f"dropout(rate={rate}) with training=True needs a seed: pass "
         "seed=<int32>[2] (e.g. fold_in(base_seed, step)) or training=False")
-  return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed)
+  if not sharding.enabled:
+    return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed)
+  # stateless_dropout's arithmetic, with the uniform draw pinned.
+  draws = sharding.pin_random(
+      tf.random.stateless_uniform(tf.shape(x), seed=seed, dtype=x.dtype),
+      name="dropout_draws")
+  scaled = x * tf.convert_to_tensor(1 / (1 - rate), dtype=x.dtype)
+  return tf.where(draws >= rate, scaled, tf.zeros([], x.dtype))
 
 
 def sinusoidal_positions(positions: tf.Tensor, *, d_model: int,
@@ -226,10 +241,12 @@ class MultiHeadAttention(tf.Module):
 
   def __init__(self, *, d_model: int, num_heads: int, d_kv: int,
                dropout_rate: float, init_scale: float,
-               name: str = "attention"):
+               name: str = "attention",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(name=name)
     self.d_kv = d_kv
     self.dropout_rate = dropout_rate
+    self.sharding = sharding
     with self.name_scope:
       shape = [d_model, num_heads, d_kv]
       self.wq, self.wk, self.wv = (
@@ -268,7 +285,8 @@ class MultiHeadAttention(tf.Module):
     q = self.project_query(x)
     scores = tf.einsum("BTND,BSND->BNTS", q, keys)
     probs = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
-    probs = dropout(probs, rate=self.dropout_rate, training=training, seed=seed)
+    probs = dropout(probs, rate=self.dropout_rate, training=training, seed=seed,
+                    sharding=self.sharding)
     context = tf.einsum("BNTS,BSND->BTND", tf.cast(probs, x.dtype), values)
     return tf.einsum("BTND,NDM->BTM", context, tf.cast(self.wo, x.dtype))
 

@@ -174,11 +174,12 @@ def _make_ffn(config: ModelConfig, index: int, *, causal: bool,
                          init_scale=config.init_scale, name="ffn")
 
 
-def _attention(config: ModelConfig, name: str) -> layers.MultiHeadAttention:
+def _attention(config: ModelConfig, name: str,
+               sharding: sharding_lib.Sharding) -> layers.MultiHeadAttention:
   return layers.MultiHeadAttention(
       d_model=config.d_model, num_heads=config.num_heads, d_kv=config.d_kv,
       dropout_rate=config.attention_dropout_rate,
-      init_scale=config.init_scale, name=name)
+      init_scale=config.init_scale, name=name, sharding=sharding)
 
 
 def _ffn_block(ffn: tf.Module, x: tf.Tensor, *, padding_mask: tf.Tensor,
@@ -197,10 +198,11 @@ class _Layer(tf.Module):
                name: str, sharding: sharding_lib.Sharding):
     super().__init__(name=name)
     self.dropout_rate = config.dropout_rate
+    self.sharding = sharding
     with self.name_scope:
       self.self_attention_norm = layers.LayerNorm(d_model=config.d_model,
                                                   name="self_attention_norm")
-      self.self_attention = _attention(config, "self_attention")
+      self.self_attention = _attention(config, "self_attention", sharding)
       self.ffn_norm = layers.LayerNorm(d_model=config.d_model, name="ffn_norm")
       self.ffn = _make_ffn(config, index, causal=causal, sharding=sharding)
 
@@ -211,7 +213,8 @@ class _Layer(tf.Module):
   def _residual(self, x: tf.Tensor, branch: tf.Tensor, *, training: bool,
                 seed: tf.Tensor | None) -> tf.Tensor:
     return x + layers.dropout(branch, rate=self.dropout_rate,
-                              training=training, seed=seed)
+                              training=training, seed=seed,
+                              sharding=self.sharding)
 
   def _self_attention_residual(self, x: tf.Tensor, *, bias: tf.Tensor,
                                training: bool,
@@ -274,7 +277,8 @@ class DecoderLayer(_Layer):
     with self.name_scope:
       self.cross_attention_norm = layers.LayerNorm(
           d_model=config.d_model, name="cross_attention_norm")
-      self.cross_attention = _attention(config, "cross_attention")
+      self.cross_attention = _attention(config, "cross_attention",
+                                        self.sharding)
 
   def __call__(self, x: tf.Tensor, *, self_bias: tf.Tensor,
                cross_keys: tf.Tensor, cross_values: tf.Tensor,
@@ -358,6 +362,7 @@ class Transformer(tf.Module):
     self.config = config
     self.dtype = _DTYPES[config.activation_dtype]
     self.share_target_embedding = share_target_embedding
+    self.sharding = sharding
     c = config
     with self.name_scope:
       self.source_embedding = layers.Embedding(
@@ -468,7 +473,7 @@ class Transformer(tf.Module):
     x = embedding(ids, dtype=self.dtype) + layers.sinusoidal_positions(
         positions, d_model=self.config.d_model, dtype=self.dtype)
     return layers.dropout(x, rate=self.config.dropout_rate, training=training,
-                          seed=seed)
+                          seed=seed, sharding=self.sharding)
 
   def _encode(self, inputs: tf.Tensor, *, segment_ids: tf.Tensor,
               positions: tf.Tensor, training: bool,
@@ -487,7 +492,8 @@ class Transformer(tf.Module):
         moe_outputs[f"encoder/layer_{i}/moe"] = moe_output
     final_seed = layers.fold_seed(seed, len(self.encoder_layers) + 1)
     x = layers.dropout(self.encoder_norm(x), rate=self.config.dropout_rate,
-                       training=training, seed=final_seed)
+                       training=training, seed=final_seed,
+                       sharding=self.sharding)
     cross = [layer.cross_attention.project_kv(x)
              for layer in self.decoder_layers]
     output = EncoderOutput(
@@ -523,7 +529,8 @@ class Transformer(tf.Module):
         moe_outputs[f"decoder/layer_{i}/moe"] = moe_output
     final_seed = layers.fold_seed(seed, len(self.decoder_layers) + 1)
     x = layers.dropout(self.decoder_norm(x), rate=self.config.dropout_rate,
-                       training=training, seed=final_seed)
+                       training=training, seed=final_seed,
+                       sharding=self.sharding)
     return self._logits(x), moe_outputs
 
   def init_cache(self, *, batch_size: int | tf.Tensor,

@@ -122,8 +122,12 @@ class FeedForwardExperts(tf.Module):
     """
     dtype = dispatched.dtype
     shard = self.sharding
-    # GShard's AllToAll: dispatched buffers are re-split from groups to E.
-    dispatched = shard.split(dispatched, dim=0, axis="expert",
+    # The dispatch works per group: its buffers come split on G over "data".
+    # GShard's AllToAll re-splits them on E over "expert" (G stays split on
+    # "data", so a 2-D mesh does not repeat an expert's work per data row).
+    dispatched = shard.split(dispatched, dim=1, axis="data",
+                             name="dispatched_groups")
+    dispatched = shard.shard(dispatched, ("expert", "data"),
                              name="dispatched")
     keep = None
     if training and self.dropout_rate > 0:
@@ -141,8 +145,13 @@ class FeedForwardExperts(tf.Module):
     if keep is not None:
       h *= keep
     out = tf.einsum(f"EGCH,EHM->{output_layout}", h, wo)
-    return shard.split(out, dim=output_layout.index("E"), axis="expert",
-                       name="expert_outputs")
+    spec = [None] * 4
+    spec[output_layout.index("E")] = "expert"
+    spec[output_layout.index("G")] = "data"
+    out = shard.shard(out, tuple(spec), name="expert_outputs")
+    # The reverse AllToAll: back to groups for the per-group combine.
+    return shard.split(out, dim=output_layout.index("G"), axis="data",
+                       name="expert_outputs_groups")
 
   def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor) -> tf.Tensor:
     """Applies expert ``block_expert[x]`` to block x (no dropout).
@@ -163,7 +172,9 @@ class FeedForwardExperts(tf.Module):
                      seed: tf.Tensor) -> tf.Tensor:
     """<dtype>[E, G, C, H]: 0 for dropped hidden units, 1/(1-rate) else."""
     shape = tf.concat([buffer_shape[:-1], [self.wi.shape[-1]]], axis=0)
-    keep = tf.random.stateless_uniform(shape, seed=seed) >= self.dropout_rate
+    draws = self.sharding.pin_random(
+        tf.random.stateless_uniform(shape, seed=seed), name="dropout_draws")
+    keep = draws >= self.dropout_rate
     return tf.cast(keep, dtype) / (1.0 - self.dropout_rate)
 
   def _per_expert(self, dispatched: tf.Tensor,
@@ -232,12 +243,30 @@ class MoeLayer(tf.Module):
     self.sharding = sharding
     moe = config.moe
     with self.name_scope:
-      self.router = routing.make_router(config, name="router")
+      self.router = routing.make_router(config, name="router",
+                                        sharding=sharding)
       self.experts = FeedForwardExperts(
           num_experts=moe.num_experts, model_dim=config.d_model,
           hidden_dim=moe.expert_hidden_dim, init_scale=config.init_scale,
           dropout_rate=moe.expert_dropout_rate, sharding=sharding,
           name="experts")
+
+  @property
+  def dispatch(self) -> str:
+    """The dispatch implementation used: ``moe.dispatch``, but ``"einsum"``
+    under the DTensor backend.
+
+    DTensor (TF 2.21) cannot partition the index path: its ``[G, E, C] ->
+    [E, G, C]`` transpose of the slot tables fails ("TransposeOp SPMD needs
+    communication") from a replicated or G-split table into the E-split
+    buffers, and with the tables pinned to G-split the gather/scatter
+    gradients fail shape checks (ReluGrad, Mul). The one-hot einsums of
+    GShard Algorithm 2 partition cleanly (same outputs and gradients, more
+    memory). The XLA backend keeps ``moe.dispatch``.
+    """
+    if self.sharding.backend == "dtensor":
+      return "einsum"
+    return self.config.moe.dispatch
 
   def uses_randomness(self, *, training: bool) -> bool:
     return (self.router.uses_randomness(training=training) or
@@ -292,7 +321,7 @@ class MoeLayer(tf.Module):
       expert_fn = functools.partial(self.experts, training=training,
                                     seed=expert_seed)
       combined = dispatch_lib.dispatch_combine(
-          grouped, result, expert_fn, implementation=self.config.moe.dispatch)
+          grouped, result, expert_fn, implementation=self.dispatch)
     combined = self.sharding.split(combined, dim=0, axis="data",
                                    name="combined")
     outputs = tf.gather(tf.reshape(combined, [-1, model_dim]), position)

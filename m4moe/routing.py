@@ -55,6 +55,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from m4moe import sharding as sharding_lib
 from m4moe.config import ModelConfig
 
 _NEG_INF = -1e9
@@ -244,9 +245,12 @@ class Router(tf.Module):
   """Base router: owns ``wg <float32>[M, E]`` and computes router logits."""
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
-               name: str = "router"):
+               name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(name=name)
     self.num_experts = num_experts
+    # Random draws are pinned (Sharding.pin_random): same routing on any mesh.
+    self.sharding = sharding
     with self.name_scope:
       self.wg = tf.Variable(
           truncated_normal_init((model_dim, num_experts), fan_in=model_dim,
@@ -469,9 +473,10 @@ class TokenChoiceRouter(Router):
   """
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
-               no_token_left_behind: bool = False, name: str = "router"):
+               no_token_left_behind: bool = False, name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(model_dim=model_dim, num_experts=num_experts,
-                     init_scale=init_scale, name=name)
+                     init_scale=init_scale, name=name, sharding=sharding)
     self.no_token_left_behind = no_token_left_behind
 
   def _select(self, x: tf.Tensor, *, mask: tf.Tensor, training: bool,
@@ -535,10 +540,12 @@ class Top2Router(TokenChoiceRouter):
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
                second_expert_policy: str = "random",
-               no_token_left_behind: bool = False, name: str = "router"):
+               no_token_left_behind: bool = False, name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(model_dim=model_dim, num_experts=num_experts,
                      init_scale=init_scale,
-                     no_token_left_behind=no_token_left_behind, name=name)
+                     no_token_left_behind=no_token_left_behind, name=name,
+                     sharding=sharding)
     self.second_expert_policy = second_expert_policy
 
   def uses_randomness(self, *, training: bool) -> bool:
@@ -576,9 +583,9 @@ class Top2Router(TokenChoiceRouter):
                           logits)
     policy = self.second_expert_policy if training else "all"
     if policy == "sampling":
-      u = tf.random.stateless_uniform(
+      u = self.sharding.pin_random(tf.random.stateless_uniform(
           tf.shape(logits), seed=tf.random.experimental.stateless_fold_in(
-              seed, 0), minval=1e-9, maxval=1.0)
+              seed, 0), minval=1e-9, maxval=1.0))
       without_e1 -= tf.math.log(-tf.math.log(u))  # Gumbel-max sample
     e2 = tf.argmax(without_e1, axis=-1, output_type=tf.int32)
     g1, g2 = _gather_expert(gates, e1), _gather_expert(gates, e2)
@@ -586,9 +593,9 @@ class Top2Router(TokenChoiceRouter):
     keep_second = tf.ones_like(g1, dtype=tf.bool)
     if policy == "random":
       if uniform_draws is None:
-        uniform_draws = tf.random.stateless_uniform(
+        uniform_draws = self.sharding.pin_random(tf.random.stateless_uniform(
             tf.shape(g1), seed=tf.random.experimental.stateless_fold_in(
-                seed, 1))
+                seed, 1)))
       keep_second = 2.0 * g2 / normaliser > uniform_draws
     return _Selection(
         logits=logits, scores=gates, normaliser=normaliser,
@@ -606,10 +613,12 @@ class SwitchRouter(TokenChoiceRouter):
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
                jitter: float = 0.0, no_token_left_behind: bool = False,
-               name: str = "router"):
+               name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(model_dim=model_dim, num_experts=num_experts,
                      init_scale=init_scale,
-                     no_token_left_behind=no_token_left_behind, name=name)
+                     no_token_left_behind=no_token_left_behind, name=name,
+                     sharding=sharding)
     self.jitter = jitter
 
   def uses_randomness(self, *, training: bool) -> bool:
@@ -617,9 +626,9 @@ class SwitchRouter(TokenChoiceRouter):
 
   def _select(self, x, *, mask, training, seed) -> _Selection:
     if self.uses_randomness(training=training):
-      x *= tf.random.stateless_uniform(
+      x *= self.sharding.pin_random(tf.random.stateless_uniform(
           tf.shape(x), seed=tf.random.experimental.stateless_fold_in(seed, 2),
-          minval=1.0 - self.jitter, maxval=1.0 + self.jitter)
+          minval=1.0 - self.jitter, maxval=1.0 + self.jitter))
     logits = self.logits(x)
     gates = tf.nn.softmax(logits)
     e1 = tf.argmax(gates, axis=-1, output_type=tf.int32)
@@ -659,10 +668,12 @@ class NoisyTopKRouter(TokenChoiceRouter):
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
                k: int, no_token_left_behind: bool = False,
-               name: str = "router"):
+               name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(model_dim=model_dim, num_experts=num_experts,
                      init_scale=init_scale,
-                     no_token_left_behind=no_token_left_behind, name=name)
+                     no_token_left_behind=no_token_left_behind, name=name,
+                     sharding=sharding)
     self.k = k
     with self.name_scope:
       self.w_noise = tf.Variable(tf.zeros((model_dim, num_experts)),
@@ -676,9 +687,9 @@ class NoisyTopKRouter(TokenChoiceRouter):
     h = logits
     if training:
       noise_std = tf.nn.softplus(tf.einsum("GSM,ME->GSE", x, self.w_noise))
-      h += noise_std * tf.random.stateless_normal(
+      h += noise_std * self.sharding.pin_random(tf.random.stateless_normal(
           tf.shape(logits), seed=tf.random.experimental.stateless_fold_in(
-              seed, 3))
+              seed, 3)))
     _, choices = tf.math.top_k(h, k=self.k)
     scores = tf.nn.softmax(h)
     chosen = tf.reduce_sum(tf.one_hot(choices, self.num_experts), axis=2)
@@ -727,11 +738,13 @@ class ExpertChoiceRouter(Router):
                          stats=stats)
 
 
-def make_router(config: ModelConfig, *, name: str = "router") -> Router:
+def make_router(config: ModelConfig, *, name: str = "router",
+                sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING
+                ) -> Router:
   """The router ``config.moe.router`` names, built from the config."""
   moe = config.moe
   common = dict(model_dim=config.d_model, num_experts=moe.num_experts,
-                init_scale=config.init_scale, name=name)
+                init_scale=config.init_scale, name=name, sharding=sharding)
   ntlb = dict(no_token_left_behind=moe.no_token_left_behind)
   if moe.router == "top2":
     return Top2Router(second_expert_policy=moe.second_expert_policy,

@@ -158,6 +158,28 @@ class Sharding:
     """Annotates ``t`` (any dtype/shape) as fully replicated."""
     return self.shard(t, (), name=name or "replicate")
 
+  def pin_random(self, t: tf.Tensor, *, name: str | None = None) -> tf.Tensor:
+    """Annotates a fresh stateless random draw so it is the same on any mesh.
+
+    DTensor expands a stateless random op (``tf.random.stateless_uniform``,
+    ``stateless_normal``, ...) per shard of the output layout that layout
+    propagation gives it, with the seed folded with the shard, so a sharded
+    consumer (e.g. a G-split router, a B-split dropout) would see other
+    numbers than one device. Replicating the draw directly after the op
+    makes every device draw the whole tensor from the same seed: the
+    single-device values whatever the mesh, at the price of computing (not
+    storing: consumers take their slice) the full draw on each device. Call
+    it on the random op's output, before any arithmetic.
+
+    Args:
+      t: <any>[...] the output of a stateless random op.
+      name: name of the annotation.
+
+    Returns:
+      ``t``, annotated replicated (unchanged without a mesh).
+    """
+    return self.replicate(t, name=name or "random")
+
   def split(self, t: tf.Tensor, *, dim: int, axis: str,
             name: str | None = None) -> tf.Tensor:
     """Annotates dimension ``dim`` of ``t`` as split over mesh axis ``axis``."""

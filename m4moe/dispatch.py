@@ -12,11 +12,15 @@ Two implementations with identical outputs and gradients:
   ``GSEC,GSM->EGCM`` (dispatch), ``EGCM,EMH->EGCH`` and ``EGCH,EHM->GECM``
   (the experts) and ``GSEC,GECM->GSM`` (combine). Memory O(G*S*E*C*M)
   intermediates; the form the paper's sharding annotations are written for.
-* :func:`index_dispatch_combine` -- a gather of token rows into the buffers
-  and a scatter-add (``tf.scatter_nd``, i.e. a segment sum) back, driven by
-  ``RoutingResult.slots()``; no ``[G, S, E, C]`` tensor is built, memory is
-  O(G*E*C*M) = O(capacity_factor * k * G*S*M). Static shapes and int32
-  indices only, so it compiles under XLA (``jit_compile=True``).
+* :func:`index_dispatch_combine` -- row gathers driven by the two views of
+  the routing, slot -> token (``RoutingResult.slots()``, ``[G, E, C]``) and
+  token -> slots (``expert_index``/``buffer_position``, ``[G, S, K]``): the
+  dispatch gathers token rows into the buffers and the combine gathers each
+  token's K expert-output rows; custom gradients use the inverse map, so the
+  backward pass is gathers too, never a scatter. No ``[G, S, E, C]`` tensor
+  is built; memory is O(G*E*C*M) = O(capacity_factor * k * G*S*M). Static
+  shapes and int32 indices only, so it compiles under XLA
+  (``jit_compile=True``).
 
 * :func:`block_dispatch_combine` -- for a small token count with a large
   capacity (the no-drop eval capacity C = S makes the buffers E*S rows per
@@ -75,9 +79,105 @@ def einsum_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   return tf.einsum("GSEC,GECM->GSM", combine_weights, expert_outputs)
 
 
+def _buffer_rows(routing: RoutingResult, *, num_groups: tf.Tensor,
+                 group_size: int) -> tuple[tf.Tensor, tf.Tensor]:
+  """Slot -> token and slot weight, in the flattened EGC buffer order.
+
+  Returns:
+    (rows <int32>[E, G, C]: row of ``[x; 0] <[G*S + 1, M]>`` each slot reads,
+     G*S for an empty slot;
+     weight <float32>[E, G, C]: the combine weight of the slot's token).
+  """
+  slot_token, slot_weight = routing.slots()
+  slot_token = tf.transpose(slot_token, [1, 0, 2])  # [E, G, C]
+  group = tf.range(num_groups)[tf.newaxis, :, tf.newaxis]
+  rows = tf.where(slot_token < group_size, group * group_size + slot_token,
+                  num_groups * group_size)
+  return rows, tf.transpose(slot_weight, [1, 0, 2])
+
+
+def _token_slots(routing: RoutingResult, *,
+                 num_groups: tf.Tensor) -> tf.Tensor:
+  """Token -> its K slots: <int32>[G*S, K] rows of the flattened EGC buffers.
+
+  Row ``(e * G + g) * C + c`` for a choice dispatched to expert e at buffer
+  position c; E*G*C (one past the last row) for a dropped choice.
+  """
+  num_experts, capacity = routing.num_experts, routing.capacity
+  group = tf.range(num_groups)[:, tf.newaxis, tf.newaxis]
+  kept = routing.buffer_position >= 0
+  slots = tf.where(
+      kept, (routing.expert_index * num_groups + group) * capacity +
+      routing.buffer_position, num_experts * num_groups * capacity)
+  return tf.reshape(slots, [-1, routing.expert_index.shape[-1]])
+
+
+def _with_zero_row(rows: tf.Tensor) -> tf.Tensor:
+  """<dtype>[R + 1, M]: ``rows`` <dtype>[R, M] and a zero row at index R."""
+  return tf.concat([rows, tf.zeros_like(rows[:1])], axis=0)
+
+
+@tf.custom_gradient
+def _gather_dispatch(tokens: tf.Tensor, slot_rows: tf.Tensor,
+                     token_slots: tf.Tensor):
+  """Buffer rows from token rows; the gradient is a gather too.
+
+  Args:
+    tokens: <dtype>[N, M] token rows (N = G*S).
+    slot_rows: <int32>[R] token row each buffer row reads (N: zero row).
+    token_slots: <int32>[N, K] buffer rows of each token (R: dropped), the
+      inverse map.
+
+  Returns:
+    <dtype>[R, M] buffer rows.
+  """
+  def grad(d_rows):
+    # Each token receives the gradients of its (at most K) buffer rows.
+    d_tokens = tf.reduce_sum(tf.gather(_with_zero_row(d_rows), token_slots),
+                             axis=1)
+    return d_tokens, None, None
+  return tf.gather(_with_zero_row(tokens), slot_rows), grad
+
+
+@tf.custom_gradient
+def _gather_combine(expert_rows: tf.Tensor, weights: tf.Tensor,
+                    token_slots: tf.Tensor, slot_rows: tf.Tensor,
+                    slot_weights: tf.Tensor):
+  """Weighted sum of each token's K expert-output rows; gather-only gradient.
+
+  Args:
+    expert_rows: <dtype>[R, M] flattened expert outputs.
+    weights: <dtype>[N, K] combine weights (differentiable: router grads).
+    token_slots: <int32>[N, K] buffer row of each choice (R: dropped).
+    slot_rows: <int32>[R] token of each buffer row (N: empty), the inverse.
+    slot_weights: <dtype>[R] ``weights`` of each buffer row's choice (0 for
+      empty rows); a constant view of ``weights`` used by the gradient.
+
+  Returns:
+    <dtype>[N, M] combined outputs.
+  """
+  picked = tf.gather(_with_zero_row(expert_rows), token_slots)  # [N, K, M]
+  combined = tf.reduce_sum(picked * tf.expand_dims(weights, -1), axis=1)
+
+  def grad(d_combined):
+    d_weights = tf.reduce_sum(picked * tf.expand_dims(d_combined, 1), axis=-1)
+    d_rows = (tf.gather(_with_zero_row(d_combined), slot_rows) *
+              tf.expand_dims(slot_weights, -1))
+    return d_rows, d_weights, None, None, None
+  return combined, grad
+
+
 def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
                            expert_fn: ExpertFn) -> tf.Tensor:
-  """Gather into the buffers, scatter-add back; same result as the einsums.
+  """Gathers into the buffers and back; same result as the einsums.
+
+  With the per-token routing view (token-choice routers) every step, forward
+  and backward, is a row gather: the dispatch reads ``[x; 0]`` at each
+  slot's token and its gradient reads the buffer gradients at each token's
+  K slots; the combine reads each token's K expert-output rows and its
+  gradient reads the output gradient at each slot's token (XLA:CPU runs
+  scatters, what plain autodiff of a gather gives, serially). Without it
+  (expert choice: only the slot view) the combine is a scatter-add.
 
   Args:
     x: <dtype>[G, S, M] tokens (dtype = activation dtype).
@@ -90,23 +190,30 @@ def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   num_groups = tf.shape(x)[0]
   group_size, model_dim = x.shape[1], x.shape[2]
   num_tokens = num_groups * group_size
-  # Row index into [x; 0] <[G*S + 1, M]> of each slot, EGC order.
-  slot_token, slot_weight = routing.slots()
-  slot_token = tf.transpose(slot_token, [1, 0, 2])  # [E, G, C]
-  group = tf.range(num_groups)[tf.newaxis, :, tf.newaxis]
-  rows = tf.where(slot_token < group_size, group * group_size + slot_token,
-                  num_tokens)
-  table = tf.concat([tf.reshape(x, [-1, model_dim]),
-                     tf.zeros([1, model_dim], x.dtype)], axis=0)
-  dispatched = tf.gather(table, rows)  # [E, G, C, M]
+  rows, slot_weight = _buffer_rows(routing, num_groups=num_groups,
+                                   group_size=group_size)
+  tokens = tf.reshape(x, [-1, model_dim])
+  flat_rows = tf.reshape(rows, [-1])
+  slot_weight = tf.cast(tf.reshape(slot_weight, [-1]), x.dtype)
+  if routing.expert_index is not None:
+    token_slots = _token_slots(routing, num_groups=num_groups)
+    dispatched = tf.reshape(_gather_dispatch(tokens, flat_rows, token_slots),
+                            tf.concat([tf.shape(rows), [model_dim]], 0))
+    expert_outputs = expert_fn(dispatched, output_layout="EGCM")
+    weights = tf.cast(tf.reshape(routing.combine_weights,
+                                 tf.shape(token_slots)), x.dtype)
+    combined = _gather_combine(
+        tf.reshape(expert_outputs, [-1, model_dim]), weights, token_slots,
+        flat_rows, tf.stop_gradient(slot_weight))
+    return tf.reshape(combined, tf.shape(x))
+  dispatched = tf.gather(_with_zero_row(tokens), rows)  # [E, G, C, M]
   expert_outputs = expert_fn(dispatched, output_layout="EGCM")
-  weight = tf.cast(tf.transpose(slot_weight, [1, 0, 2]), x.dtype)
-  weighted = expert_outputs * tf.expand_dims(weight, -1)
-  # scatter_nd adds rows sharing an index (a token's k slots); the last row
-  # collects the empty slots. Faster than unsorted_segment_sum on CPU.
-  combined = tf.scatter_nd(
-      tf.reshape(rows, [-1, 1]), tf.reshape(weighted, [-1, model_dim]),
-      tf.stack([num_tokens + 1, model_dim]))
+  weighted = tf.reshape(expert_outputs, [-1, model_dim]) * tf.expand_dims(
+      slot_weight, -1)
+  # scatter_nd adds rows sharing an index; the last row collects the empty
+  # slots. Faster than unsorted_segment_sum on CPU.
+  combined = tf.scatter_nd(tf.reshape(flat_rows, [-1, 1]), weighted,
+                           tf.stack([num_tokens + 1, model_dim]))
   return tf.reshape(combined[:-1], tf.shape(x))
 
 

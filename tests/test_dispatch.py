@@ -118,9 +118,10 @@ def test_index_dispatch_never_builds_a_gsec_tensor():
     return fn
 
   assert _largest_tensor(layer("einsum"), x, mask) >= gsec
-  # Index path: buffers E*G*C*max(M, H) at most (here 1024 < 4096).
+  # Index path: buffers (E*G*C + 1 zero row) * max(M, H) at most (here
+  # 1032 < 4096).
   assert _largest_tensor(layer("index"), x, mask) <= (
-      E * num_groups * capacity * max(M, H))
+      (E * num_groups * capacity + 1) * max(M, H))
 
 
 def test_index_dispatch_compiles_with_xla():

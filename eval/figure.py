@@ -1,4 +1,4 @@
-"""The paper's Figure 6: ΔBLEU vs bilingual baselines per language.
+"""The paper's Figure 6 (ΔBLEU per language) and router statistics plots.
 
 x: languages ordered from high- to low-resource (training size); y: BLEU of
 each multilingual model minus the bilingual baseline's. Each model gets its
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 
 from m4moe.eval import comparison as comparison_lib
 from m4moe.eval import smoothing
+from m4moe.eval import training_logs
 
 MAX_TICK_LABELS = 40
 
@@ -91,3 +92,30 @@ def _label_axes(ax, languages) -> None:
   ax.set_xlabel("languages, high → low resource (training pairs)")
   ax.set_ylabel("ΔBLEU vs bilingual baseline")
   ax.grid(axis="y", alpha=0.3)
+
+
+def router_figure(trajectories: Mapping[str, Sequence[
+    training_logs.RouterPoint]]) -> Figure:
+  """Load CV and dropped second choices vs step, one line per MoE model.
+
+  Args:
+    trajectories: model -> its :func:`training_logs.router_trajectory`.
+  """
+  figure = Figure(figsize=(10.0, 3.8))
+  FigureCanvasAgg(figure)
+  panels = (("load_cv_mean", "expert load CV (mean over layers)"),
+            ("dropped_second", "dropped 2nd choices (fraction)"))
+  for index, (field, label) in enumerate(panels):
+    ax = figure.add_subplot(1, len(panels), index + 1)
+    for model, points in trajectories.items():
+      pairs = [(p.step, getattr(p, field)) for p in points
+               if getattr(p, field) is not None]
+      if pairs:
+        steps, values = zip(*pairs)
+        ax.plot(steps, values, label=model, linewidth=1.5)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+  figure.tight_layout()
+  return figure

@@ -3,6 +3,8 @@
 :func:`write_report` writes to ``output_dir``:
 
 * ``delta_bleu.png`` -- the paper's Figure 6 (:mod:`m4moe.eval.figure`);
+* ``router_stats.png`` -- expert load CV and dropped second choices over
+  training, when the models' training logs carry router statistics;
 * ``report.md`` -- every table below, the smoother and bucket bounds;
 * ``report.html`` -- the same, self-contained (figure embedded as base64);
 * ``summary.json`` -- the averages and exclusions, machine-readable.
@@ -10,7 +12,8 @@
 Tables: model table in the style of SPEC Table 1 (params, E, L, total
 experts, avg BLEU, avg ΔBLEU); averages over all/high/mid/low buckets;
 per-language BLEU/ΔBLEU; training cost like Table 3 and tokens to reach
-cross-entropy thresholds like Table 2 (from training metrics JSONL logs).
+cross-entropy thresholds like Table 2 and router statistics over training
+(load balance, dropped tokens, aux loss; from training metrics JSONL logs).
 Languages left out of averages, and why, are always listed.
 """
 
@@ -28,6 +31,8 @@ from m4moe.eval import results
 from m4moe.eval import training_logs
 
 FIGURE_FILE = "delta_bleu.png"
+ROUTER_FIGURE_FILE = "router_stats.png"
+ROUTER_TABLE_POINTS = 5
 DASH = "–"
 
 
@@ -176,6 +181,52 @@ def _training_blocks(logs: Mapping[str, pathlib.Path],
                 tuple(ce_rows))]
 
 
+def router_trajectories(logs: Mapping[str, pathlib.Path]
+                        ) -> dict[str, list[training_logs.RouterPoint]]:
+  """model -> router statistics per logged step (MoE models only)."""
+  out = {}
+  for model, path in logs.items():
+    points = training_logs.router_trajectory(training_logs.read_records(path))
+    if points:
+      out[model] = points
+  return out
+
+
+def _percent(value: float | None) -> str:
+  return DASH if value is None else f"{100 * value:.1f}%"
+
+
+def _router_blocks(trajectories: Mapping[str, Sequence[
+    training_logs.RouterPoint]], png: bytes | None) -> list[doc.Block]:
+  blocks: list[doc.Block] = [doc.Heading("Router statistics over training")]
+  if not trajectories:
+    return blocks + [doc.Paragraph(
+        "No training log with router statistics (dense models only, or no "
+        "logs given).")]
+  blocks.append(doc.Paragraph(
+      "From the training logs, over each model's MoE layers: load CV = "
+      "coefficient of variation of the tokens per expert (0 = balanced); "
+      "dropped = fraction of first / second expert choices over capacity; "
+      "aux = the balancing loss E·Σ f·P (1.0 = uniform routing)."))
+  if png is not None:
+    blocks.append(doc.Image(ROUTER_FIGURE_FILE, png,
+                            "Router load CV and dropped second choices"))
+  rows = []
+  for model, points in trajectories.items():
+    for p in training_logs.sample_points(points, count=ROUTER_TABLE_POINTS):
+      rows.append((model, str(p.step), str(p.layers), _fmt3(p.load_cv_mean),
+                   _fmt3(p.load_cv_max), _percent(p.dropped_first),
+                   _percent(p.dropped_second), _fmt3(p.aux_loss)))
+  blocks.append(doc.Table(("model", "step", "MoE layers", "load CV mean",
+                           "load CV max", "dropped 1st", "dropped 2nd",
+                           "aux loss"), tuple(rows)))
+  return blocks
+
+
+def _fmt3(value: float | None) -> str:
+  return DASH if value is None else f"{value:.3f}"
+
+
 def _gaps_blocks(comp) -> list[doc.Block]:
   items = [f"{lang}: {'; '.join(reasons)}"
            for lang, reasons in comp.excluded.items()]
@@ -199,7 +250,10 @@ def _gaps_blocks(comp) -> list[doc.Block]:
 def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                  logs: Mapping[str, pathlib.Path],
                  thresholds: Sequence[float],
-                 inputs: Sequence[str]) -> list[doc.Block]:
+                 inputs: Sequence[str],
+                 router: Mapping[str, Sequence[
+                     training_logs.RouterPoint]] | None = None,
+                 router_png: bytes | None = None) -> list[doc.Block]:
   """The report's content, shared by the Markdown and HTML renderings."""
   return [
       doc.Paragraph("Inputs: " + ", ".join(inputs)),
@@ -220,6 +274,7 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
       _language_table(comp),
       *_gaps_blocks(comp),
       *_training_blocks(logs, thresholds),
+      *_router_blocks(router or {}, router_png),
   ]
 
 
@@ -281,10 +336,18 @@ def write_report(output_dir: str | pathlib.Path, *,
   figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)
   png_path = output_dir / FIGURE_FILE
   figure.save_png(png_path)
+  router = router_trajectories(logs)
+  router_png = None
+  if router:
+    router_path = output_dir / ROUTER_FIGURE_FILE
+    router_fig = figure_lib.router_figure(router)
+    router_fig.savefig(str(router_path), format="png", dpi=120)
+    router_png = router_path.read_bytes()
   blocks = build_blocks(comp, models, figure=figure,
                         png=png_path.read_bytes(), logs=logs,
                         thresholds=ce_thresholds,
-                        inputs=inputs or [m.model for m in models])
+                        inputs=inputs or [m.model for m in models],
+                        router=router, router_png=router_png)
   md_path, html_path = output_dir / "report.md", output_dir / "report.html"
   md_path.write_text(doc.to_markdown(title, blocks), encoding="utf-8")
   html_path.write_text(doc.to_html(title, blocks), encoding="utf-8")

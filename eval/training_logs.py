@@ -1,11 +1,13 @@
-"""Training cost (paper Table 3) and tokens-to-cross-entropy (Table 2).
+"""Training cost (Table 3), tokens-to-cross-entropy (Table 2), router stats.
 
 Reads a training metrics JSONL (``<model_dir>/metrics.jsonl``, written by
 ``m4moe.training.metrics``) tolerantly: any line that is not JSON is
 skipped; a record counts as a training record if its ``kind`` is ``train``
 or absent and it has a ``step``. Fields used when present: ``step``,
 ``tokens_seen`` (or ``tokens``), ``train_ce``, ``time`` (Unix seconds),
-``step_time_sec``, ``devices``, ``batch_tokens``.
+``step_time_sec``, ``devices``, ``batch_tokens``, and ``router`` (layer ->
+``RouterStats.as_dict()`` of the logged step: ``load_cv``,
+``dropped_first``, ``dropped_second``, ``aux_loss``, ...).
 """
 
 from __future__ import annotations
@@ -129,3 +131,61 @@ def tokens_to_reach(records: Sequence[dict],
       if out[threshold] is None and ce <= threshold:
         out[threshold] = int(tokens)
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterPoint:
+  """Router statistics of one logged step, over the run's MoE layers.
+
+  Attributes:
+    step: training step.
+    layers: MoE layers with statistics in the record.
+    load_cv_mean, load_cv_max: coefficient of variation of the expert loads
+      (0 = perfectly balanced), mean and max over layers.
+    dropped_first, dropped_second: fractions of first/second choices that
+      overflowed capacity, mean over layers (None if no layer logged it).
+    aux_loss: the balancing loss E * sum_e f_e P_e (1.0 = uniform), mean.
+  """
+
+  step: int
+  layers: int
+  load_cv_mean: float | None
+  load_cv_max: float | None
+  dropped_first: float | None
+  dropped_second: float | None
+  aux_loss: float | None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+  return float(statistics.fmean(values)) if values else None
+
+
+def router_trajectory(records: Sequence[dict]) -> list[RouterPoint]:
+  """One :class:`RouterPoint` per training record with router statistics."""
+  points = []
+  for record in _train_records(records):
+    router = record.get("router")
+    if not isinstance(router, dict) or not router:
+      continue
+    layers = [v for v in router.values() if isinstance(v, dict)]
+    def values(key, layers=layers):
+      return [float(v[key]) for v in layers if _num(v.get(key)) is not None]
+    load_cv = values("load_cv")
+    points.append(RouterPoint(
+        step=int(record["step"]), layers=len(layers),
+        load_cv_mean=_mean(load_cv),
+        load_cv_max=max(load_cv) if load_cv else None,
+        dropped_first=_mean(values("dropped_first")),
+        dropped_second=_mean(values("dropped_second")),
+        aux_loss=_mean(values("aux_loss"))))
+  return points
+
+
+def sample_points(points: Sequence[RouterPoint], *,
+                  count: int) -> list[RouterPoint]:
+  """At most ``count`` points evenly spaced over the run, first and last kept."""
+  if len(points) <= count:
+    return list(points)
+  picks = sorted({round(i * (len(points) - 1) / (count - 1))
+                  for i in range(count)})
+  return [points[i] for i in picks]

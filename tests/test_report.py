@@ -110,10 +110,19 @@ def _write_log(path):
   lines = [json.dumps({"kind": "start", "step": 0, "time": 1000.0,
                        "devices": 2})]
   for i, ce in enumerate([5.0, 4.0, 3.0, 2.5, 2.0], start=1):
-    lines.append(json.dumps({
+    record = {
         "kind": "train", "step": 10 * i, "time": 1000.0 + 5 * i,
         "tokens_seen": 1000 * i, "train_ce": ce, "step_time_sec": 0.5,
-        "batch_tokens": 100, "devices": 2}))
+        "batch_tokens": 100, "devices": 2}
+    if i >= 2:  # the first record has no router statistics
+      record["router"] = {
+          "encoder/layer_1/moe": {"load_cv": 0.1 * i, "dropped_first": 0.0,
+                                  "dropped_second": 0.02 * i,
+                                  "aux_loss": 1.5},
+          "decoder/layer_1/moe": {"load_cv": 0.3 * i, "dropped_first": 0.1,
+                                  "dropped_second": 0.04 * i,
+                                  "aux_loss": 1.1}}
+    lines.append(json.dumps(record))
     lines.append(json.dumps({"kind": "eval", "step": 10 * i,
                              "dev_ce_mean": ce}))
   lines.insert(3, "{truncated by a crash")
@@ -144,6 +153,23 @@ def test_training_log_tables(tmp_path):
   assert training_logs.training_cost(slow_start).steps_per_sec == (
       pytest.approx(2.0))
   assert training_logs.tokens_to_reach(bare, [0.5]) == {0.5: 7}
+
+
+def test_router_trajectory_averages_layers_and_samples_points(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  _write_log(path)
+  points = training_logs.router_trajectory(training_logs.read_records(path))
+  assert [p.step for p in points] == [20, 30, 40, 50]
+  last = points[-1]  # i = 5: load CV 0.5 and 1.5, dropped 2nd 0.1 and 0.2
+  assert last.layers == 2
+  assert last.load_cv_mean == pytest.approx(1.0)
+  assert last.load_cv_max == pytest.approx(1.5)
+  assert last.dropped_first == pytest.approx(0.05)
+  assert last.dropped_second == pytest.approx(0.15)
+  assert last.aux_loss == pytest.approx(1.3)
+  sampled = training_logs.sample_points(points, count=3)
+  assert [p.step for p in sampled] == [20, 40, 50]  # indices 0, 1.5->2, 3
+  assert training_logs.sample_points(points, count=9) == points
 
 
 def test_write_report_files_figure_and_tables(tmp_path):
@@ -183,6 +209,10 @@ def test_write_report_files_figure_and_tables(tmp_path):
   assert "| dense | 123,456 | dense | 8 | – | 23.8 | +2.2 | metadata |" in md
   assert "| moe | 2 | 2 | 100 |" in md           # Table 3 style
   assert "| moe | 2,000 | 3,000 | – |" in md       # Table 2 style
+  # Router statistics over training: figure and sampled table rows.
+  assert (tmp_path / "out" / report.ROUTER_FIGURE_FILE).is_file()
+  assert "| moe | 50 | 2 | 1.000 | 1.500 | 5.0% | 15.0% | 1.300 |" in md
+  assert "| moe | 20 | 2 | 0.400 | 0.600 | 5.0% | 6.0% | 1.300 |" in md
   html_text = files.html.read_text()
   assert "data:image/png;base64," in html_text
   assert 'src="delta_bleu.png"' not in html_text

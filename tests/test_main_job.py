@@ -116,3 +116,29 @@ def test_a_preempted_training_stage_is_not_marked_done(tmp_path):
               {"kind": "end", "step": 9, "reason": "done"}]
   log.write_text("".join(json.dumps(r) + "\n" for r in records))
   assert run_cli._training_finished(stage)
+
+
+def test_a_stage_whose_command_changed_reruns_with_later_stages(tmp_path):
+  from m4moe.cli import run as run_cli  # pylint: disable=g-import-not-at-top
+  stages = [main_job.Stage(name=n, description="", tool="train",
+                           args=(f"--n={n}",)) for n in ("a", "b", "c")]
+  for stage in stages:
+    run_cli._write_marker(run_cli._marker(tmp_path, stage), stage, 1.0)
+  assert run_cli._first_changed(stages, tmp_path) is None
+  # Another interpreter path alone is not a change.
+  marker = run_cli._marker(tmp_path, stages[0])
+  data = json.loads(marker.read_text())
+  data["command"][0] = "/other/python3"
+  marker.write_text(json.dumps(data))
+  assert run_cli._first_changed(stages, tmp_path) is None
+  # The recipe now trains b for longer: b and c are forgotten, a is kept.
+  edited = [stages[0], main_job.Stage(name="b", description="", tool="train",
+                                      args=("--n=b", "--train_steps=9")),
+            stages[2]]
+  assert run_cli._first_changed(edited, tmp_path) == "b"
+  run_cli._forget_from(edited, tmp_path, "b")
+  assert [run_cli._marker(tmp_path, s).exists() for s in edited] == [
+      True, False, False]
+  # An unreadable marker is not trusted.
+  marker.write_text("{")
+  assert run_cli._first_changed(edited, tmp_path) == "a"

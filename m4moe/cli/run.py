@@ -59,6 +59,27 @@ def _write_marker(path: pathlib.Path, stage: main_job.Stage,
   tmp.replace(path)  # atomic: a killed run never leaves a half marker
 
 
+def _first_changed(stages: list[main_job.Stage],
+                   run_dir: pathlib.Path) -> str | None:
+  """The first finished stage whose command differs from the recipe's now.
+
+  A recipe edited after a run (e.g. more training steps) must re-run that
+  stage (a training stage resumes from its last checkpoint) and everything
+  after it, which consumed its outputs. The Python executable is ignored.
+  """
+  for stage in stages:
+    marker = _marker(run_dir, stage)
+    if not marker.exists():
+      continue
+    try:
+      ran = json.loads(marker.read_text(encoding="utf-8"))["command"][1:]
+    except (ValueError, KeyError, TypeError):
+      return stage.name  # unreadable marker: not trusted
+    if ran != stage.command()[1:]:
+      return stage.name
+  return None
+
+
 def _forget_from(stages: list[main_job.Stage], run_dir: pathlib.Path,
                  name: str) -> None:
   names = [s.name for s in stages]
@@ -131,6 +152,12 @@ def main(argv: list[str]) -> None:
   stages = main_job.plan(recipe, run_dir=run_dir, cache_dir=cache_dir)
   if _RESTART_FROM.value:
     _forget_from(stages, run_dir, _RESTART_FROM.value)
+  changed = None if _DRY_RUN.value else _first_changed(stages, run_dir)
+  if changed:
+    print(f"m4moe-run: stage {changed!r} ran with a different command than "
+          f"the recipe's now; re-running it and every later stage",
+          flush=True)
+    _forget_from(stages, run_dir, changed)
   start = time.monotonic()
   for i, stage in enumerate(stages, 1):
     header = f"[stage {i}/{len(stages)}] {stage.name}: {stage.description}"

@@ -125,9 +125,10 @@ class FeedForwardExperts(tf.Module):
     # The dispatch works per group: its buffers come split on G over "data".
     # GShard's AllToAll re-splits them on E over "expert" (G stays split on
     # "data", so a 2-D mesh does not repeat an expert's work per data row).
-    dispatched = shard.split(dispatched, dim=1, axis="data",
-                             name="dispatched_groups")
-    dispatched = shard.shard(dispatched, ("expert", "data"),
+    groups = "data" if shard.divides(dispatched.shape[1], "data") else None
+    dispatched = _split_groups(shard, dispatched, dim=1,
+                               name="dispatched_groups")
+    dispatched = shard.shard(dispatched, ("expert", groups),
                              name="dispatched")
     keep = None
     if training and self.dropout_rate > 0:
@@ -147,11 +148,11 @@ class FeedForwardExperts(tf.Module):
     out = tf.einsum(f"EGCH,EHM->{output_layout}", h, wo)
     spec = [None] * 4
     spec[output_layout.index("E")] = "expert"
-    spec[output_layout.index("G")] = "data"
+    spec[output_layout.index("G")] = groups
     out = shard.shard(out, tuple(spec), name="expert_outputs")
     # The reverse AllToAll: back to groups for the per-group combine.
-    return shard.split(out, dim=output_layout.index("G"), axis="data",
-                       name="expert_outputs_groups")
+    return _split_groups(shard, out, dim=output_layout.index("G"),
+                         name="expert_outputs_groups")
 
   def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor) -> tf.Tensor:
     """Applies expert ``block_expert[x]`` to block x (no dropout).
@@ -193,6 +194,19 @@ class FeedForwardExperts(tf.Module):
         h *= tf.reshape(keeps[e], [-1, hidden_dim])
       outputs.append(tf.matmul(h, wo[e]))
     return tf.reshape(tf.stack(outputs), tf.shape(dispatched))
+
+
+def _split_groups(sharding: sharding_lib.Sharding, t: tf.Tensor, *, dim: int,
+                  name: str) -> tf.Tensor:
+  """Splits the G dimension ``dim`` of ``t`` over ``data`` if it divides.
+
+  Training batches are checked to give a G the ``data`` axis divides
+  (:func:`m4moe.mesh.validate_mesh`); an eval batch or a decoding step may
+  not, and then its groups stay whole on every device (same values).
+  """
+  if not sharding.divides(t.shape[dim], "data"):
+    return t
+  return sharding.split(t, dim=dim, axis="data", name=name)
 
 
 def _check_config(config: ModelConfig, *, causal: bool) -> None:
@@ -306,9 +320,9 @@ class MoeLayer(tf.Module):
     tokens = tf.reshape(x, [-1, model_dim])
     mask = tf.reshape(tf.cast(padding_mask, tf.float32), [-1])
     grouped, grouped_mask, position = self._group(tokens, mask)
-    grouped = self.sharding.split(grouped, dim=0, axis="data", name="groups")
-    grouped_mask = self.sharding.split(grouped_mask, dim=0, axis="data",
-                                       name="group_mask")
+    grouped = _split_groups(self.sharding, grouped, dim=0, name="groups")
+    grouped_mask = _split_groups(self.sharding, grouped_mask, dim=0,
+                                 name="group_mask")
     capacity = self.config.moe.capacity(group_size=grouped.shape[1],
                                         training=training)
     result = self.router(grouped, padding_mask=grouped_mask,
@@ -322,8 +336,7 @@ class MoeLayer(tf.Module):
                                     seed=expert_seed)
       combined = dispatch_lib.dispatch_combine(
           grouped, result, expert_fn, implementation=self.dispatch)
-    combined = self.sharding.split(combined, dim=0, axis="data",
-                                   name="combined")
+    combined = _split_groups(self.sharding, combined, dim=0, name="combined")
     outputs = tf.gather(tf.reshape(combined, [-1, model_dim]), position)
     moe = self.config.moe
     return MoeOutput(

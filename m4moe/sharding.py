@@ -180,6 +180,15 @@ class Sharding:
     """
     return self.replicate(t, name=name or "random")
 
+  def divides(self, size: int | None, axis: str) -> bool:
+    """Whether a dimension of static ``size`` can be split over ``axis``.
+
+    True without a mesh or for an axis the mesh lacks; False for an
+    unknown (None) size under a mesh axis of size > 1.
+    """
+    parts = self.mesh.axis_size(axis) if self.enabled else 1
+    return parts == 1 or (size is not None and size % parts == 0)
+
   def split(self, t: tf.Tensor, *, dim: int, axis: str,
             name: str | None = None) -> tf.Tensor:
     """Annotates dimension ``dim`` of ``t`` as split over mesh axis ``axis``."""

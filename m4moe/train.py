@@ -34,6 +34,7 @@ from absl import logging
 
 from m4moe import config as config_lib
 from m4moe import optimizer as optimizer_lib
+from m4moe import sharding as sharding_lib
 from m4moe.training import checkpointing
 from m4moe.training import distribute
 from m4moe.training import metrics as metrics_lib
@@ -73,7 +74,8 @@ class TrainConfig:
       only).
     log_every: console / TensorBoard / JSONL train record every N steps.
     max_consecutive_nonfinite: stop after this many skipped steps in a row.
-    checkpoint_input: save the input iterator in checkpoints; if False a
+    checkpoint_input: save the input iterator in checkpoints (not on a
+      device mesh, whose DTensor checkpoints cannot hold it); if False a
       resumed run skips the batches already consumed instead (for pipelines
       whose iterators cannot be checkpointed).
     batch_tokens: the configured tokens per batch, recorded in the metrics.
@@ -296,23 +298,31 @@ def _restore(keeper: checkpointing.CheckpointKeeper, *, config: TrainConfig,
   return path, iterator
 
 
-def _build(model_fn, *, strategy, config: TrainConfig):
-  """Model, optimiser, counters and step runner, under the strategy scope."""
+def _build(model_fn, *, strategy, config: TrainConfig,
+           sharding: sharding_lib.Sharding):
+  """Model, optimiser, counters and step runner, under the strategy scope.
+
+  Under a mesh, the model's and the optimiser's variables are created in
+  ``sharding.variable_scope()`` (DVariables: expert weights and their slots
+  split on E, the rest replicated); the loop counters stay host variables.
+  """
   tf.random.set_seed(config.seed)
   with strategy.scope():
-    model = model_fn()
-    variables = list(model.trainable_variables)
-    if not variables:
-      raise ValueError("model_fn() returned a model without trainable "
-                       "variables; create them in __init__")
-    optimizer = optimizer_lib.Adafactor(config.optimizer)
-    optimizer.build(variables)
+    with sharding.variable_scope():
+      model = model_fn()
+      variables = list(model.trainable_variables)
+      if not variables:
+        raise ValueError("model_fn() returned a model without trainable "
+                         "variables; create them in __init__")
+      optimizer = optimizer_lib.Adafactor(config.optimizer)
+      optimizer.build(variables)
     counters = _Counters.create()
   if config.remat:
     remat_lib.apply_remat(model)
   runner = step_lib.StepRunner(model=model, optimizer=optimizer,
                                variables=variables, strategy=strategy,
-                               label_smoothing=config.label_smoothing)
+                               label_smoothing=config.label_smoothing,
+                               sharding=sharding)
   return model, optimizer, counters, runner
 
 
@@ -322,6 +332,7 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
           model_config: config_lib.ModelConfig | None = None,
           run_sections: Mapping[str, Any] | None = None,
           strategy: tf.distribute.Strategy | None = None,
+          sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
           after_step: Callable[[int], None] | None = None) -> TrainResult:
   """Trains (or resumes training) until ``config.train_steps``.
 
@@ -336,6 +347,11 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
       the model); required to guard against resuming a different model.
     run_sections: further sections for ``config.json`` (e.g. "data").
     strategy: defaults to the current (default) strategy.
+    sharding: a device mesh (``make_sharding("data:2,expert:4")``): the
+      variables are laid out on it and batches split over its ``data``
+      axis; ``model_fn`` must pass it to the model (``Transformer(...,
+      sharding=sharding)``) for the GShard annotations. Use it with the
+      default strategy (the mesh does the data parallelism).
     after_step: test hook called with the step number after every step.
 
   Returns:
@@ -348,9 +364,17 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
     checkpointing.write_run_config(
         model_dir, model_config=model_config,
         sections={"train": config.to_dict(), **(run_sections or {})})
-  model, optimizer, counters, runner = _build(model_fn, strategy=strategy,
-                                              config=config)
-  iterator = iter(train_dataset) if config.checkpoint_input else None
+  if sharding.enabled and strategy.num_replicas_in_sync > 1:
+    raise TrainConfigError(
+        f"a device mesh (--mesh={sharding.mesh}) replaces the "
+        f"{type(strategy).__name__}'s {strategy.num_replicas_in_sync} "
+        "replicas; train on a mesh with the default strategy")
+  model, optimizer, counters, runner = _build(
+      model_fn, strategy=strategy, config=config, sharding=sharding)
+  # A DTensor checkpoint cannot hold the (host) iterator state; on a mesh a
+  # resumed run skips the consumed batches instead (as checkpoint_input=False).
+  iterator = (iter(train_dataset)
+              if config.checkpoint_input and not sharding.enabled else None)
   trackables = dict(model=model, optimizer=optimizer, **counters.trackables())
   if iterator is not None:
     trackables["iterator"] = iterator
@@ -365,6 +389,7 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
                dev_datasets=dev_datasets, metrics_log=log)
   log.write({"kind": "start", "step": loop.step, "time": time.time(),
              "devices": strategy.num_replicas_in_sync,
+             "mesh": str(sharding.mesh) if sharding.enabled else None,
              "device_kind": distribute.device_kind(strategy),
              "num_params": int(sum(np.prod(v.shape) for v in runner.variables)),
              "resumed_from": resumed})

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from m4moe import losses
 from m4moe import optimizer as optimizer_lib
+from m4moe import sharding as sharding_lib
 
 MODEL_KEYS = ("inputs", "targets", "inputs_segment_ids", "inputs_positions",
               "targets_segment_ids", "targets_positions")
@@ -101,16 +102,22 @@ class StepRunner:
     variables: the trained variables (given to ``optimizer.build``).
     strategy: the tf.distribute strategy the variables were created under.
     label_smoothing: epsilon of the training loss.
+    sharding: the mesh the model and optimiser were built on (inside
+      ``sharding.variable_scope()``); batches are then put on it with their
+      rows split over ``data``, and gradients are relaid out like their
+      variables before the update. Use it with the default strategy.
   """
 
   def __init__(self, *, model: tf.Module, optimizer: optimizer_lib.Adafactor,
                variables: Sequence[tf.Variable],
-               strategy: tf.distribute.Strategy, label_smoothing: float):
+               strategy: tf.distribute.Strategy, label_smoothing: float,
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     self.model = model
     self.optimizer = optimizer
     self.variables = list(variables)
     self.strategy = strategy
     self.label_smoothing = label_smoothing
+    self.sharding = sharding
     self.variable_names = [v.name.split(":")[0] for v in self.variables]
     self._grads_fn = tf.function(self._grads, reduce_retracing=True)
     self._apply_fn = tf.function(self._apply)
@@ -161,6 +168,8 @@ class StepRunner:
     return tf.nest.map_structure(total, (grads, metrics, router))
 
   def _apply(self, grads, objective):
+    # DTensor may leave gradients as per-device partial sums; reduce first.
+    grads = self.sharding.like_variables(grads, self.variables)
     finite = tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
     loss_finite = tf.math.is_finite(objective)
     ok = tf.logical_and(tf.reduce_all(finite), loss_finite)
@@ -181,7 +190,8 @@ class StepRunner:
     Returns:
       The StepResult (the update is skipped if anything is non-finite).
     """
-    microbatches = [model_features(b) for b in microbatches]
+    microbatches = [self.put(model_features(b)) for b in microbatches]
+    seed = self.sharding.put(seed)
     total_tokens = tf.add_n([
         tf.reduce_sum(tf.cast(tf.not_equal(b["targets"], 0), tf.float32))
         for b in microbatches])
@@ -198,18 +208,37 @@ class StepRunner:
         metrics = {k: metrics[k] + m[k] for k in metrics}
     ok, finite, loss_finite, grad_norm, lr = self._apply_fn(
         grads, metrics["objective"])
-    nonfinite = [name for name, ok in zip(self.variable_names, finite.numpy())
+    host = self.host
+    nonfinite = [name for name, ok in zip(self.variable_names, host(finite))
                  if not ok]
-    if not bool(loss_finite):
+    if not bool(host(loss_finite)):
       nonfinite.insert(0, "loss")
-    host = {k: float(v) for k, v in metrics.items()}
+    values = {k: float(host(v)) for k, v in metrics.items()}
     return StepResult(
-        applied=bool(ok), nonfinite=tuple(nonfinite), ce_sum=host["ce_sum"],
-        objective=host["objective"], target_tokens=host["target_tokens"],
-        source_tokens=host["source_tokens"], moe_loss=host["moe_loss"],
-        aux_loss=host["aux_loss"], z_loss=host["z_loss"],
-        grad_norm=float(grad_norm), learning_rate=float(lr),
-        router=tf.nest.map_structure(lambda t: t.numpy(), router))
+        applied=bool(host(ok)), nonfinite=tuple(nonfinite),
+        ce_sum=values["ce_sum"], objective=values["objective"],
+        target_tokens=values["target_tokens"],
+        source_tokens=values["source_tokens"], moe_loss=values["moe_loss"],
+        aux_loss=values["aux_loss"], z_loss=values["z_loss"],
+        grad_norm=float(host(grad_norm)), learning_rate=float(host(lr)),
+        router=tf.nest.map_structure(host, router))
+
+  def put(self, batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """A host batch on the mesh, rows split over ``data`` (else as is).
+
+    A batch whose row count the ``data`` axis does not divide (e.g. the
+    last dev batch) is put replicated.
+    """
+    if not self.sharding.enabled:
+      return dict(batch)
+    rows = {tf.convert_to_tensor(v).shape[0] for v in batch.values()}
+    spec = ("data",) if all(self.sharding.divides(r, "data")
+                            for r in rows) else ()
+    return {k: self.sharding.put(v, spec) for k, v in batch.items()}
+
+  def host(self, t: tf.Tensor) -> np.ndarray:
+    """The whole value of a step output (possibly a DTensor) as numpy."""
+    return np.asarray(self.sharding.gather(t))
 
   # -- evaluation -------------------------------------------------------------
 
@@ -221,7 +250,7 @@ class StepRunner:
     """(plain CE summed over target tokens, token count) of a dev dataset."""
     ce_sum, tokens = 0.0, 0.0
     for batch in dataset:
-      s, n = self._eval_fn(model_features(batch))
-      ce_sum += float(s)
-      tokens += float(n)
+      s, n = self._eval_fn(self.put(model_features(batch)))
+      ce_sum += float(self.host(s))
+      tokens += float(self.host(n))
     return ce_sum, tokens

@@ -1,0 +1,220 @@
+"""A full training step of the MoE Transformer on DTensor meshes == one device.
+
+The trainer's own step (:class:`m4moe.training.step.StepRunner` with
+``sharding=``, the model and our Adafactor built inside
+``Sharding.variable_scope()``, as ``m4moe.train.train`` does) runs one update
+of a shrunk ``tiny/moe`` (d_model 32, 2+2 layers, E=8, dropout, attention
+dropout, expert dropout and the random second-expert policy all on) on
+meshes of 8 virtual CPUs, and on one device without a mesh. Loss,
+gradients and the updated parameters must agree to ~1e-5; each device must
+hold only E/n experts of every expert weight and of its Adafactor slots.
+Parts ``remat`` and ``bfloat16`` repeat the comparison on data:2,expert:2
+with ``--remat`` and ``--activation_dtype=bfloat16``.
+
+Like ``test_sharding_dtensor.py``, the multi-device work runs in a fresh
+subprocess (``python tests/test_sharding_train_step.py PART``) that prints a
+JSON report; one subprocess per part serves all its tests.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+# Dimensions: B rows, L length, E experts, M d_model, H expert hidden.
+B, L, E, M, H = 8, 8, 8, 32, 32
+MODEL_FLAGS = (
+    f"--d_model={M}", "--num_heads=2", "--d_kv=16", "--d_ff=64",
+    "--num_encoder_layers=2", "--num_decoder_layers=2",
+    f"--num_experts={E}", f"--expert_hidden_dim={H}", "--group_size=8",
+    "--src_vocab_size=50", "--tgt_vocab_size=50", "--max_length=16",
+    "--expert_dropout_rate=0.1")
+MESHES = ("data:2,expert:1", "data:1,expert:4", "data:2,expert:2",
+          "data:8,expert:1")
+PART_MESH = "data:2,expert:2"  # remat and bfloat16 parts.
+
+
+def _batch():
+  """<int32>[B, L] inputs and targets with some padding."""
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(1, 50, size=(B, L)).astype(np.int32)
+  targets = rng.integers(1, 50, size=(B, L)).astype(np.int32)
+  inputs[::3, 5:] = 0
+  targets[1::3, 6:] = 0
+  return {"inputs": inputs, "targets": targets}
+
+
+def _one_step(mesh_text, *, extra_flags=(), remat=False):
+  """One trainer step on ``mesh_text`` (None: one device, no mesh)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe import config as config_lib, model as model_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import remat as remat_lib, step as step_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_model_config("tiny/moe", MODEL_FLAGS + extra_flags)
+  sharding = sharding_lib.NO_SHARDING
+  if mesh_text is not None:
+    shape = sharding_lib.MeshShape.parse(mesh_text)
+    sharding = sharding_lib.make_sharding(
+        shape, devices=[f"CPU:{i}" for i in range(shape.size)])
+  tf.random.set_seed(0)  # The same initial weights on every mesh.
+  with sharding.variable_scope():
+    model = model_lib.Transformer(config=config, sharding=sharding)
+    variables = list(model.trainable_variables)
+    optimizer = optimizer_lib.Adafactor(optimizer_lib.AdafactorConfig(
+        learning_rate=0.1, warmup_steps=1))
+    optimizer.build(variables)
+  if remat:
+    remat_lib.apply_remat(model)
+  runner = step_lib.StepRunner(
+      model=model, optimizer=optimizer, variables=variables,
+      strategy=tf.distribute.get_strategy(), label_smoothing=0.1,
+      sharding=sharding)
+  # The gradients of the step (train_step does not return them): the
+  # runner's gradient function with train_step's arguments.
+  batch = runner.put(_batch())
+  seed = sharding.put(tf.random.experimental.stateless_fold_in([5, 6], 0))
+  tokens = tf.constant(float(np.count_nonzero(_batch()["targets"])))
+  grads, _, _ = runner._grads_fn(batch, seed, tokens, tf.constant(1.0))  # pylint: disable=protected-access
+  grads = sharding.like_variables(grads, variables)
+  result = runner.train_step([_batch()], seed=tf.constant([5, 6]))
+  report = {
+      "objective": result.objective, "ce_sum": result.ce_sum,
+      "grad_norm": result.grad_norm, "applied": result.applied,
+      "grads": [runner.host(g).tolist() for g in grads],
+      "params": [runner.host(v).tolist() for v in variables],
+      "names": [v.name for v in variables],
+  }
+  if sharding.enabled:
+    report["shards"] = {v.name: sharding.local_shapes(v) for v in variables}
+    report["slots"] = {}
+    for v, slot in zip(variables, optimizer.slots):
+      for key in ("vr", "vc"):
+        s = getattr(slot, key, None)
+        if s is not None and s.shape.rank >= 2:
+          report["slots"][f"{v.name}/{key}"] = {
+              "local": sharding.local_shapes(s),
+              "specs": list(s.layout.sharding_specs)}
+  return report
+
+
+def _worker(part: str) -> None:
+  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  sharding_lib.configure_virtual_cpus(8)
+  report = {}
+  if part == "meshes":
+    report["reference"] = _one_step(None)
+    for mesh_text in MESHES:
+      report[mesh_text] = _one_step(mesh_text)
+  elif part == "remat":
+    report["reference"] = _one_step(None, remat=True)
+    report[PART_MESH] = _one_step(PART_MESH, remat=True)
+  elif part == "bfloat16":
+    flags = ("--activation_dtype=bfloat16",)
+    report["reference"] = _one_step(None, extra_flags=flags)
+    report[PART_MESH] = _one_step(PART_MESH, extra_flags=flags)
+  print("REPORT " + json.dumps(report))
+
+
+def _run_worker(part: str) -> dict:
+  here = pathlib.Path(__file__).parent
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__)), part],
+                        capture_output=True, text=True, timeout=600,
+                        check=False, cwd=str(here))
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
+  assert proc.returncode == 0 and lines, (
+      f"worker {part!r} failed (exit code {proc.returncode}):\n" +
+      proc.stderr[-4000:])
+  return json.loads(lines[-1][len("REPORT "):])
+
+
+@pytest.fixture(scope="module")
+def meshes():
+  return _run_worker("meshes")
+
+
+def _assert_same_step(got, ref, *, rtol, atol):
+  assert got["applied"] and ref["applied"]
+  assert got["names"] == ref["names"]
+  np.testing.assert_allclose(got["objective"], ref["objective"], rtol=rtol)
+  np.testing.assert_allclose(got["ce_sum"], ref["ce_sum"], rtol=rtol)
+  for name, g_got, g_ref in zip(ref["names"], got["grads"], ref["grads"]):
+    np.testing.assert_allclose(g_got, g_ref, rtol=rtol, atol=atol,
+                               err_msg=f"gradient of {name}")
+  for name, p_got, p_ref in zip(ref["names"], got["params"], ref["params"]):
+    np.testing.assert_allclose(p_got, p_ref, rtol=rtol, atol=atol,
+                               err_msg=f"updated {name}")
+
+
+@pytest.mark.parametrize("mesh_text", MESHES)
+def test_train_step_matches_one_device(meshes, mesh_text):
+  _assert_same_step(meshes[mesh_text], meshes["reference"], rtol=1e-5,
+                    atol=1e-5)
+
+
+def test_reference_step_changes_weights_and_routes_randomly(meshes):
+  ref = meshes["reference"]
+  assert ref["grad_norm"] > 0
+  moved = [np.abs(np.asarray(g)).max() for g in ref["grads"]]
+  assert min(moved) > 0  # Every variable, experts included, gets a gradient.
+
+
+@pytest.mark.parametrize("mesh_text", MESHES)
+def test_each_device_holds_its_experts_and_their_slots(meshes, mesh_text):
+  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  shape = MeshShape.parse(mesh_text)
+  per_device = E // shape.axis_size("expert")
+  got = meshes[mesh_text]
+  experts = [n for n in got["shards"] if "/experts/" in n]
+  assert len(experts) == 2 * 2  # wi and wo of one MoE layer per stack.
+  for name, shards in got["shards"].items():
+    full = np.asarray(got["params"][got["names"].index(name)]).shape
+    if name in experts:
+      assert shards == [[per_device, *full[1:]]] * shape.size, name
+    else:
+      assert shards == [list(full)] * shape.size, name
+  # Adafactor's factored slots of an expert weight <[E, M, H]>: <[E, M]>
+  # and <[E, H]>, split on E like the weight; others replicated.
+  expert_axis = "expert" if shape.axis_index("expert") is not None else (
+      "unsharded")
+  slots = got["slots"]
+  assert sum("/experts/" in k for k in slots) == 2 * len(experts)
+  for key, slot in slots.items():
+    if "/experts/" in key:
+      assert slot["specs"] == [expert_axis, "unsharded"], key
+      assert {s[0] for s in slot["local"]} == {per_device}, key
+    else:
+      assert set(slot["specs"]) == {"unsharded"}, key
+
+
+def test_remat_step_on_a_mesh_matches_one_device():
+  report = _run_worker("remat")
+  _assert_same_step(report[PART_MESH], report["reference"], rtol=1e-5,
+                    atol=1e-5)
+
+
+def test_bfloat16_step_on_a_mesh_matches_one_device():
+  # bfloat16 activations (8 significant bits): another summation order on
+  # the mesh moves activations by bfloat16 ulps, which can flip a near-tie
+  # routing decision; Adafactor's normalised update then moves a few
+  # elements by up to one step size (~lr * RMS(w) = 0.1 * 0.06 here).
+  report = _run_worker("bfloat16")
+  ref, got = report["reference"], report[PART_MESH]
+  assert got["applied"] and ref["applied"]
+  np.testing.assert_allclose(got["objective"], ref["objective"], rtol=1e-2)
+  for name, g_got, g_ref in zip(ref["names"], got["grads"], ref["grads"]):
+    g_got, g_ref = np.asarray(g_got), np.asarray(g_ref)
+    error = np.linalg.norm(g_got - g_ref) / np.linalg.norm(g_ref)
+    assert error < 0.1, f"gradient of {name}: relative L2 error {error}"
+  for name, p_got, p_ref in zip(ref["names"], got["params"], ref["params"]):
+    np.testing.assert_allclose(p_got, p_ref, rtol=0, atol=1e-2,
+                               err_msg=f"updated {name}")
+
+
+if __name__ == "__main__":
+  _worker(sys.argv[1])

@@ -39,20 +39,48 @@ Dimensions cheat sheet for the MoE annotation points (GShard Algorithm 2):
 Where the model calls it (``MoeLayer(..., sharding=s)``, threaded from
 ``Transformer(..., sharding=s)``): after grouping, ``grouped`` and its mask
 are split on G over ``data``; in ``FeedForwardExperts`` the dispatched
-buffers, ``wi``, ``wo`` and the expert outputs are split on E over
-``expert``; the combined output is split on G over ``data``. Under a mesh
-the experts must use the batched einsums (an unstack over E would gather
-every expert on every device).
+buffers ``<[E, G, C, M]>`` are split on E over ``expert`` with G kept on
+``data`` (so a 2-D mesh does not repeat an expert's work per data row),
+``wi``/``wo`` on E, the expert outputs likewise and then back to G on
+``data`` (the reverse AllToAll); the combined output is split on G over
+``data``. A G that the data axis does not divide (an odd eval batch, a
+decoding step) is left whole. Under a mesh the experts use the batched
+einsums (an unstack over E would gather every expert on every device), and
+under DTensor ``MoeLayer`` dispatches with the one-hot einsums whatever
+``--dispatch`` says (``MoeLayer.dispatch``: DTensor cannot partition the
+index path's transposes, gathers and scatters).
 
-DTensor on virtual CPUs (what the tests do)::
+Randomness: DTensor draws a stateless random op per shard of its output
+layout, so every random draw of the model (dropout, attention dropout, the
+routers' policies/jitter/noise, expert dropout) goes through
+:meth:`Sharding.pin_random`, which makes it the single-device draw on any
+mesh. The compaction of real tokens before grouping (``MoeLayer._group``)
+gathers over all B*L tokens; DTensor runs it on the whole token list
+(correct on any mesh, but an all-gather of ``[B*L, M]`` per MoE layer).
+
+Training on a mesh (what ``m4moe-train --mesh`` does; see
+``m4moe.train.train(sharding=...)`` and ``tests/test_train_mesh.py``)::
+
+  m4moe-train --config=tiny/moe --synthetic_data --model_dir=/tmp/m \
+      --num_cpu_devices=8 --mesh=data:2,expert:4 --train_steps=100
+
+builds ``make_sharding(mesh)`` over all local devices (DTensor), creates the
+Transformer and Adafactor inside :meth:`Sharding.variable_scope` (expert
+weights and their factored slots split on E, the rest replicated), puts each
+batch with its rows split over ``data``, relayouts gradients like their
+variables (:meth:`Sharding.like_variables`) and checkpoints DVariables;
+such a checkpoint restores on any mesh or on one device (the input iterator
+is not checkpointed on a mesh: a resumed run skips the consumed batches).
+In a library program::
 
   sharding_lib.configure_virtual_cpus(8)       # first thing in the process
   s = sharding_lib.make_sharding("data:2,expert:4")
   with s.variable_scope():                      # experts -> E-split DVariables
-    model = Transformer(config=config)
+    model = Transformer(config=config, sharding=s)
     optimizer = Adafactor(...); optimizer.build(model.trainable_variables)
   batch = {k: s.put(v, ("data",)) for k, v in batch.items()}
-  # then an ordinary tf.function train step.
+  # then StepRunner(..., sharding=s), or ordinary tf.functions, with
+  # s.like_variables(grads, variables) before the optimiser update.
 
 Known DTensor (TF 2.21) limitation: indexing that adds an axis while leaving
 trailing dimensions implicit, e.g. ``t[:, tf.newaxis]`` or ``t[None]`` on a
@@ -62,26 +90,30 @@ error"); write ``tf.expand_dims(t, 1)`` or spell out every dimension
 
 TPU VM recipe (XLA backend; not runnable here, no TPU)::
 
-  # On a Cloud TPU VM (e.g. v4-8), same TensorFlow version as here:
+  # On a Cloud TPU VM (e.g. a v3-8, 8 cores: the mesh below multiplies to
+  # the core count TensorFlow reports), same TensorFlow version as here:
   pip install tensorflow-tpu==2.21.0 -f \
       https://storage.googleapis.com/libtpu-tf-releases/index.html
   pip install -e /path/to/m4moe
   # Data: TFDS data in a GCS bucket in the TPU's region (gs:// is read
-  # directly); the mesh flag needs the trainer wiring noted below.
+  # directly); checkpoints and metrics to GCS too.
   m4moe-train --config=gshard/moe_128e_12l --tpu=local \
-      --tfds_data_dir=gs://BUCKET/tensorflow_datasets \
+      --tfds_name=... --tfds_data_dir=gs://BUCKET/tensorflow_datasets \
       --model_dir=gs://BUCKET/m4moe/runs/moe128 --mesh=data:2,expert:4
 
-Under ``TPUStrategy`` built with ``experimental_spmd_xla_partitioning=True``
-and a ``DeviceAssignment`` of the mesh's cores, the step is compiled by XLA;
-``make_sharding(mesh, backend="xla")`` turns every annotation into an HLO
-``sharding={devices=[...]}`` custom-call that the SPMD partitioner uses
+With ``--tpu`` and ``--mesh``, ``m4moe-train`` builds a ``TPUStrategy``
+with one replica spanning all cores (``DeviceAssignment.build(topology,
+computation_shape=topology.mesh_shape, num_replicas=1)``) and
+``experimental_spmd_xla_partitioning=True``, and
+``make_sharding(mesh, backend="xla")``: every annotation becomes an HLO
+``sharding={devices=[...]}`` custom-call that XLA's SPMD partitioner uses
 (:func:`hlo_shardings` reads them back from
-``f.experimental_get_compiler_ir(*args)(stage="hlo")``). Variables there are
-placed with ``strategy.experimental_split_to_logical_devices(v, [n, 1, 1])``
-for expert weights. ``m4moe-train --mesh`` does not exist yet: the trainer
-must build ``make_sharding(FLAGS.mesh, backend="xla")`` under ``--tpu`` (or
-``"dtensor"`` otherwise) and pass it to ``Transformer(sharding=...)``.
+``f.experimental_get_compiler_ir(*args)(stage="hlo")``; the tests check the
+annotated train step's HLO on CPU). The mesh must use every core. Nothing
+of the TPU path has run on a TPU: variables are not split by the XLA
+backend (only activations and the expert einsums' operands are annotated),
+so expect to add ``strategy.experimental_split_to_logical_devices`` for the
+expert weights there.
 """
 
 from __future__ import annotations
@@ -180,13 +212,16 @@ class Sharding:
     """
     return self.replicate(t, name=name or "random")
 
+  @tf.autograph.experimental.do_not_convert
   def divides(self, size: int | None, axis: str) -> bool:
     """Whether a dimension of static ``size`` can be split over ``axis``.
 
     True without a mesh or for an axis the mesh lacks; False for an
     unknown (None) size under a mesh axis of size > 1.
     """
-    parts = self.mesh.axis_size(axis) if self.enabled else 1
+    if self.mesh is None:
+      return True
+    parts = self.mesh.axis_size(axis)
     return parts == 1 or (size is not None and size % parts == 0)
 
   def split(self, t: tf.Tensor, *, dim: int, axis: str,

@@ -298,6 +298,15 @@ def _restore(keeper: checkpointing.CheckpointKeeper, *, config: TrainConfig,
   return path, iterator
 
 
+def _latest_has_iterator(model_dir: pathlib.Path) -> bool | None:
+  """Whether the latest checkpoint holds input iterator state (None: none)."""
+  latest = tf.train.latest_checkpoint(str(model_dir))
+  if latest is None:
+    return None
+  keys = tf.train.load_checkpoint(latest).get_variable_to_shape_map()
+  return any(k.startswith("iterator/") for k in keys)
+
+
 def _build(model_fn, *, strategy, config: TrainConfig,
            sharding: sharding_lib.Sharding):
   """Model, optimiser, counters and step runner, under the strategy scope.
@@ -372,9 +381,11 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
   model, optimizer, counters, runner = _build(
       model_fn, strategy=strategy, config=config, sharding=sharding)
   # A DTensor checkpoint cannot hold the (host) iterator state; on a mesh a
-  # resumed run skips the consumed batches instead (as checkpoint_input=False).
-  iterator = (iter(train_dataset)
-              if config.checkpoint_input and not sharding.enabled else None)
+  # resumed run skips the consumed batches instead (as checkpoint_input=False),
+  # and so does a run resuming a mesh run's checkpoint without a mesh.
+  with_iterator = (config.checkpoint_input and not sharding.enabled and
+                   _latest_has_iterator(model_dir) is not False)
+  iterator = iter(train_dataset) if with_iterator else None
   trackables = dict(model=model, optimizer=optimizer, **counters.trackables())
   if iterator is not None:
     trackables["iterator"] = iterator

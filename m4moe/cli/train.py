@@ -21,6 +21,19 @@ Distribution: one device by default; several local GPUs (or
 ``--num_cpu_devices=N`` logical CPUs) use MirroredStrategy and split each
 global batch across them; ``--tpu=NAME`` connects to a TPU and uses
 TPUStrategy (untested here).
+
+Device mesh (GShard sharding, see m4moe.sharding): ``--mesh=data:2,expert:4``
+lays the model out on a named mesh of all local devices instead of
+MirroredStrategy: expert weights and their Adafactor slots split on E over
+``expert``, batches (and MoE groups) split over ``data``, the rest
+replicated; DTensor runs it (CPUs, e.g. ``--num_cpu_devices=8``, or GPUs).
+With ``--tpu`` the mesh becomes XLA sharding annotations for TPUStrategy's
+SPMD partitioner (one replica over all cores; untested here). The mesh must
+use every device; E must be divisible by the expert axis and the batch rows
+by the data axis. Checkpoints restore on any other mesh or on one device.
+
+  m4moe-train --config=tiny/moe --synthetic_data --model_dir=/tmp/m \
+      --num_cpu_devices=8 --mesh=data:2,expert:4 --train_steps=100
 """
 
 from __future__ import annotations
@@ -87,7 +100,12 @@ _DETERMINISTIC = flags.DEFINE_bool(
     "deterministic", False, "tf.config.experimental.enable_op_determinism.")
 _TPU = flags.DEFINE_string("tpu", None, "TPU name ('local' on a TPU VM).")
 _NUM_CPU_DEVICES = flags.DEFINE_integer(
-    "num_cpu_devices", 1, "Split the CPU into N logical devices (Mirrored).")
+    "num_cpu_devices", 1, "Split the CPU into N logical devices (Mirrored, "
+    "or the devices of --mesh).")
+_MESH = flags.DEFINE_string(
+    "mesh", "", "Device mesh, e.g. data:2,expert:4 (axes data, expert, "
+    "model): GShard sharding over all devices (DTensor; XLA annotations "
+    "with --tpu). Empty: no mesh.")
 # Optimiser.
 _LR = flags.DEFINE_float("learning_rate", 1.0, "Adafactor rate multiplier.")
 _WARMUP = flags.DEFINE_integer("warmup_steps", 10000,
@@ -156,6 +174,41 @@ def _configs():
   return data, train
 
 
+def _check_mesh(mesh, data, model_config) -> list[str]:
+  """Problems of ``--mesh`` with the model and the batch (not the devices)."""
+  from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  if mesh is None:
+    return []
+  moe = model_config.moe
+  tokens = data.batch_rows * data.sequence_length
+  groups = None
+  if moe.enabled:
+    group_size = max(1, min(moe.group_size, tokens))
+    groups = -(-tokens // group_size)
+  try:
+    mesh_lib.validate_mesh(mesh, num_experts=moe.num_experts,
+                           num_groups=groups, batch_size=data.batch_rows)
+  except mesh_lib.MeshError as e:
+    return [str(e)]
+  return []
+
+
+def _make_sharding(mesh):
+  """(strategy, sharding) for ``--mesh`` (and ``--tpu``)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
+  if mesh is None:
+    return distribute.make_strategy(tpu=_TPU.value), sharding_lib.NO_SHARDING
+  if _TPU.value:
+    strategy = distribute.make_strategy(tpu=_TPU.value, mesh_size=mesh.size)
+    return strategy, sharding_lib.make_sharding(mesh, backend="xla")
+  device_type = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+  sharding = sharding_lib.make_sharding(mesh, backend="dtensor",
+                                        device_type=device_type)
+  return tf.distribute.get_strategy(), sharding
+
+
 def _check(data, strategy, model_config) -> list[str]:
   """Problems with data files and devices (config values are checked at
   construction already)."""
@@ -181,6 +234,12 @@ def main(argv):
   from m4moe import train as train_lib  # pylint: disable=g-import-not-at-top
   from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
   from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
+  from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  try:
+    mesh = mesh_lib.MeshShape.parse(_MESH.value) if _MESH.value else None
+  except mesh_lib.MeshError as e:
+    print(f"m4moe-train: {e}", file=sys.stderr)
+    return 2
   distribute.configure_cpu_devices(_NUM_CPU_DEVICES.value)
   if _DETERMINISTIC.value:
     tf.config.experimental.enable_op_determinism()
@@ -197,11 +256,18 @@ def main(argv):
     logging.error("%s", e)
     print(f"m4moe-train: {e}", file=sys.stderr)
     return 2
-  strategy = distribute.make_strategy(tpu=_TPU.value)
+  try:
+    strategy, sharding = _make_sharding(mesh)
+  except mesh_lib.MeshError as e:
+    print(f"m4moe-train: {e}; with --num_cpu_devices=N the CPU is split "
+          "into N devices", file=sys.stderr)
+    return 2
   problems += _check(data, strategy, model_config)
+  problems += _check_mesh(mesh, data, model_config)
+  devices = mesh.size if mesh else strategy.num_replicas_in_sync
   effective = {"model": model_config.to_dict(), "train": train.to_dict(),
-               "data": data.to_dict(),
-               "devices": strategy.num_replicas_in_sync}
+               "data": data.to_dict(), "devices": devices,
+               "mesh": str(mesh) if mesh else None}
   print(json.dumps(effective, indent=2, sort_keys=True))
   if problems:
     for p in problems:
@@ -209,14 +275,16 @@ def main(argv):
     return 2
   if _CHECK_CONFIG.value:
     print(f"m4moe-train: config OK ({len(built.languages)} languages, "
-          f"{strategy.num_replicas_in_sync} device(s))")
+          f"{devices} device(s))")
     return 0
   result = train_lib.train(
-      model_fn=lambda: model_lib.Transformer(config=model_config),
+      model_fn=lambda: model_lib.Transformer(config=model_config,
+                                             sharding=sharding),
       train_dataset=built.train, dev_datasets=built.dev, config=train,
-      model_config=model_config, strategy=strategy,
+      model_config=model_config, strategy=strategy, sharding=sharding,
       run_sections={"data": data.to_dict(),
-                    "languages": list(built.languages)})
+                    "languages": list(built.languages),
+                    "mesh": str(mesh) if mesh else None})
   logging.info("Finished: %s", result)
   print(json.dumps({"step": result.step, "preempted": result.preempted,
                     "checkpoint": result.last_checkpoint,

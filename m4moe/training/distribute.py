@@ -28,14 +28,34 @@ def configure_cpu_devices(num_devices: int) -> None:
       cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
 
 
-def make_strategy(*, tpu: str | None = None) -> tf.distribute.Strategy:
-  """The strategy for the visible devices (see the module docstring)."""
+def make_strategy(*, tpu: str | None = None,
+                  mesh_size: int | None = None) -> tf.distribute.Strategy:
+  """The strategy for the visible devices (see the module docstring).
+
+  Args:
+    tpu: TPU name, "local" on a TPU VM, or None.
+    mesh_size: with ``tpu``, the device count of ``--mesh``: one replica
+      spanning that many cores, compiled with XLA SPMD partitioning (the
+      graph's sharding annotations split it); it must equal the slice's
+      core count. Untested here (no TPU).
+  """
   if tpu:
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
         tpu="" if tpu == "local" else tpu)
     tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    strategy = tf.distribute.TPUStrategy(resolver)
+    topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+    if mesh_size:
+      cores = topology.num_tasks * topology.num_tpus_per_task
+      if cores != mesh_size:
+        raise ValueError(f"--mesh has {mesh_size} devices but the TPU has "
+                         f"{cores} cores; make the mesh use all {cores}")
+      assignment = tf.tpu.experimental.DeviceAssignment.build(
+          topology, computation_shape=topology.mesh_shape, num_replicas=1)
+      strategy = tf.distribute.TPUStrategy(
+          resolver, experimental_device_assignment=assignment,
+          experimental_spmd_xla_partitioning=True)
+    else:
+      strategy = tf.distribute.TPUStrategy(resolver)
   else:
     gpus = tf.config.list_logical_devices("GPU")
     cpus = tf.config.list_logical_devices("CPU")

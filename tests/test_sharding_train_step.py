@@ -115,7 +115,9 @@ def _worker(part: str) -> None:
     report["reference"] = _one_step(None, remat=True)
     report[PART_MESH] = _one_step(PART_MESH, remat=True)
   elif part == "bfloat16":
-    flags = ("--activation_dtype=bfloat16",)
+    # The one-device reference dispatches with the einsums too (DTensor
+    # always does): in bfloat16 the two dispatch paths round differently.
+    flags = ("--activation_dtype=bfloat16", "--dispatch=einsum")
     report["reference"] = _one_step(None, extra_flags=flags)
     report[PART_MESH] = _one_step(PART_MESH, extra_flags=flags)
   print("REPORT " + json.dumps(report))
@@ -200,9 +202,10 @@ def test_remat_step_on_a_mesh_matches_one_device():
 
 def test_bfloat16_step_on_a_mesh_matches_one_device():
   # bfloat16 activations (8 significant bits): another summation order on
-  # the mesh moves activations by bfloat16 ulps, which can flip a near-tie
-  # routing decision; Adafactor's normalised update then moves a few
-  # elements by up to one step size (~lr * RMS(w) = 0.1 * 0.06 here).
+  # the mesh moves activations by bfloat16 ulps (measured: objective equal
+  # to 1e-7, every gradient within 2% relative L2); Adafactor's normalised
+  # update amplifies that on near-zero gradient entries, moving a few
+  # parameters by up to ~0.007 (one step is ~lr * RMS(w) = 0.1 * 0.06).
   report = _run_worker("bfloat16")
   ref, got = report["reference"], report[PART_MESH]
   assert got["applied"] and ref["applied"]
@@ -210,7 +213,7 @@ def test_bfloat16_step_on_a_mesh_matches_one_device():
   for name, g_got, g_ref in zip(ref["names"], got["grads"], ref["grads"]):
     g_got, g_ref = np.asarray(g_got), np.asarray(g_ref)
     error = np.linalg.norm(g_got - g_ref) / np.linalg.norm(g_ref)
-    assert error < 0.1, f"gradient of {name}: relative L2 error {error}"
+    assert error < 0.05, f"gradient of {name}: relative L2 error {error}"
   for name, p_got, p_ref in zip(ref["names"], got["params"], ref["params"]):
     np.testing.assert_allclose(p_got, p_ref, rtol=0, atol=1e-2,
                                err_msg=f"updated {name}")

@@ -76,6 +76,8 @@ class Recipe:
     baseline_steps: per-language ``train_steps`` of the baselines, overriding
       the template's (baselines sized for their data); languages not listed
       keep the template's.
+    report_flags: further ``m4moe-report`` flags (e.g. ``--ce_thresholds``
+      suited to the models' cross-entropy range).
     batch_tokens: tokens per training batch.
     sequence_length: packed row length.
     eval_max_sentences: test sentences per language (0: all).
@@ -95,6 +97,7 @@ class Recipe:
   eval_max_sentences: int
   beam_size: int
   baseline_steps: tuple[tuple[str, int], ...] = ()
+  report_flags: tuple[str, ...] = ()
 
   def __post_init__(self) -> None:
     unknown = {lang for lang, _ in self.baseline_steps} - set(self.languages)
@@ -198,6 +201,8 @@ RECIPES: dict[str, Recipe] = {
                           extra_flags=("--learning_rate=1.0",
                                        "--warmup_steps=50")),
         baseline_steps=_STUDY_BASELINE_STEPS,
+        # Training CE of these short runs falls from ~6.5 to ~4.
+        report_flags=("--ce_thresholds=5.0,4.5,4.2",),
         batch_tokens=4096,
         sequence_length=64,
         eval_max_sentences=100,
@@ -314,5 +319,6 @@ def plan(recipe: Recipe, *, run_dir: pathlib.Path,
       args=(f"--models={','.join(str(p) for p in eval_jsons)}", *baselines,
             f"--output_dir={run_dir / 'report'}", f"--corpus_dir={corpus}",
             f"--training_logs={logs}",
-            f"--title=m4moe {recipe.name}: {recipe.description}")))
+            f"--title=m4moe {recipe.name}: {recipe.description}",
+            *recipe.report_flags)))
   return stages

@@ -169,6 +169,7 @@ RECIPES: dict[str, Recipe] = {
                           train_steps=200,
                           extra_flags=("--learning_rate=1.0",
                                        "--warmup_steps=100")),
+        report_flags=("--ce_thresholds=4.0,3.0,2.5",),
         batch_tokens=4096,
         sequence_length=64,
         eval_max_sentences=200,

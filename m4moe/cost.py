@@ -331,7 +331,9 @@ def _activations_per_token(config: ModelConfig, *, source_length: int,
   Per attention block: its layer-norm input M, q/k/v/context 4 N K and the
   probabilities N x keys. Per dense FFN: M + F. Per MoE layer: M, the gates
   E, and for each of the capacity_factor x k buffer slots a token fills on
-  average the dispatched input M and hidden H. Plus the logits V_t.
+  average the dispatched input M and hidden H; with ``--dispatch=einsum``
+  also the one-hot dispatch_mask and combine_weights <[G, S, E, C]>, i.e.
+  2 E C per token (C for the configured group size S). Plus the logits V_t.
   """
   m, nk = config.d_model, config.num_heads * config.d_kv
 
@@ -348,6 +350,10 @@ def _activations_per_token(config: ModelConfig, *, source_length: int,
     slots = config.moe.train_capacity_factor * config.moe.top_k
     total += moe_layers * int(m + config.moe.num_experts + slots *
                               (m + config.moe.expert_hidden_dim))
+    if config.moe.dispatch == "einsum":
+      capacity = config.moe.capacity(group_size=config.moe.group_size,
+                                     training=True)
+      total += moe_layers * 2 * config.moe.num_experts * capacity
   return total + config.tgt_vocab_size
 
 
@@ -403,6 +409,107 @@ def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
       activation_bytes=act_bytes * tokens * _activations_per_token(
           config, source_length=length, target_length=length),
       train_flops=3 * forward)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExpertScalingRow:
+  """A model on one device per expert (mesh ``expert:E``), GShard section 5.
+
+  The paper trains MoE(E, L) on E TPU cores, one dispatch group of S tokens
+  and one expert of every MoE layer per core, so only the replicated weights,
+  the router <M, E> and the per-token gates <E> can grow with E.
+
+  Attributes:
+    name: where the config came from, e.g. ``gshard/moe_128e_12l``.
+    num_experts: E per MoE layer, also the number of devices.
+    num_layers: L, encoder plus decoder layers.
+    num_moe_layers: L / 2 for "every other layer".
+    num_params: weights of the whole model.
+    params_per_expert: 2 M H (wi and wo of one expert).
+    experts_per_device: E / devices experts of every MoE layer, summed over
+      the MoE layers (the number of <M, H> + <H, M> pairs a device holds).
+    device: the per-device estimate (:func:`estimate_device`).
+  """
+
+  name: str
+  num_experts: int
+  num_layers: int
+  num_moe_layers: int
+  num_params: int
+  params_per_expert: int
+  experts_per_device: int
+  device: DeviceEstimate
+
+  @property
+  def replicated_bytes(self) -> int:
+    """float32 non-expert weights (embeddings, attention, dense FFN, router)."""
+    return _WEIGHT_BYTES * self.device.replicated_params
+
+  @property
+  def expert_bytes(self) -> int:
+    """float32 weights of this device's experts."""
+    return _WEIGHT_BYTES * self.device.expert_params_per_device
+
+  @property
+  def state_bytes(self) -> int:
+    """Weights, gradients and Adafactor slots: everything but activations."""
+    return (self.device.weight_bytes + self.device.gradient_bytes +
+            self.device.optimizer_bytes)
+
+
+def expert_scaling_row(name: str, config: ModelConfig, *,
+                       tokens_per_device: int | None = None,
+                       sequence_length: int | None = None
+                       ) -> ExpertScalingRow:
+  """``config`` on E devices (mesh ``expert:E``), one group per device.
+
+  Args:
+    name: label for the row.
+    config: an MoE config.
+    tokens_per_device: S, source tokens per device and step; default the
+      config's ``group_size`` (the zoo's gshard rows set it to Table 3's
+      batch / cores). Given, it also becomes the group size, so the einsum
+      dispatch costs stay those of one group per device.
+    sequence_length: L_s = L_t; default ``config.max_length``.
+
+  Raises:
+    ValueError: a dense config, or ``tokens_per_device`` < 1.
+  """
+  if not config.moe.enabled:
+    raise ValueError(f"{name}: --num_experts=0 is a dense model; the expert "
+                     "scaling table needs an MoE config")
+  if tokens_per_device is not None:
+    if tokens_per_device < 1:
+      raise ValueError(f"tokens_per_device={tokens_per_device} must be >= 1 "
+                       "(tokens per device and step)")
+    config = dataclasses.replace(config, moe=dataclasses.replace(
+        config.moe, group_size=tokens_per_device))
+  experts = config.moe.num_experts
+  device = estimate_device(config, data_axis=1, expert_axis=experts,
+                           batch_tokens=config.moe.group_size * experts,
+                           sequence_length=sequence_length)
+  return ExpertScalingRow(
+      name=name, num_experts=experts, num_layers=config.num_layers,
+      num_moe_layers=num_moe_layers(config), num_params=num_params(config),
+      params_per_expert=params_per_expert(config),
+      experts_per_device=(experts // device.expert_axis *
+                          num_moe_layers(config)),
+      device=device)
+
+
+def scaling_ratios(small: ExpertScalingRow,
+                   large: ExpertScalingRow) -> dict[str, float]:
+  """``large / small`` for the model size and the per-device quantities."""
+  return {
+      "num_params": large.num_params / small.num_params,
+      "tokens_per_device": (large.device.tokens_per_device /
+                            small.device.tokens_per_device),
+      "state_bytes": large.state_bytes / small.state_bytes,
+      "activation_bytes": (large.device.activation_bytes /
+                           small.device.activation_bytes),
+      "total_bytes": large.device.total_bytes / small.device.total_bytes,
+      "train_flops": large.device.train_flops / small.device.train_flops,
+  }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,9 @@
 """Tests for m4moe.cost: hand-checked counts and agreement with the model."""
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -153,3 +156,129 @@ def test_counts_match_built_model_variables(name, moe_overrides, tied):
       s.shape for s in specs)
   assert sum(v.shape.num_elements() for v in variables) == cost.num_params(
       config, share_target_embedding=tied)
+
+
+def test_einsum_dispatch_keeps_its_masks_for_the_backward_pass():
+  index = cost.estimate_device(_micro(), data_axis=1, expert_axis=3,
+                               batch_tokens=12, sequence_length=5)
+  einsum = cost.estimate_device(_micro(dispatch="einsum"), data_axis=1,
+                                expert_axis=3, batch_tokens=12,
+                                sequence_length=5)
+  # dispatch_mask + combine_weights <[G, S, E, C]>: 2 E C per token; S = 4,
+  # C = ceil(1.25 * 2 * 4 / 3) = 4; 4 tokens per device, 1 MoE layer, float32.
+  assert einsum.activation_bytes - index.activation_bytes == 4 * 4 * 2 * 3 * 4
+
+
+# GShard section 5 on the zoo's Table 1 rows: MoE(E, L) on E devices.
+_TABLE1 = ("gshard/moe_128e_12l", "gshard/moe_512e_12l",
+           "gshard/moe_2048e_12l", "gshard/moe_128e_36l",
+           "gshard/moe_512e_36l", "gshard/moe_2048e_36l",
+           "gshard/moe_2048e_60l")
+_M, _H, _GIB = 1024, 8192, 2**30
+
+
+def _scaling_row(name: str, **kwargs) -> cost.ExpertScalingRow:
+  return cost.expert_scaling_row(name, config_lib.load_model_config(name),
+                                 **kwargs)
+
+
+@pytest.mark.parametrize("name", _TABLE1)
+def test_scaling_row_holds_one_expert_per_moe_layer(name):
+  row = _scaling_row(name)
+  layers = row.num_layers // 2  # MoE replaces every other FFN.
+  assert row.device.num_devices == row.num_experts
+  assert row.experts_per_device == layers
+  assert row.params_per_expert == 2 * _M * _H == 16_777_216
+  # E/n = 1 expert of each of the L/2 MoE layers, float32.
+  assert row.expert_bytes == layers * 16_777_216 * 4
+  assert row.expert_bytes == {12: 0.375, 36: 1.125, 60: 1.875}[
+      row.num_layers] * _GIB
+  # Table 3 batch / cores: 1M / 128 = 8192, 1M / 512 = 4M / 2048 = 2048.
+  assert row.device.tokens_per_device == (8192 if row.num_experts == 128
+                                          else 2048)
+  assert (row.device.batch_tokens ==
+          row.device.tokens_per_device * row.num_experts)
+  assert row.state_bytes == (row.replicated_bytes + row.expert_bytes) * 2 + (
+      row.device.optimizer_bytes)
+
+
+@pytest.mark.parametrize("layers, total_ratio", [(12, 1.022), (36, 1.025)])
+def test_per_device_memory_is_nearly_constant_at_equal_tokens(layers,
+                                                              total_ratio):
+  # At T tokens per device and one expert per layer per device, only three
+  # terms depend on E (n_moe = L/2 MoE layers, float32 = 4 bytes):
+  #   router wg <M, E>: weight + gradient 2 * 4 M E; Adafactor slot 4 (M + E);
+  #   gates <E> per token: 4 T E.   (E C = E ceil(2T/E) = 2T for all three E.)
+  # So total(2048E) - total(128E) = n_moe * 1920 * (8 M + 4 + 4 T) bytes.
+  tokens = 2048
+  small = _scaling_row(f"gshard/moe_128e_{layers}l", tokens_per_device=tokens)
+  large = _scaling_row(f"gshard/moe_2048e_{layers}l", tokens_per_device=tokens)
+  n_moe, grown = layers // 2, 2048 - 128
+  growth = n_moe * grown * (8 * _M + 4 + 4 * tokens)
+  assert large.device.total_bytes - small.device.total_bytes == growth
+  # Training FLOPs: only the router's 2 M E per token and pass grows (x3).
+  assert (large.device.train_flops - small.device.train_flops ==
+          3 * tokens * n_moe * 2 * _M * grown)
+  ratios = cost.scaling_ratios(small, large)
+  print(f"{layers}L 2048E/128E at {tokens} tokens/device: {ratios}")
+  assert ratios["total_bytes"] == pytest.approx(total_ratio, abs=5e-4)
+  assert ratios["total_bytes"] < 1.03  # The model itself grows ~15.6x:
+  assert 15.5 < ratios["num_params"] < 15.7
+  assert ratios["activation_bytes"] < 1.03 and ratios["state_bytes"] < 1.03
+
+
+def test_paper_batches_give_the_128e_rows_four_times_the_tokens():
+  # Table 3 puts 1M tokens on 128 cores (8192 each) but 4M on 2048 (2048
+  # each), so at the paper's batches the 128E row holds more, not less.
+  paper = _scaling_row("gshard/moe_128e_12l")
+  equal = _scaling_row("gshard/moe_128e_12l", tokens_per_device=2048)
+  large = _scaling_row("gshard/moe_2048e_12l")
+  assert paper.state_bytes == equal.state_bytes
+  # Activations are T x (values per token), and per token only the einsum
+  # masks 2 E C per MoE layer depend on T (C = 2T/E: 128 at T = 8192, 32 at
+  # T = 2048): 4 bytes x 8192 tokens x 6 layers x 2 x 128 E x (128 - 32) C.
+  assert (paper.device.activation_bytes - 4 * equal.device.activation_bytes ==
+          4 * 8192 * 6 * 2 * 128 * (128 - 32))
+  assert cost.scaling_ratios(paper, large)["total_bytes"] == pytest.approx(
+      0.320, abs=5e-4)
+
+
+def test_scaling_row_rejects_dense_and_empty_devices():
+  with pytest.raises(ValueError, match="dense"):
+    _scaling_row("tiny/dense")
+  with pytest.raises(ValueError, match="tokens_per_device=0"):
+    _scaling_row("tiny/moe", tokens_per_device=0)
+
+
+def _info_table1(*args: str) -> str:
+  result = subprocess.run(
+      [sys.executable, "-m", "m4moe.cli.info", "--table1", *args],
+      capture_output=True, text=True, timeout=60, check=False)
+  assert result.returncode == 0, result.stderr
+  return result.stdout
+
+
+def test_info_table1_json_has_one_row_per_zoo_row():
+  info = json.loads(_info_table1("--json"))
+  assert [row["config"] for row in info["rows"]] == list(_TABLE1)
+  for row in info["rows"]:
+    assert row["devices"] == int(row["model"][4:].split("E")[0])
+    assert row["expert_bytes"] == (row["experts_per_device"] *
+                                   row["params_per_expert"] * 4)
+    assert row["total_bytes"] == (row["replicated_bytes"] +
+                                  row["expert_bytes"] +
+                                  row["gradient_bytes"] +
+                                  row["optimizer_bytes"] +
+                                  row["activation_bytes"])
+  assert sorted(info["ratios"]) == ["12L", "36L"]  # 60L has no 128E row.
+
+
+def test_info_table1_text_states_the_verdict():
+  text = _info_table1("--tokens_per_device=2048").splitlines()
+  rows = [line for line in text if line.startswith("MoE(")]
+  assert [line.split()[0] + line.split()[1] for line in rows] == [
+      "MoE(128E,12L)", "MoE(512E,12L)", "MoE(2048E,12L)", "MoE(128E,36L)",
+      "MoE(512E,36L)", "MoE(2048E,36L)", "MoE(2048E,60L)"]
+  assert any("12L: roughly constant (x1.022" in line for line in text)
+  paper = _info_table1()
+  assert "12L: NOT constant (x0.320)" in paper

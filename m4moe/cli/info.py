@@ -4,11 +4,18 @@ Usage:
   m4moe-info --flagfile=configs/gshard/moe_2048e_36l.flags [--json]
   m4moe-info --config=gshard/moe_2048e_36l [--json]
   m4moe-info --config=tiny/moe --batch_tokens=4096 --mesh=data:2,expert:8
+  m4moe-info --table1 [--tokens_per_device=2048] [--seq_len=N] [--json]
 
 Counts come from :mod:`m4moe.cost` and never build a variable, so the 1T
 model is instant. With ``--batch_tokens`` a per-device memory/FLOPs estimate
 for a (data, expert) mesh is added. For GShard Table 1 configurations the
 paper's rounded weight count and the relative difference are shown too.
+
+``--table1`` prints the paper's section 5 memory claim for the zoo's GShard
+Table 1 rows instead: each MoE(E, L) on E devices (mesh expert:E, one expert
+of every MoE layer and one dispatch group per device), per-device replicated
+weights, expert weights, gradients, Adafactor slots, activations, total bytes
+and training FLOPs per step, then per depth the 2048E / 128E ratios.
 """
 
 from __future__ import annotations
@@ -42,6 +49,15 @@ _BATCH_TOKENS = flags.DEFINE_integer(
 _MESH = flags.DEFINE_string(
     "mesh", "data:1", "Device mesh for the per-device estimate, e.g. "
     "data:2,expert:4 (the expert axis size must divide --num_experts).")
+_TABLE1 = flags.DEFINE_bool(
+    "table1", False, "Print per-device memory and FLOPs for every GShard "
+    "Table 1 zoo row on as many devices as it has experts (mesh expert:E), "
+    "with the 2048E / 128E ratios per depth (paper section 5). Ignores "
+    "--config/--flagfile model flags; --mesh and --batch_tokens do not apply.")
+_TOKENS_PER_DEVICE = flags.DEFINE_integer(
+    "tokens_per_device", 0, "With --table1: source tokens per device and "
+    "step (one dispatch group); 0 uses each config's --group_size, i.e. the "
+    "paper's Table 3 batch / cores (8192 for 128E, 2048 for 512E and 2048E).")
 _SHARE_TARGET_EMBEDDING = flags.DEFINE_bool(
     "share_target_embedding", False, "Count the Transformer with the target "
     "embedding tied to the softmax weights (default: untied projection).")
@@ -53,6 +69,141 @@ PAPER_TABLE1: dict[tuple[int, int], tuple[int, float]] = {
     (128, 36): (2_304, 37e9), (128, 12): (768, 12.5e9),
     (2048, 60): (61_440, 1e12),
 }
+
+
+# Zoo rows of Table 1, grouped by depth, smallest E first.
+TABLE1_CONFIGS = ("gshard/moe_128e_12l", "gshard/moe_512e_12l",
+                  "gshard/moe_2048e_12l", "gshard/moe_128e_36l",
+                  "gshard/moe_512e_36l", "gshard/moe_2048e_36l",
+                  "gshard/moe_2048e_60l")
+_GIB = 2**30
+# "roughly constant": per-device memory within this factor either way.
+_ROUGHLY_CONSTANT = 1.25
+
+
+def table1(*, tokens_per_device: int = 0, seq_len: int = 0,
+           names: Sequence[str] = TABLE1_CONFIGS) -> dict[str, Any]:
+  """The ``--table1`` report as a JSON-ready dict.
+
+  Args:
+    tokens_per_device: S per device; 0 keeps each config's group size.
+    seq_len: source = target length; 0 uses each config's --max_length.
+    names: zoo entries, one row each.
+
+  Returns:
+    ``rows`` (one per name, bytes and FLOPs per device) and ``ratios``
+    (per depth L with both a 128E and a 2048E row: 2048E / 128E).
+  """
+  configs = [config_lib.load_model_config(name) for name in names]
+  rows = [cost.expert_scaling_row(name, config,
+                                  tokens_per_device=tokens_per_device or None,
+                                  sequence_length=seq_len or None)
+          for name, config in zip(names, configs)]
+  by_key = {(row.num_experts, row.num_layers): row for row in rows}
+  ratios = {}
+  for layers in sorted({row.num_layers for row in rows}):
+    if (128, layers) in by_key and (2048, layers) in by_key:
+      ratios[f"{layers}L"] = cost.scaling_ratios(by_key[128, layers],
+                                                 by_key[2048, layers])
+  return {
+      "mesh": "expert:E (one device per expert, one dispatch group each)",
+      "tokens_per_device": tokens_per_device or "config group_size",
+      "rows": [{
+          "config": row.name,
+          "model": f"MoE({row.num_experts}E, {row.num_layers}L)",
+          "devices": row.device.num_devices,
+          "tokens_per_device": row.device.tokens_per_device,
+          "seq_len": seq_len or config.max_length,
+          "num_params": row.num_params,
+          "params_per_expert": row.params_per_expert,
+          "experts_per_device": row.experts_per_device,
+          "replicated_bytes": row.replicated_bytes,
+          "expert_bytes": row.expert_bytes,
+          "gradient_bytes": row.device.gradient_bytes,
+          "optimizer_bytes": row.device.optimizer_bytes,
+          "activation_bytes": row.device.activation_bytes,
+          "state_bytes": row.state_bytes,
+          "total_bytes": row.device.total_bytes,
+          "train_flops": row.device.train_flops,
+      } for row, config in zip(rows, configs)],
+      "ratios": ratios,
+  }
+
+
+def _verdict(layers: str, ratio: dict[str, float], large_row: dict[str, Any],
+             small_row: dict[str, Any]) -> str:
+  """One sentence saying whether the numbers show a constant memory."""
+  total = ratio["total_bytes"]
+  share = large_row["activation_bytes"] / large_row["total_bytes"]
+  if 1 / _ROUGHLY_CONSTANT <= total <= _ROUGHLY_CONSTANT:
+    return (f"  {layers}: roughly constant (x{total:.3f} for a "
+            f"x{ratio['num_params']:.1f} model); activations are "
+            f"{share:.0%} of the 2048E total")
+  return (f"  {layers}: NOT constant (x{total:.3f}): tokens per device differ "
+          f"({small_row['tokens_per_device']} on 128E vs "
+          f"{large_row['tokens_per_device']} on 2048E) and activations, "
+          f"{share:.0%} of the 2048E total, scale with them; "
+          "--tokens_per_device=2048 holds them fixed as section 5 assumes")
+
+
+def format_table1(info: dict[str, Any]) -> str:
+  """The ``--table1`` dict as a text table plus ratio lines."""
+  columns = (("model", "model", "s"), ("devices", "devices", "d"),
+             ("tok/dev", "tokens_per_device", "d"),
+             ("replicated", "replicated_bytes", "g"),
+             ("experts", "expert_bytes", "g"),
+             ("grads", "gradient_bytes", "g"),
+             ("adafactor", "optimizer_bytes", "g"),
+             ("activations", "activation_bytes", "g"),
+             ("total", "total_bytes", "g"),
+             ("TFLOP/step", "train_flops", "t"))
+
+  def cell(row: dict[str, Any], key: str, kind: str) -> str:
+    value = row[key]
+    if kind == "g":
+      return f"{value / _GIB:.3f}"
+    if kind == "t":
+      return f"{value / 1e12:.2f}"
+    return str(value)
+
+  table = [[title for title, _, _ in columns]]
+  table += [[cell(row, key, kind) for _, key, kind in columns]
+            for row in info["rows"]]
+  widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+  lines = [
+      "GShard section 5: per-device memory (GiB, float32 weights, gradients "
+      "and Adafactor slots; activations without rematerialisation) and "
+      "training FLOPs per step, MoE(E, L) on E devices (mesh expert:E); "
+      "sequence length " + "/".join(
+          str(length) for length in sorted({row["seq_len"]
+                                            for row in info["rows"]})) +
+      " (source = target)",
+  ]
+  for i, line in enumerate(table):
+    lines.append("  ".join(value.ljust(widths[j]) if j == 0 else
+                           value.rjust(widths[j]) for j, value in
+                           enumerate(line)))
+    if i == 0:
+      lines.append("  ".join("-" * width for width in widths))
+  per_depth = {row["model"].split(", ")[1][:-1]:
+               (row["experts_per_device"], row["params_per_expert"])
+               for row in info["rows"]}
+  lines.append("experts = experts/device (E/E = 1 per MoE layer) x "
+               "params/expert (2 M H) x 4 bytes: " + ", ".join(
+                   f"{layers} {count} x {params:,} x 4"
+                   for layers, (count, params) in per_depth.items()))
+  rows = {row["model"]: row for row in info["rows"]}
+  for layers, ratio in info["ratios"].items():
+    lines.append(
+        f"{layers} 2048E / 128E: model weights x{ratio['num_params']:.2f}, "
+        f"tokens/device x{ratio['tokens_per_device']:.2f}, "
+        f"weights+grads+slots x{ratio['state_bytes']:.3f}, "
+        f"activations x{ratio['activation_bytes']:.3f}, "
+        f"total x{ratio['total_bytes']:.3f}, "
+        f"FLOPs x{ratio['train_flops']:.3f}")
+    lines.append(_verdict(layers, ratio, rows[f"MoE(2048E, {layers})"],
+                          rows[f"MoE(128E, {layers})"]))
+  return "\n".join(lines)
 
 
 def _paper_row(config: config_lib.ModelConfig,
@@ -176,6 +327,9 @@ def _load_config(argv: Sequence[str]) -> tuple[config_lib.ModelConfig, str]:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if _TABLE1.value:
+    _main_table1()
+    return
   try:
     config, source = _load_config(sys.argv)
     info = collect(config, source=source, seq_len=_SEQ_LEN.value,
@@ -186,6 +340,20 @@ def main(argv: Sequence[str]) -> None:
     print(f"m4moe-info: error: {e}", file=sys.stderr)
     sys.exit(1)
   print(json.dumps(info, indent=2) if _JSON.value else format_table(info))
+
+
+def _main_table1() -> None:
+  try:
+    if _BATCH_TOKENS.value or _MESH.value != _MESH.default:
+      raise ValueError("--table1 fixes the mesh (expert:E) and the batch "
+                       "(E x tokens per device); drop --mesh/--batch_tokens "
+                       "and use --tokens_per_device")
+    info = table1(tokens_per_device=_TOKENS_PER_DEVICE.value,
+                  seq_len=_SEQ_LEN.value)
+  except (config_lib.ConfigError, ValueError) as e:
+    print(f"m4moe-info: error: {e}", file=sys.stderr)
+    sys.exit(1)
+  print(json.dumps(info, indent=2) if _JSON.value else format_table1(info))
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

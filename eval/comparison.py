@@ -1,5 +1,9 @@
 """Multilingual models vs bilingual baselines: ΔBLEU, ordering, buckets.
 
+The score is BLEU by default; ``metric="chrf"`` compares chrF++ instead (the
+fields keep the ``bleu`` names and hold the chosen metric's scores;
+:attr:`Comparison.metric_name` is its display name).
+
 Languages are ordered from high to low resource by training-set size (ties
 by code; languages with unknown size go last). ΔBLEU of a model on a
 language is its BLEU minus the bilingual baseline's BLEU there.
@@ -79,6 +83,7 @@ class Comparison:
     excluded: language -> reasons it is not in ``averaged``.
     averages: model (and "bilingual baselines") -> bucket -> Average.
     notes: other problems (conflicting training sizes, duplicates...).
+    metric: the compared score, "bleu" or "chrf" (chrF++).
   """
 
   models: tuple[str, ...]
@@ -94,15 +99,25 @@ class Comparison:
   excluded: Mapping[str, tuple[str, ...]]
   averages: Mapping[str, Mapping[str, Average]]
   notes: tuple[str, ...]
+  metric: str = "bleu"
 
+  @property
+  def metric_name(self) -> str:
+    """"BLEU" or "chrF++"."""
+    return METRICS[self.metric]
+
+
+# Scores a comparison can use: LanguageScore attribute -> display name.
+METRICS = {"bleu": "BLEU", "chrf": "chrF++"}
 
 BASELINE_NAME = "bilingual baselines"
 
 
-def _ok_bleu(score: scoring.LanguageScore | None) -> float | None:
+def _ok_score(score: scoring.LanguageScore | None, metric: str
+              ) -> float | None:
   if score is None or score.status != scoring.STATUS_OK:
     return None
-  return score.bleu
+  return getattr(score, metric)
 
 
 def _train_sizes(all_results: Sequence[results.EvalResult],
@@ -123,10 +138,10 @@ def _train_sizes(all_results: Sequence[results.EvalResult],
   return sizes
 
 
-def _baselines(baselines: Sequence[results.EvalResult], notes: list[str]
-               ) -> tuple[dict[str, float | None], dict[str, str],
-                          dict[str, str]]:
-  """Merges baseline results: (BLEU, model name, status) per language."""
+def _baselines(baselines: Sequence[results.EvalResult], notes: list[str],
+               metric: str) -> tuple[dict[str, float | None], dict[str, str],
+                                     dict[str, str]]:
+  """Merges baseline results: (score, model name, status) per language."""
   bleu, names, status = {}, {}, {}
   for result in baselines:
     for lang, score in result.languages.items():
@@ -134,8 +149,8 @@ def _baselines(baselines: Sequence[results.EvalResult], notes: list[str]
         notes.append(f"{lang}: several baselines ({names[lang]}, "
                      f"{result.model}); using {names[lang]}")
         continue
-      bleu[lang], names[lang], status[lang] = (_ok_bleu(score), result.model,
-                                               score.status)
+      bleu[lang], names[lang], status[lang] = (
+          _ok_score(score, metric), result.model, score.status)
   return bleu, names, status
 
 
@@ -200,7 +215,8 @@ def _averages(averaged: Sequence[str], buckets, bleu, delta,
 def compare(models: Sequence[results.EvalResult],
             baselines: Sequence[results.EvalResult] = (), *,
             bounds: BucketBounds | None = None,
-            train_sizes: Mapping[str, int] | None = None) -> Comparison:
+            train_sizes: Mapping[str, int] | None = None,
+            metric: str = "bleu") -> Comparison:
   """Builds the comparison of multilingual models against baselines.
 
   Args:
@@ -209,10 +225,14 @@ def compare(models: Sequence[results.EvalResult],
       results covering several languages).
     bounds: bucket bounds; default: terciles of the known training sizes.
     train_sizes: language -> training pairs, overriding the eval JSONs.
+    metric: "bleu" or "chrf" (chrF++).
 
   Raises:
-    ValueError: no models, or duplicate model names.
+    ValueError: no models, duplicate model names, or an unknown metric.
   """
+  if metric not in METRICS:
+    raise ValueError(f"--metric={metric!r}: choose one of "
+                     f"{', '.join(METRICS)}")
   if not models:
     raise ValueError("give at least one multilingual eval JSON (--models)")
   names = [m.model for m in models]
@@ -222,13 +242,13 @@ def compare(models: Sequence[results.EvalResult],
   notes: list[str] = []
   sizes = _train_sizes([*models, *baselines], train_sizes or {}, notes)
   languages = order_languages(sizes)
-  base_bleu, base_names, base_status = _baselines(baselines, notes)
+  base_bleu, base_names, base_status = _baselines(baselines, notes, metric)
   if bounds is None:
     bounds = tercile_bounds([sizes[l] for l in languages
                              if sizes[l] is not None])
   buckets = {l: bounds.bucket(sizes[l]) for l in languages}
-  bleu = {m.model: {l: _ok_bleu(m.languages.get(l)) for l in languages}
-          for m in models}
+  bleu = {m.model: {l: _ok_score(m.languages.get(l), metric)
+                    for l in languages} for m in models}
   delta = {name: {l: (b[l] - base_bleu[l]
                       if b[l] is not None and base_bleu.get(l) is not None
                       else None) for l in languages}
@@ -248,4 +268,4 @@ def compare(models: Sequence[results.EvalResult],
       averaged=averaged, excluded=excluded,
       averages=_averages(averaged, buckets, bleu, delta,
                          {l: base_bleu.get(l) for l in languages}),
-      notes=tuple(notes))
+      notes=tuple(notes), metric=metric)

@@ -49,9 +49,14 @@ class DeltaFigure:
 
 def delta_bleu_figure(comparison: comparison_lib.Comparison, *,
                       frac: float = 0.5,
-                      title: str = "ΔBLEU vs bilingual baselines"
-                      ) -> DeltaFigure:
-  """Draws ΔBLEU points and trendlines for every model of ``comparison``."""
+                      title: str | None = None) -> DeltaFigure:
+  """Draws ΔBLEU points and trendlines for every model of ``comparison``.
+
+  The score is the comparison's metric (ΔchrF++ for ``metric="chrf"``);
+  the default title is "Δ<metric> vs bilingual baselines".
+  """
+  metric = comparison.metric_name
+  title = title or f"Δ{metric} vs bilingual baselines"
   languages = comparison.languages
   position = {lang: i for i, lang in enumerate(languages)}
   width = min(16.0, max(6.0, 0.18 * len(languages) + 4))
@@ -72,7 +77,7 @@ def delta_bleu_figure(comparison: comparison_lib.Comparison, *,
     (line,) = ax.plot(x, smoothing.lowess(x, y, frac=frac), color=color,
                       linewidth=2.0, label=f"{model} trend")
     trendlines[model] = line
-  _label_axes(ax, languages)
+  _label_axes(ax, languages, metric=metric)
   ax.set_title(title)
   ax.legend(loc="best", fontsize="small")
   figure.tight_layout()
@@ -82,7 +87,7 @@ def delta_bleu_figure(comparison: comparison_lib.Comparison, *,
                      plotted=plotted)
 
 
-def _label_axes(ax, languages) -> None:
+def _label_axes(ax, languages, *, metric: str) -> None:
   step = max(1, int(np.ceil(len(languages) / MAX_TICK_LABELS)))
   ticks = list(range(0, len(languages), step))
   ax.set_xticks(ticks)
@@ -90,7 +95,7 @@ def _label_axes(ax, languages) -> None:
                      fontsize="small")
   ax.set_xlim(-0.5, max(len(languages) - 0.5, 0.5))
   ax.set_xlabel("languages, high → low resource (training pairs)")
-  ax.set_ylabel("ΔBLEU vs bilingual baseline")
+  ax.set_ylabel(f"Δ{metric} vs bilingual baseline")
   ax.grid(axis="y", alpha=0.3)
 
 

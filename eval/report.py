@@ -11,7 +11,7 @@
 
 Tables: model table in the style of SPEC Table 1 (params, E, L, total
 experts, avg BLEU, avg ΔBLEU); averages over all/high/mid/low buckets;
-per-language BLEU/ΔBLEU; training cost like Table 3 and tokens to reach
+per-language BLEU/ΔBLEU (or chrF++ with ``metric="chrf"``); training cost like Table 3 and tokens to reach
 cross-entropy thresholds like Table 2 and router statistics over training
 (load balance, dropped tokens, aux loss; from training metrics JSONL logs).
 Languages left out of averages, and why, are always listed.
@@ -111,14 +111,16 @@ def _model_table(comp, models: Sequence[results.EvalResult]) -> doc.Table:
                  f"{len(set(comp.baseline_models.values()))} models", DASH,
                  DASH, DASH, _fmt(base.bleu), _fmt(0.0, signed=True), DASH))
   return doc.Table(("model", "params", "E (experts/layer)", "L (layers)",
-                    "total experts", "avg BLEU", "avg ΔBLEU", "params from"),
+                    "total experts", f"avg {comp.metric_name}",
+                    f"avg Δ{comp.metric_name}", "params from"),
                    tuple(rows))
 
 
 def _averages_table(comp) -> doc.Table:
   headers = ["model"]
   for bucket in comparison_lib.BUCKETS:
-    headers += [f"{bucket} BLEU", f"{bucket} ΔBLEU", f"{bucket} n"]
+    headers += [f"{bucket} {comp.metric_name}",
+                f"{bucket} Δ{comp.metric_name}", f"{bucket} n"]
   names = list(comp.models)
   if comp.baseline_models:
     names.append(comparison_lib.BASELINE_NAME)
@@ -133,9 +135,10 @@ def _averages_table(comp) -> doc.Table:
 
 
 def _language_table(comp) -> doc.Table:
-  headers = ["language", "train pairs", "bucket", "baseline BLEU"]
+  metric = comp.metric_name
+  headers = ["language", "train pairs", "bucket", f"baseline {metric}"]
   for model in comp.models:
-    headers += [f"{model} BLEU", f"{model} ΔBLEU"]
+    headers += [f"{model} {metric}", f"{model} Δ{metric}"]
   headers.append("in averages")
   rows = []
   for lang in comp.languages:
@@ -233,7 +236,8 @@ def _gaps_blocks(comp) -> list[doc.Block]:
   blocks: list[doc.Block] = [doc.Heading("Excluded from averages")]
   if not comp.baseline_models:
     blocks.append(doc.Paragraph(
-        "No bilingual baseline eval JSONs were given (--baselines): ΔBLEU, "
+        f"No bilingual baseline eval JSONs were given (--baselines): "
+        f"Δ{comp.metric_name}, "
         "the figure's points and trendlines are unavailable."))
   if items:
     blocks += [doc.Paragraph(f"{len(items)} of {len(comp.languages)} "
@@ -255,14 +259,16 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                      training_logs.RouterPoint]] | None = None,
                  router_png: bytes | None = None) -> list[doc.Block]:
   """The report's content, shared by the Markdown and HTML renderings."""
+  metric = comp.metric_name
   return [
       doc.Paragraph("Inputs: " + ", ".join(inputs)),
-      doc.Heading("ΔBLEU vs bilingual baselines (Figure 6 style)"),
-      doc.Image(FIGURE_FILE, png, "ΔBLEU per language, high to low resource"),
-      doc.Paragraph(f"Points: ΔBLEU per language; lines: trend per model, "
+      doc.Heading(f"Δ{metric} vs bilingual baselines (Figure 6 style)"),
+      doc.Image(FIGURE_FILE, png,
+                f"Δ{metric} per language, high to low resource"),
+      doc.Paragraph(f"Points: Δ{metric} per language; lines: trend per model, "
                     f"smoothed with {figure.smoother}; the black zero line "
-                    "is the bilingual baselines. Languages with no ΔBLEU for "
-                    "a model are not drawn for it."),
+                    "is the bilingual baselines. Languages with no "
+                    f"Δ{metric} for a model are not drawn for it."),
       doc.Heading("Models (Table 1 style)"),
       _model_table(comp, models),
       doc.Heading("Averages by resource bucket"),
@@ -270,7 +276,7 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                     f"over the {len(comp.averaged)} languages scored by "
                     "every model (and baseline, if any)."),
       _averages_table(comp),
-      doc.Heading("Per-language BLEU and ΔBLEU"),
+      doc.Heading(f"Per-language {metric} and Δ{metric}"),
       _language_table(comp),
       *_gaps_blocks(comp),
       *_training_blocks(logs, thresholds),
@@ -325,12 +331,16 @@ def write_report(output_dir: str | pathlib.Path, *,
                  ce_thresholds: Sequence[float] = (0.7, 0.6, 0.5),
                  trend_frac: float = 0.5,
                  inputs: Sequence[str] = (),
-                 title: str = "m4moe: multilingual vs bilingual"
-                 ) -> ReportFiles:
-  """Builds the comparison, draws the figure and writes every file."""
+                 title: str = "m4moe: multilingual vs bilingual",
+                 metric: str = "bleu") -> ReportFiles:
+  """Builds the comparison, draws the figure and writes every file.
+
+  ``metric`` is the compared score: "bleu" or "chrf" (chrF++).
+  """
   output_dir = pathlib.Path(output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
   comp = comparison_lib.compare(models, baselines, bounds=bounds,
+                                metric=metric,
                                 train_sizes=train_sizes)
   logs = find_training_logs(models, training_log_paths or {})
   figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)

@@ -34,7 +34,7 @@ def _result(name, bleus, *, kind="multilingual", metadata=None):
                                           **common)
     else:
       langs[lang] = scoring.LanguageScore(
-          num_segments=10, bleu=float(bleu), chrf=50.0,
+          num_segments=10, bleu=float(bleu), chrf=2.0 * bleu + 1.0,
           bleu_signature="BLEU|tok:13a", chrf_signature="chrF2++|nw:2",
           **common)
   return results.EvalResult(model=name, kind=kind, metadata=metadata or {},
@@ -257,3 +257,25 @@ def test_report_without_baselines_says_so(tmp_path):
   assert files.comparison.averages["moe"]["all"].delta is None
   assert files.comparison.averages["moe"]["all"].bleu == pytest.approx(
       sum(MODEL_A.values()) / len(MODEL_A))
+
+
+def test_chrf_metric_compares_chrf_everywhere(tmp_path):
+  model_a, model_b, baselines, _ = _inputs(tmp_path)
+  comp = comparison.compare([model_a, model_b], baselines, bounds=BOUNDS,
+                            metric="chrf")
+  assert comp.metric_name == "chrF++"
+  # chrF++ = 2 * BLEU + 1 in these inputs, so every delta doubles.
+  assert comp.bleu["moe"]["de"] == pytest.approx(65.0)
+  assert comp.delta["moe"]["de"] == pytest.approx(4.0)
+  assert comp.delta["moe"]["sw"] == pytest.approx(12.0)
+  files = report.write_report(tmp_path / "chrf", models=[model_a, model_b],
+                              baselines=baselines, bounds=BOUNDS,
+                              metric="chrf")
+  md = files.markdown.read_text()
+  assert "ΔchrF++ vs bilingual baselines (Figure 6 style)" in md
+  assert "| language | train pairs | bucket | baseline chrF++ |" in md
+  assert "ΔBLEU" not in md
+  assert files.figure.figure.axes[0].get_ylabel() == (
+      "ΔchrF++ vs bilingual baseline")
+  with pytest.raises(ValueError, match="--metric='ter'"):
+    comparison.compare([model_a], baselines, metric="ter")

@@ -44,6 +44,9 @@ _CORPUS_DIR = flags.DEFINE_string(
     "eval JSONs' train_size.")
 _TREND_FRAC = flags.DEFINE_float("trend_frac", 0.5,
                                  "LOWESS neighbourhood fraction in (0, 1].")
+_METRIC = flags.DEFINE_enum(
+    "metric", "bleu", ["bleu", "chrf"], "Score compared against the "
+    "baselines: sacrebleu BLEU or chrF++ (steadier at low quality).")
 _TITLE = flags.DEFINE_string("title", "m4moe: multilingual vs bilingual",
                              "Report title.")
 
@@ -106,7 +109,7 @@ def main(argv):
         training_log_paths=_training_logs(), ce_thresholds=thresholds,
         trend_frac=_TREND_FRAC.value,
         inputs=[str(p) for p in model_paths + baseline_paths],
-        title=_TITLE.value)
+        title=_TITLE.value, metric=_METRIC.value)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
   comp = files.comparison
@@ -117,10 +120,12 @@ def main(argv):
     print(f"  {lang}: {'; '.join(reasons)}")
   for name, buckets in comp.averages.items():
     if name == comparison.BASELINE_NAME and not comp.baseline_models:
-      print("No bilingual baselines given: no ΔBLEU.")
+      print(f"No bilingual baselines given: no Δ{comp.metric_name}.")
       continue
-    cells = ", ".join(f"{b}: BLEU {_round(a.bleu)} ΔBLEU {_round(a.delta)} "
-                      f"(n={a.count})" for b, a in buckets.items())
+    metric = comp.metric_name
+    cells = ", ".join(f"{b}: {metric} {_round(a.bleu)} Δ{metric} "
+                      f"{_round(a.delta)} (n={a.count})"
+                      for b, a in buckets.items())
     print(f"{name}: {cells}")
   print(f"Wrote {files.markdown}, {files.html}, {files.png}, {files.summary}")
 

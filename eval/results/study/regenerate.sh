@@ -10,7 +10,8 @@
 #    200 sentences per language), scores them with sacrebleu and writes the
 #    report. It is resumable: re-running skips finished stages, and a killed
 #    training stage resumes from its last checkpoint.
-# 2. The report, the eval JSONs and the training logs are copied here.
+# 2. `m4moe-report --metric=chrf` writes the same report on chrF++.
+# 3. Both reports, the eval JSONs and the training logs are copied here.
 #
 # About 1.5-2 h on a 2-core machine (see README.md in this directory for the
 # stage times measured when it was committed).
@@ -21,8 +22,17 @@ cache_dir="${2:-${run_dir}/cache}"
 
 m4moe-run --recipe=study --run_dir="${run_dir}" --cache_dir="${cache_dir}"
 
-mkdir -p "${here}/report" "${here}/eval" "${here}/metrics"
+# The same comparison on chrF++, steadier than BLEU at these low scores.
+m4moe-report --metric=chrf \
+  --models="${run_dir}/eval/dense_L4.json,${run_dir}/eval/moe_*.json" \
+  --baselines="${run_dir}/eval/bilingual_*.json" \
+  --corpus_dir="${run_dir}/corpus" --output_dir="${run_dir}/report_chrf" \
+  --ce_thresholds=5.0,4.5,4.2 \
+  --title="m4moe study on chrF++: dense vs MoE multilingual vs bilingual"
+
+mkdir -p "${here}/report" "${here}/report_chrf" "${here}/eval" "${here}/metrics"
 cp -r "${run_dir}/report/." "${here}/report/"
+cp -r "${run_dir}/report_chrf/." "${here}/report_chrf/"
 cp "${run_dir}"/eval/*.json "${here}/eval/"
 for log in "${run_dir}"/models/*/metrics.jsonl; do
   cp "${log}" "${here}/metrics/$(basename "$(dirname "${log}")").jsonl"

@@ -309,6 +309,17 @@ def model_config_from_flags(
   return ModelConfig(moe=MoeConfig(**moe_kwargs), **model_kwargs)
 
 
+def present_model_flags(flag_values: flags.FlagValues = flags.FLAGS
+                        ) -> list[str]:
+  """The model flags given explicitly, serialised (``["--num_experts=32"]``).
+
+  Tools that take ``--config=NAME`` apply these on top of the file, so a
+  command-line flag always wins over the zoo entry.
+  """
+  return [flag_values[name].serialize() for name, _, _ in _flat_fields()
+          if flag_values[name].present]
+
+
 def config_from_dict(values: Mapping[str, Any]) -> ModelConfig:
   """Inverse of :meth:`ModelConfig.to_dict` (e.g. from a checkpoint's JSON)."""
   values = dict(values)

@@ -114,6 +114,17 @@ def test_info_table_for_a_zoo_name():
   assert "paper.model" not in rows
 
 
+def test_info_applies_model_flags_on_top_of_a_zoo_name():
+  result = _info("--config=tiny/moe", "--num_experts=32",
+                 "--num_encoder_layers=2", "--json")
+  assert result.returncode == 0, result.stderr
+  info = json.loads(result.stdout)
+  config = config_lib.load_model_config(
+      "tiny/moe", ["--num_experts=32", "--num_encoder_layers=2"])
+  assert info["num_params"] == cost.num_params(config)
+  assert info["num_experts_total"] == 32 * (1 + 2)  # enc 1 + dec 2 MoE layers
+
+
 @pytest.mark.parametrize("content, expected", [
     ("--num_experts=-3\n", "--num_experts=-3"),
     ("--no_such_flag=1\n", "no_such_flag"),

@@ -37,8 +37,8 @@ config_lib.define_model_flags()
 _CONFIG = flags.DEFINE_string(
     "config", None,
     "Zoo entry (e.g. tiny/moe, gshard/moe_2048e_36l) or flagfile path; "
-    "alternative to --flagfile. Model flags given on the command line after "
-    "it are ignored: use --flagfile to combine a file with overrides.")
+    "alternative to --flagfile. Model flags given on the command line "
+    "override the entry's values (e.g. --config=tiny/moe --num_experts=32).")
 _JSON = flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
 _SEQ_LEN = flags.DEFINE_integer(
     "seq_len", 0, "Source and target length for the attention FLOPs and the "
@@ -312,7 +312,8 @@ def _load_config(argv: Sequence[str]) -> tuple[config_lib.ModelConfig, str]:
   """
   if _CONFIG.value:
     source = str(config_lib.resolve_config_path(_CONFIG.value))
-    load = functools.partial(config_lib.load_model_config, source)
+    load = functools.partial(config_lib.load_model_config, source,
+                             config_lib.present_model_flags(flags.FLAGS))
   else:
     source = ", ".join(_flagfiles(argv)) or "command-line flags"
     load = functools.partial(config_lib.model_config_from_flags, flags.FLAGS)

@@ -38,7 +38,6 @@ by the data axis. Checkpoints restore on any other mesh or on one device.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from typing import Any
@@ -123,18 +122,12 @@ _PARAM_SCALE = flags.DEFINE_bool("multiply_by_parameter_scale", True,
                                  "Relative step sizes.")
 _FACTORED = flags.DEFINE_bool("factored", True, "Factored second moments.")
 
-_MODEL_FLAG_NAMES = tuple(
-    f.name for cls in (config_lib.ModelConfig, config_lib.MoeConfig)
-    for f in dataclasses.fields(cls) if f.name != "moe")
-
-
 def _model_config(overrides: dict[str, Any]) -> config_lib.ModelConfig:
   """--config as the base, explicit model flags and vocab sizes on top."""
   if _CONFIG.value is None:
     return config_lib.model_config_from_flags(flags.FLAGS, **overrides)
-  explicit = [flags.FLAGS[n].serialize() for n in _MODEL_FLAG_NAMES
-              if flags.FLAGS[n].present]
-  return config_lib.load_model_config(_CONFIG.value, explicit, **overrides)
+  return config_lib.load_model_config(
+      _CONFIG.value, config_lib.present_model_flags(flags.FLAGS), **overrides)
 
 
 def _optimizer_config() -> optimizer_lib.AdafactorConfig:

@@ -52,9 +52,6 @@ def load_translator_from_flags(
   """
   if not MODEL_DIR.value:
     raise app.UsageError("--model_dir is required")
-  if DECODE_LENGTH_RATIO.value < 0:
-    raise app.UsageError(f"--decode_length_ratio={DECODE_LENGTH_RATIO.value}:"
-                         " use a positive ratio, or 0 to turn it off")
   ratio = DECODE_LENGTH_RATIO.value if per_batch_length else 0.0
   try:
     files = translator_lib.find_run_files(MODEL_DIR.value,

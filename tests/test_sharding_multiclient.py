@@ -90,12 +90,16 @@ def reports():
         stdout=subprocess.PIPE, stderr=subprocess.PIPE))
   out = []
   for proc in procs:
+    # Wait for every client in turn. Only on a failure (timeout, interrupt)
+    # kill the others: a client that is still finishing its last step after
+    # its peer exited must be left to finish.
     try:
       stdout, stderr = proc.communicate(timeout=300)
-    finally:
+    except BaseException:
       for other in procs:
         if other.poll() is None:
           other.kill()
+      raise
     lines = [l for l in stdout.splitlines() if l.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, stderr[-4000:]
     out.append(json.loads(lines[-1][len("REPORT "):]))

@@ -26,7 +26,7 @@ from absl import flags
 
 ROUTERS = ("top2", "top1", "noisy_topk", "expert_choice")
 SECOND_EXPERT_POLICIES = ("random", "all", "sampling")
-DISPATCH_IMPLEMENTATIONS = ("einsum", "index")
+DISPATCH_IMPLEMENTATIONS = ("einsum", "index", "sorted")
 ACTIVATION_DTYPES = ("float32", "bfloat16")
 
 
@@ -67,8 +67,11 @@ class MoeConfig:
       from the model's dropout.
     no_token_left_behind: re-route overflowed tokens to their next-best
       expert with room (Switch Transformer appendix).
-    dispatch: ``index`` (gather/segment-sum, O(S*k*M) memory) or ``einsum``
-      (Algorithm 2 one-hot einsums, O(S*E*C*M)).
+    dispatch: ``sorted`` (expert-sorted rows, no padding; not under XLA), ``index`` (gathers into capacity buffers, O(S*k*M); XLA) or ``einsum`` (Algorithm 2 one-hot einsums, O(S*E*C*M)).
+      ``sorted`` is fastest on CPU (the default); the layer uses ``index``
+      in its place under XLA sharding and with the expert-choice router,
+      and ``einsum`` under a DTensor mesh (``MoeLayer.dispatch``); see
+      ``eval/results/benchmarks.md``.
   """
 
   num_experts: int = 0
@@ -86,7 +89,7 @@ class MoeConfig:
   router_jitter: float = 0.0
   expert_dropout_rate: float = 0.0
   no_token_left_behind: bool = False
-  dispatch: str = "index"
+  dispatch: str = "sorted"
 
   def __post_init__(self) -> None:
     _require(self.num_experts >= 0, "num_experts", self.num_experts,

@@ -22,6 +22,17 @@ Two implementations with identical outputs and gradients:
   shapes and int32 indices only, so it compiles under XLA
   (``jit_compile=True``).
 
+* :func:`sorted_dispatch_combine` -- no capacity padding in the expert
+  matmuls: the T = G*S*K choices of all groups are sorted by expert into one
+  ``[T, M]`` table (the dispatched choices first, expert by expert, then the
+  dropped ones), and each expert multiplies only its own rows, whose count
+  is known only at run time (a :class:`RowsFn`). The gathers are those of
+  the index path with the sorted table in place of the buffers, so the
+  backward pass is gathers too. Same capacity and drops as the buffers
+  (the router decides them); useful rows only, so the expert FLOPs are the
+  dense FFN's. Dynamic shapes: for graph/eager execution, not
+  ``jit_compile`` (XLA needs static shapes; use ``index`` there).
+
 * :func:`block_dispatch_combine` -- for a small token count with a large
   capacity (the no-drop eval capacity C = S makes the buffers E*S rows per
   group, E/K times the useful rows -- the decoding case). The T = G*S*K
@@ -215,6 +226,81 @@ def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   combined = tf.scatter_nd(tf.reshape(flat_rows, [-1, 1]), weighted,
                            tf.stack([num_tokens + 1, model_dim]))
   return tf.reshape(combined[:-1], tf.shape(x))
+
+
+class RowsFn(Protocol):
+  """The experts on expert-sorted rows of dynamic per-expert counts."""
+
+  def __call__(self, rows: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+    """Runs expert e on its ``counts[e]`` rows.
+
+    Args:
+      rows: <dtype>[T, M] rows sorted by expert: expert 0's ``counts[0]``
+        rows first, then expert 1's, ...; the ``T - sum(counts)`` rows after
+        them are not dispatched.
+      counts: <int32>[E] rows of each expert.
+
+    Returns:
+      <dtype>[T, M] outputs; zeros for the rows not dispatched.
+    """
+
+
+def _expert_sorted_order(expert: tf.Tensor, kept: tf.Tensor, *,
+                         num_experts: int) -> tuple[tf.Tensor, tf.Tensor]:
+  """The choices sorted by expert (stable), the dropped ones last.
+
+  Args:
+    expert: <int32>[T] expert of each choice; kept: <bool>[T] dispatched.
+    num_experts: E.
+
+  Returns:
+    (order <int32>[T]: the choice in each sorted row,
+     counts <int32>[E + 1]: rows of each expert, then the dropped choices).
+  """
+  key = tf.where(kept, expert, num_experts)
+  order = tf.argsort(key, stable=True)
+  counts = tf.math.bincount(key, minlength=num_experts + 1,
+                            maxlength=num_experts + 1, dtype=tf.int32)
+  return tf.cast(order, tf.int32), counts
+
+
+def sorted_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
+                            rows_fn: RowsFn) -> tf.Tensor:
+  """Expert-sorted rows without padding; same result as the buffers.
+
+  Args:
+    x: <dtype>[G, S, M] tokens (dtype = activation dtype).
+    routing: a token-choice router's result (per-token view).
+    rows_fn: the experts on sorted rows.
+
+  Returns:
+    <dtype>[G, S, M] combined expert outputs (0 for tokens with no slot).
+  """
+  if routing.expert_index is None:
+    raise ValueError("sorted dispatch needs a token-choice router (top1, "
+                     "top2, topk); use --dispatch=index with expert_choice")
+  model_dim = x.shape[2]
+  num_k = routing.expert_index.shape[-1]
+  num_experts = routing.num_experts
+  tokens = tf.reshape(x, [-1, model_dim])  # [N, M]
+  num_tokens = tf.shape(tokens)[0]
+  kept = tf.reshape(routing.buffer_position >= 0, [-1])  # [T]
+  order, counts = _expert_sorted_order(
+      tf.reshape(routing.expert_index, [-1]), kept, num_experts=num_experts)
+  num_choices = tf.size(order)
+  row_kept = tf.gather(kept, order)
+  # Row -> token (N: the zero row) and choice -> row (T: the zero row).
+  row_token = tf.where(row_kept, order // num_k, num_tokens)
+  choice_row = tf.where(kept, tf.math.invert_permutation(order), num_choices)
+  token_rows = tf.reshape(choice_row, [-1, num_k])  # [N, K]
+  weights = tf.cast(tf.reshape(routing.combine_weights, [-1, num_k]), x.dtype)
+  row_weight = tf.where(row_kept, tf.gather(tf.reshape(weights, [-1]), order),
+                        tf.zeros([], x.dtype))
+  dispatched = _gather_dispatch(tokens, row_token, token_rows)  # [T, M]
+  outputs = rows_fn(dispatched, counts[:num_experts])
+  combined = _gather_combine(outputs, weights, token_rows, row_token,
+                             tf.stop_gradient(row_weight))
+  return tf.reshape(combined, tf.shape(x))
 
 
 class BlockFn(Protocol):

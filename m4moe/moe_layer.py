@@ -154,6 +154,49 @@ class FeedForwardExperts(tf.Module):
     return _split_groups(shard, out, dim=output_layout.index("G"),
                          name="expert_outputs_groups")
 
+  def rows(self, rows: tf.Tensor, counts: tf.Tensor, *,
+           training: bool = False,
+           seed: tf.Tensor | None = None) -> tf.Tensor:
+    """Applies expert e to its ``counts[e]`` expert-sorted rows.
+
+    One 2-D matmul pair per expert on exactly its rows (no capacity padding);
+    the row counts are dynamic, so this runs outside XLA only.
+
+    Args:
+      rows: <dtype>[T, M] rows sorted by expert, the rows past
+        ``sum(counts)`` not dispatched.
+      counts: <int32>[E] rows of each expert.
+      training: applies expert dropout on the hidden layer.
+      seed: <int32>[2], required if training with a nonzero dropout rate.
+
+    Returns:
+      <dtype>[T, M] expert outputs, zeros past ``sum(counts)``.
+    """
+    if self.sharding.enabled:
+      raise ValueError("the sorted dispatch runs every expert on every "
+                       "device; under a mesh use --dispatch=einsum")
+    dtype = rows.dtype
+    num_experts, hidden_dim = self.wi.shape[0], self.wi.shape[2]
+    sizes = tf.concat([counts, [tf.shape(rows)[0] - tf.reduce_sum(counts)]],
+                      axis=0)
+    pieces = tf.split(rows, sizes, num=num_experts + 1)
+    keeps = [None] * num_experts
+    if training and self.dropout_rate > 0:
+      if seed is None:
+        raise ValueError("expert dropout needs seed=<int32>[2] when training")
+      keep = self._dropout_scale(tf.shape(rows), dtype=dtype, seed=seed)
+      keeps = tf.split(keep, sizes, num=num_experts + 1)
+    wi = tf.unstack(tf.cast(self.wi, dtype))
+    wo = tf.unstack(tf.cast(self.wo, dtype))
+    outputs = []
+    for e in range(num_experts):
+      h = tf.nn.relu(tf.matmul(pieces[e], wi[e]))
+      if keeps[e] is not None:
+        h *= keeps[e]
+      outputs.append(tf.matmul(h, wo[e]))
+    outputs.append(tf.zeros_like(pieces[num_experts]))
+    return tf.concat(outputs, axis=0)
+
   def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor) -> tf.Tensor:
     """Applies expert ``block_expert[x]`` to block x (no dropout).
 
@@ -276,11 +319,18 @@ class MoeLayer(tf.Module):
     buffers, and with the tables pinned to G-split the gather/scatter
     gradients fail shape checks (ReluGrad, Mul). The one-hot einsums of
     GShard Algorithm 2 partition cleanly (same outputs and gradients, more
-    memory). The XLA backend keeps ``moe.dispatch``.
+    memory). The XLA backend keeps ``moe.dispatch``, but ``"sorted"``
+    (dynamic per-expert row counts, which XLA cannot compile) becomes its
+    static-shape equivalent ``"index"``, as it does for the expert-choice
+    router (no per-token view to sort).
     """
+    moe = self.config.moe
     if self.sharding.backend == "dtensor":
       return "einsum"
-    return self.config.moe.dispatch
+    if moe.dispatch == "sorted" and (self.sharding.backend == "xla" or
+                                     moe.router == "expert_choice"):
+      return "index"
+    return moe.dispatch
 
   def uses_randomness(self, *, training: bool) -> bool:
     return (self.router.uses_randomness(training=training) or
@@ -328,7 +378,11 @@ class MoeLayer(tf.Module):
     result = self.router(grouped, padding_mask=grouped_mask,
                          capacity=capacity, training=training,
                          seed=router_seed)
-    if self._use_blocks(grouped, result, training=training):
+    if self.dispatch == "sorted":
+      combined = dispatch_lib.sorted_dispatch_combine(
+          grouped, result, functools.partial(
+              self.experts.rows, training=training, seed=expert_seed))
+    elif self._use_blocks(grouped, result, training=training):
       combined = dispatch_lib.block_dispatch_combine(grouped, result,
                                                      self.experts.blocks)
     else:
@@ -356,7 +410,7 @@ class MoeLayer(tf.Module):
     dropout.
     """
     moe = self.config.moe
-    if (moe.dispatch != "index" or result.expert_index is None or
+    if (self.dispatch != "index" or result.expert_index is None or
         self.sharding.enabled or  # blocks gather weights across experts
         grouped.shape[0] is None or
         (training and moe.expert_dropout_rate > 0)):

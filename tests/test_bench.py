@@ -47,16 +47,22 @@ def test_buffer_accounting_einsum_grows_with_s_e_c():
   assert einsum["routing_bytes"] >= 4 * 2 * g * s * 128 * c
   assert index["routing_bytes"] < einsum["routing_bytes"] / 5
   assert index["expert_buffer_bytes"] == 2 * 4 * 128 * g * c * 512
+  # sorted: exactly the T = G*S*K useful rows, no capacity padding.
+  sorted_ = moe_layer.buffer_bytes(point, dispatch="sorted")
+  assert sorted_["expert_buffer_bytes"] == 2 * 4 * g * s * 2 * 512
+  assert sorted_["total_bytes"] < index["total_bytes"]
 
 
 def test_moe_layer_tiny(capsys):
   point = moe_layer.LayerPoint(num_experts=4, model_dim=8, hidden_dim=16,
                                num_tokens=32, group_size=16, top_k=1)
-  records = list(moe_layer.run_point(point, dispatches=("index", "einsum"),
-                                     jits=(False,), reps=1, matmul_size=32))
+  records = list(moe_layer.run_point(
+      point, dispatches=("sorted", "index", "einsum"), jits=(False,), reps=1,
+      matmul_size=32))
   cases = {r["case"]: r for r in records}
-  assert set(cases) == {"moe_index_nojit", "moe_einsum_nojit", "dense_nojit"}
-  for name in ("moe_index_nojit", "moe_einsum_nojit"):
+  assert set(cases) == {"moe_sorted_nojit", "moe_index_nojit",
+                        "moe_einsum_nojit", "dense_nojit"}
+  for name in ("moe_sorted_nojit", "moe_index_nojit", "moe_einsum_nojit"):
     _finite_positive(cases[name], "speed_vs_dense", "fraction_of_matmul",
                      "useful_gflops_per_sec", "total_bytes")
     assert cases[name]["num_experts"] == 4 and cases[name]["top_k"] == 1

@@ -1,4 +1,5 @@
-"""Einsum (Algorithm 2) and index dispatch: same values, same gradients."""
+"""Einsum (Algorithm 2), index, sorted and block dispatch: same values, same
+gradients."""
 
 import numpy as np
 import pytest
@@ -233,3 +234,112 @@ def test_no_drop_layer_uses_blocks_and_equals_buffer_path():
                                          training=False).outputs,
                          jit_compile=True)
   np.testing.assert_allclose(compiled(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def _run_sorted(router, experts, x, mask, capacity):
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    result = router(x, padding_mask=mask, capacity=capacity, training=True,
+                    seed=SEED)
+    y = dispatch.sorted_dispatch_combine(x, result, experts.rows)
+    loss = tf.reduce_sum(y * tf.sin(tf.range(M, dtype=tf.float32)))
+  grads = tape.gradient(loss, [x, router.wg, experts.wi, experts.wo])
+  return y, grads
+
+
+def test_expert_sorted_order_by_hand():
+  # Choices 0..5 to experts 2, 0, 2, 1, 0, 1; choice 3 dropped.
+  order, counts = dispatch._expert_sorted_order(
+      tf.constant([2, 0, 2, 1, 0, 1]),
+      tf.constant([True, True, True, False, True, True]), num_experts=3)
+  # Expert 0: choices 1, 4; expert 1: 5; expert 2: 0, 2; dropped: 3.
+  assert order.numpy().tolist() == [1, 4, 5, 0, 2, 3]
+  assert counts.numpy().tolist() == [2, 1, 2, 1]
+
+
+def test_sorted_rows_meet_their_experts_weights_by_hand():
+  experts = FeedForwardExperts(num_experts=2, model_dim=1, hidden_dim=1,
+                               init_scale=1.0)
+  experts.wi.assign([[[1.0]], [[2.0]]])
+  experts.wo.assign([[[10.0]], [[100.0]]])
+  rows = tf.constant([[1.0], [2.0], [3.0], [-4.0]])  # 2 rows, 1 row, 1 dropped
+  out = experts.rows(rows, tf.constant([2, 1]))
+  # Expert 0: 10 * relu(x); expert 1: 200 * relu(x); the dropped row: 0.
+  assert out.numpy().ravel().tolist() == [10.0, 20.0, 600.0, 0.0]
+
+
+@pytest.mark.parametrize("name", [n for n in ROUTERS if n != "expert_choice"])
+@pytest.mark.parametrize("capacity", [2, 6, 10])  # drops ... none (C = S)
+def test_sorted_dispatch_matches_index_in_values_and_gradients(name, capacity):
+  x, mask = _inputs()
+  experts = _experts()
+  y_index, g_index = _run("index", ROUTERS[name], experts, x, mask, capacity)
+  y_sorted, g_sorted = _run_sorted(ROUTERS[name], experts, x, mask, capacity)
+  np.testing.assert_allclose(y_sorted, y_index, rtol=1e-5, atol=1e-6)
+  for label, a, b in zip(("x", "wg", "wi", "wo"), g_sorted, g_index):
+    np.testing.assert_allclose(tf.convert_to_tensor(a),
+                               tf.convert_to_tensor(b), rtol=1e-4, atol=1e-5,
+                               err_msg=label)
+  assert (y_sorted.numpy()[mask.numpy() == 0] == 0).all()
+
+
+def test_sorted_dispatch_rejects_the_expert_choice_router():
+  x, mask = _inputs()
+  result = ROUTERS["expert_choice"](x, padding_mask=mask, capacity=3,
+                                    training=False)
+  with pytest.raises(ValueError, match="token-choice"):
+    dispatch.sorted_dispatch_combine(x, result, _experts().rows)
+
+
+@pytest.mark.parametrize("router", ["top2", "top1", "noisy_topk"])
+@pytest.mark.parametrize("training", [True, False])
+def test_sorted_layer_equals_index_layer(router, training):
+  layers = {}
+  for implementation in ("index", "sorted"):
+    config = ModelConfig(d_model=M, moe=MoeConfig(
+        num_experts=E, expert_hidden_dim=H, router=router, group_size=6,
+        num_selected_experts=2, train_capacity_factor=0.75,
+        router_jitter=0.1, z_loss_weight=0.1, dispatch=implementation))
+    layers[implementation] = MoeLayer(config=config, causal=False)
+    assert layers[implementation].dispatch == implementation
+  for a, b in zip(layers["sorted"].trainable_variables,
+                  layers["index"].trainable_variables):
+    a.assign(b)
+  x, mask = _inputs(num_groups=3, group_size=5, seed=4)
+  results = {}
+  for implementation, layer in layers.items():
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      out = layer(x, padding_mask=mask, training=training, seed=SEED)
+      loss = tf.reduce_sum(out.outputs * tf.cos(x)) + out.weighted_loss
+    grads = tape.gradient(loss, [x, *layer.trainable_variables],
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    results[implementation] = [out.outputs, *grads]
+  for a, b in zip(results["sorted"], results["index"]):
+    # (Eval: the index layer runs the block path, IndexedSlices gradients.)
+    np.testing.assert_allclose(tf.convert_to_tensor(a),
+                               tf.convert_to_tensor(b), rtol=1e-5, atol=1e-5)
+
+
+def test_sorted_layer_applies_expert_dropout_deterministically():
+  def make(rate):
+    return MoeLayer(config=ModelConfig(d_model=M, moe=MoeConfig(
+        num_experts=E, expert_hidden_dim=H, group_size=6,
+        expert_dropout_rate=rate, second_expert_policy="all",
+        dispatch="sorted")), causal=False)
+  tf.random.set_seed(3)
+  plain, dropped = make(0.0), make(0.5)
+  for a, b in zip(dropped.trainable_variables, plain.trainable_variables):
+    a.assign(b)
+  x, mask = _inputs(num_groups=3, group_size=5, seed=4)
+  run = lambda layer: layer(x, padding_mask=mask, training=True,
+                            seed=SEED).outputs.numpy()
+  np.testing.assert_array_equal(run(dropped), run(dropped))  # same seed
+  assert np.abs(run(dropped) - run(plain)).max() > 1e-3
+
+
+def test_sorted_dispatch_falls_back_where_it_cannot_run():
+  config = ModelConfig(d_model=M, moe=MoeConfig(
+      num_experts=E, expert_hidden_dim=H, router="expert_choice",
+      dispatch="sorted"))
+  assert MoeLayer(config=config, causal=False).dispatch == "index"

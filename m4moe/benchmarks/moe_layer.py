@@ -136,12 +136,19 @@ def buffer_bytes(point: LayerPoint, *, dispatch: str) -> dict[str, int]:
   ``[G, S, K, E]``/``[G, S, K, C]`` one-hots they come from) -- O(S*E*C) per
   group, quadratic in S at a fixed capacity factor. index: the ``[G, E, C]``
   slot tables and gather rows. Both hold the ``[E, G, C, M]`` expert input
-  and output buffers, O(cf * K * S * M) per group.
+  and output buffers, O(cf * K * S * M) per group. sorted: ``[T, M]`` input
+  and output tables of the T = G*S*K choices (no capacity padding) and four
+  ``<int32>[T]`` maps.
   """
   g = point.num_tokens // point.group_size
   s, e, c, k, m = (point.group_size, point.num_experts, point.capacity,
                    point.top_k, point.model_dim)
   buffers = 2 * 4 * e * g * c * m
+  if dispatch == "sorted":  # [T, M] tables, T = G*S*K; int32 [T] maps
+    return {"routing_bytes": 4 * 4 * g * s * k + 4 * (g * s + 1) * m,
+            "expert_buffer_bytes": 2 * 4 * g * s * k * m,
+            "total_bytes": 4 * 4 * g * s * k + 4 * (g * s + 1) * m +
+                           2 * 4 * g * s * k * m}
   if dispatch == "einsum":
     routing_bytes = 4 * (2 * g * s * e * c + g * s * k * (e + c))
   else:
@@ -153,6 +160,8 @@ def buffer_bytes(point: LayerPoint, *, dispatch: str) -> dict[str, int]:
 def _cases(point: LayerPoint, *, dispatches, jits, matmul_size):
   cases = {}
   for dispatch, jit in itertools.product(dispatches, jits):
+    if dispatch == "sorted" and jit:
+      continue  # dynamic per-expert row counts: not compilable by XLA
     cases[f"moe_{dispatch}_{'jit' if jit else 'nojit'}"] = moe_case(
         point, dispatch=dispatch, jit=jit)
   for jit in jits:
@@ -162,14 +171,16 @@ def _cases(point: LayerPoint, *, dispatches, jits, matmul_size):
   return cases
 
 
-def run_point(point: LayerPoint, *, dispatches: tuple[str, ...] = ("index",
-              "einsum"), jits: tuple[bool, ...] = (True, False),
-              reps: int = 3, warmup: int = 1,
+def run_point(point: LayerPoint, *,
+              dispatches: tuple[str, ...] = ("sorted", "index", "einsum"),
+              jits: tuple[bool, ...] = (True, False), reps: int = 3,
+              warmup: int = 1,
               matmul_size: int = 2048) -> Iterator[dict[str, Any]]:
   """Times one point's cases interleaved; yields one JSON record per case.
 
-  Each MoE record has ``speed_vs_dense`` = median(dense, same jit) /
-  median(MoE) (the issue's ratio, target >= 0.8 with XLA) and
+  ``sorted`` is timed without XLA only (dynamic shapes). Each MoE record
+  has ``speed_vs_dense`` = median(dense, same jit) / median(MoE) (the
+  issue's ratio, target >= 0.8) and
   ``fraction_of_matmul`` = useful GFLOP/s / the square matmul's GFLOP/s.
   """
   cases = _cases(point, dispatches=dispatches, jits=jits,

@@ -2,9 +2,9 @@
 
 Usage:
   m4moe-bench moe_layer [--experts=8,32,128] [--top_ks=1,2]
-      [--dispatches=index,einsum] [--jit=on,off] [--model_dim=512]
+      [--dispatches=sorted,index,einsum] [--jit=on,off] [--model_dim=512]
       [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
-      [--capacity_factor=1.25] [--matmul_size=2048] [--memory]
+      [--capacity_factor=1.25] [--matmul_size=2048]
   m4moe-bench train_step [--batch_size=64] [--length=32]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
       [--max_decode_length=64] [--decode_configs=tiny/moe,tiny/dense]
@@ -28,8 +28,10 @@ _REPS = flags.DEFINE_integer("reps", 3, "Timed repetitions per case.")
 _WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls per case first.")
 _EXPERTS = flags.DEFINE_list("experts", ["32"], "moe_layer: E values.")
 _TOP_KS = flags.DEFINE_list("top_ks", ["2"], "moe_layer: k values (1, 2).")
-_DISPATCHES = flags.DEFINE_list("dispatches", ["index", "einsum"],
-                                "moe_layer: dispatch implementations.")
+_DISPATCHES = flags.DEFINE_list(
+    "dispatches", ["sorted", "index", "einsum"],
+    "moe_layer: dispatch implementations (sorted is timed with --jit=off "
+    "only: its per-expert row counts are dynamic, which XLA cannot compile).")
 _JIT = flags.DEFINE_list("jit", ["on", "off"], "moe_layer: XLA on/off.")
 _MODEL_DIM = flags.DEFINE_integer("model_dim", 512, "moe_layer: M.")
 _HIDDEN_DIM = flags.DEFINE_integer("hidden_dim", 2048, "moe_layer: H.")

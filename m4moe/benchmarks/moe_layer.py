@@ -157,18 +157,26 @@ def buffer_bytes(point: LayerPoint, *, dispatch: str) -> dict[str, int]:
           "total_bytes": routing_bytes + buffers}
 
 
-def _cases(point: LayerPoint, *, dispatches, jits, matmul_size):
-  cases = {}
+def cases(point: LayerPoint, *, dispatches: tuple[str, ...],
+          jits: tuple[bool, ...],
+          matmul_size: int) -> dict[str, Callable[[], Any]]:
+  """The blocking zero-argument calls :func:`run_point` times, by case name.
+
+  ``moe_<dispatch>_<jit|nojit>`` (no ``sorted`` under XLA: its per-expert
+  row counts are dynamic), ``dense_<jit|nojit>``, and ``matmul`` (the GFLOP/s
+  reference) if ``matmul_size``.
+  """
+  out = {}
   for dispatch, jit in itertools.product(dispatches, jits):
     if dispatch == "sorted" and jit:
       continue  # dynamic per-expert row counts: not compilable by XLA
-    cases[f"moe_{dispatch}_{'jit' if jit else 'nojit'}"] = moe_case(
+    out[f"moe_{dispatch}_{'jit' if jit else 'nojit'}"] = moe_case(
         point, dispatch=dispatch, jit=jit)
   for jit in jits:
-    cases[f"dense_{'jit' if jit else 'nojit'}"] = dense_case(point, jit=jit)
+    out[f"dense_{'jit' if jit else 'nojit'}"] = dense_case(point, jit=jit)
   if matmul_size:
-    cases["matmul"] = matmul_case(matmul_size)
-  return cases
+    out["matmul"] = matmul_case(matmul_size)
+  return out
 
 
 def run_point(point: LayerPoint, *,
@@ -183,14 +191,14 @@ def run_point(point: LayerPoint, *,
   issue's ratio, target >= 0.8) and
   ``fraction_of_matmul`` = useful GFLOP/s / the square matmul's GFLOP/s.
   """
-  cases = _cases(point, dispatches=dispatches, jits=jits,
-                 matmul_size=matmul_size)
-  times = timing.interleaved(cases, reps=reps, warmup=warmup)
+  calls = cases(point, dispatches=dispatches, jits=jits,
+                matmul_size=matmul_size)
+  times = timing.interleaved(calls, reps=reps, warmup=warmup)
   matmul_gflops = (2.0 * matmul_size ** 3 / times.median("matmul") / 1e9
                    if matmul_size else None)
   base = {"benchmark": "moe_layer", **dataclasses.asdict(point),
           "capacity": point.capacity, "reps": reps, **timing.machine()}
-  for name in cases:
+  for name in calls:
     if name == "matmul":
       continue
     gflops = point.useful_flops / times.median(name) / 1e9

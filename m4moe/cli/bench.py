@@ -5,6 +5,7 @@ Usage:
       [--dispatches=sorted,index,einsum] [--jit=on,off] [--model_dim=512]
       [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
       [--capacity_factor=1.25] [--matmul_size=2048]
+      [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench train_step [--batch_size=64] [--length=32]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
       [--max_decode_length=64] [--decode_configs=tiny/moe,tiny/dense]
@@ -14,15 +15,26 @@ Usage:
 Every sub-benchmark times the cases it compares interleaved in one process
 (this machine's speed drifts) and prints medians over R reps after W warm-up
 calls, plus the ratios of issue 7 (see ``m4moe/benchmarks``).
+
+With ``--profile_dir``, moe_layer then traces each case of each point (not
+the matmul reference) for R calls with tf.profiler into
+``DIR/<point>_<case>/`` (``tensorboard --logdir=DIR``) and prints one
+``moe_layer_profile`` line per case: its trace, its slowest TF ops
+(``ops``) and op types (``op_types``), ``--profile_top`` of each, then the
+rest summed (see ``m4moe/benchmarks/profile.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from absl import app
 from absl import flags
+
+if TYPE_CHECKING:
+  from m4moe.benchmarks import moe_layer
 
 _REPS = flags.DEFINE_integer("reps", 3, "Timed repetitions per case.")
 _WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls per case first.")
@@ -42,6 +54,14 @@ _CAPACITY_FACTOR = flags.DEFINE_float("capacity_factor", 1.25,
 _MATMUL_SIZE = flags.DEFINE_integer(
     "matmul_size", 2048, "moe_layer: square matmul for the GFLOP/s reference "
     "(0: none).")
+_PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir", None, "moe_layer: after timing each point, trace each of "
+    "its cases for --reps calls with tf.profiler into "
+    "<profile_dir>/<point>_<case>/ and print their slowest ops and op types "
+    "(default: no profiles).")
+_PROFILE_TOP = flags.DEFINE_integer(
+    "profile_top", 10, "--profile_dir: ops (and op types) listed per case, "
+    "slowest first (the others are summed into one row).", lower_bound=0)
 _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", None, "train_step: rows (default 64); decode: sentences "
     "(default 32).")
@@ -79,6 +99,33 @@ def _jits() -> tuple[bool, ...]:
   return tuple(v == "on" for v in _JIT.value)
 
 
+def _point_name(point: moe_layer.LayerPoint) -> str:
+  """A directory name for a moe_layer.LayerPoint, e.g. E32_K2_M512_..."""
+  return (f"E{point.num_experts}_K{point.top_k}_M{point.model_dim}_"
+          f"H{point.hidden_dim}_N{point.num_tokens}_S{point.group_size}_"
+          f"cf{point.capacity_factor:g}")
+
+
+def _profile_point(point: moe_layer.LayerPoint, *,
+                   profile_dir: pathlib.Path) -> None:
+  """Traces each case of ``point``; one moe_layer_profile line per case."""
+  from m4moe.benchmarks import moe_layer  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import profile  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  calls = moe_layer.cases(point, dispatches=tuple(_DISPATCHES.value),
+                          jits=_jits(), matmul_size=0)
+  for case, fn in calls.items():
+    trace = profile.profile_call(
+        fn, logdir=profile_dir / f"{_point_name(point)}_{case}",
+        reps=_REPS.value)
+    timing.emit({"benchmark": "moe_layer_profile",
+                 **dataclasses.asdict(point), "case": case,
+                 "reps": _REPS.value, "trace": str(trace),
+                 "ops": profile.op_table(trace, top=_PROFILE_TOP.value),
+                 "op_types": profile.op_table(trace, top=_PROFILE_TOP.value,
+                                              by="op_type")})
+
+
 def _moe_layer() -> None:
   from m4moe.benchmarks import moe_layer  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
@@ -94,6 +141,8 @@ def _moe_layer() -> None:
           reps=_REPS.value, warmup=_WARMUP.value,
           matmul_size=_MATMUL_SIZE.value):
         timing.emit(record)
+      if _PROFILE_DIR.value:
+        _profile_point(point, profile_dir=pathlib.Path(_PROFILE_DIR.value))
 
 
 def _train_step() -> None:
@@ -141,6 +190,9 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(
         f"usage: m4moe-bench <{'|'.join(BENCHMARKS)}> [flags]; got "
         f"{' '.join(argv[1:]) or 'nothing'}")
+  if _PROFILE_DIR.value and argv[1] != "moe_layer":
+    raise app.UsageError(f"--profile_dir profiles moe_layer only, not "
+                         f"{argv[1]}: drop the flag")
   {"moe_layer": _moe_layer, "train_step": _train_step, "decode": _decode,
    "input_pipeline": _input_pipeline}[argv[1]]()
 

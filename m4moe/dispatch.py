@@ -231,7 +231,8 @@ def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
 class RowsFn(Protocol):
   """The experts on expert-sorted rows of dynamic per-expert counts."""
 
-  def __call__(self, rows: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+  def __call__(self, rows: tf.Tensor, counts: tf.Tensor, *,
+               row_slots: tf.Tensor, buffer_shape: tf.Tensor) -> tf.Tensor:
     """Runs expert e on its ``counts[e]`` rows.
 
     Args:
@@ -239,6 +240,11 @@ class RowsFn(Protocol):
         rows first, then expert 1's, ...; the ``T - sum(counts)`` rows after
         them are not dispatched.
       counts: <int32>[E] rows of each expert.
+      row_slots: <int32>[T] each dispatched row's slot in the flattened
+        ``[E, G, C]`` buffers of the other paths (0 past ``sum(counts)``):
+        randomness drawn per buffer slot (expert dropout) and gathered by it
+        equals theirs.
+      buffer_shape: <int32>[3], (E, G, C).
 
     Returns:
       <dtype>[T, M] outputs; zeros for the rows not dispatched.
@@ -296,8 +302,13 @@ def sorted_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   weights = tf.cast(tf.reshape(routing.combine_weights, [-1, num_k]), x.dtype)
   row_weight = tf.where(row_kept, tf.gather(tf.reshape(weights, [-1]), order),
                         tf.zeros([], x.dtype))
+  num_groups = tf.shape(x)[0]
+  buffer_slot = tf.reshape(_token_slots(routing, num_groups=num_groups), [-1])
+  row_slots = tf.where(row_kept, tf.gather(buffer_slot, order), 0)
   dispatched = _gather_dispatch(tokens, row_token, token_rows)  # [T, M]
-  outputs = rows_fn(dispatched, counts[:num_experts])
+  outputs = rows_fn(dispatched, counts[:num_experts], row_slots=row_slots,
+                    buffer_shape=tf.stack([num_experts, num_groups,
+                                           routing.capacity]))
   combined = _gather_combine(outputs, weights, token_rows, row_token,
                              tf.stop_gradient(row_weight))
   return tf.reshape(combined, tf.shape(x))

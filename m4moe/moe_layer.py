@@ -155,17 +155,23 @@ class FeedForwardExperts(tf.Module):
                          name="expert_outputs_groups")
 
   def rows(self, rows: tf.Tensor, counts: tf.Tensor, *,
-           training: bool = False,
+           row_slots: tf.Tensor | None = None,
+           buffer_shape: tf.Tensor | None = None, training: bool = False,
            seed: tf.Tensor | None = None) -> tf.Tensor:
     """Applies expert e to its ``counts[e]`` expert-sorted rows.
 
     One 2-D matmul pair per expert on exactly its rows (no capacity padding);
-    the row counts are dynamic, so this runs outside XLA only.
+    the row counts are dynamic, so this runs outside XLA only. Expert
+    dropout is drawn over the ``[E, G, C, H]`` buffers, as by ``__call__``,
+    and each row takes its slot's draws: the same masks as the buffer paths.
 
     Args:
       rows: <dtype>[T, M] rows sorted by expert, the rows past
         ``sum(counts)`` not dispatched.
       counts: <int32>[E] rows of each expert.
+      row_slots: <int32>[T] slot of each row in the flattened buffers;
+        required with expert dropout.
+      buffer_shape: <int32>[3] (E, G, C); required with expert dropout.
       training: applies expert dropout on the hidden layer.
       seed: <int32>[2], required if training with a nonzero dropout rate.
 
@@ -184,7 +190,12 @@ class FeedForwardExperts(tf.Module):
     if training and self.dropout_rate > 0:
       if seed is None:
         raise ValueError("expert dropout needs seed=<int32>[2] when training")
-      keep = self._dropout_scale(tf.shape(rows), dtype=dtype, seed=seed)
+      if row_slots is None or buffer_shape is None:
+        raise ValueError("expert dropout needs row_slots and buffer_shape")
+      keep = self._dropout_scale(
+          tf.concat([buffer_shape, tf.shape(rows)[-1:]], axis=0),
+          dtype=dtype, seed=seed)
+      keep = tf.gather(tf.reshape(keep, [-1, hidden_dim]), row_slots)
       keeps = tf.split(keep, sizes, num=num_experts + 1)
     wi = tf.unstack(tf.cast(self.wi, dtype))
     wo = tf.unstack(tf.cast(self.wo, dtype))

@@ -293,13 +293,15 @@ def test_sorted_dispatch_rejects_the_expert_choice_router():
 
 @pytest.mark.parametrize("router", ["top2", "top1", "noisy_topk"])
 @pytest.mark.parametrize("training", [True, False])
-def test_sorted_layer_equals_index_layer(router, training):
+def test_sorted_layer_equals_index_layer_with_dropout_and_drops(router,
+                                                                training):
   layers = {}
   for implementation in ("index", "sorted"):
     config = ModelConfig(d_model=M, moe=MoeConfig(
         num_experts=E, expert_hidden_dim=H, router=router, group_size=6,
         num_selected_experts=2, train_capacity_factor=0.75,
-        router_jitter=0.1, z_loss_weight=0.1, dispatch=implementation))
+        expert_dropout_rate=0.3, router_jitter=0.1, z_loss_weight=0.1,
+        dispatch=implementation))
     layers[implementation] = MoeLayer(config=config, causal=False)
     assert layers[implementation].dispatch == implementation
   for a, b in zip(layers["sorted"].trainable_variables,

@@ -105,3 +105,10 @@ def test_decode_tiny(one_layer_configs):
 def test_cli_rejects_unknown_benchmark():
   with pytest.raises(bench.app.UsageError, match="moe_layer"):
     bench.main(["m4moe-bench", "nope"])
+
+
+def test_decode_config_variants_set_the_dispatch():
+  point = decode.DecodePoint(batch_size=1, beam_size=1, max_decode_length=2,
+                             vocab_size=50)
+  with pytest.raises(ValueError, match=r"unknown variant .fast.; use \+einsum"):
+    decode.searches("tiny/moe+fast", point)

@@ -6,8 +6,9 @@ required), as importable functions: the two searches are
 :func:`m4moe.decoding.translate_ids` and
 :func:`m4moe.decoding.translate_ids_uncached`. Several configs (e.g.
 tiny/moe and tiny/dense) are timed interleaved in one process, so the MoE
-vs dense decoding cost is a ratio too. A config name ending in
-``+buffers`` (e.g. ``tiny/moe+buffers``) is the same model with the block
+vs dense decoding cost is a ratio too. A config name may end in
+``+sorted``, ``+index`` or ``+einsum`` (e.g. ``tiny/moe+index``): the same
+model with that ``--dispatch``; ``+buffers`` is ``+index`` with the block
 dispatch of no-drop MoE layers switched off (the E*C buffer path), to
 measure what :func:`m4moe.dispatch.block_dispatch_combine` buys.
 """
@@ -40,12 +41,20 @@ def searches(config_name: str, point: DecodePoint
   """{"cached": fn, "uncached": fn} compiled searches of a random model."""
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
   from m4moe import moe_layer  # pylint: disable=g-import-not-at-top
-  buffers = config_name.endswith("+buffers")
-  config_name = config_name.removesuffix("+buffers")
+  config_name, _, variant = config_name.partition("+")
+  overrides = {}
+  if variant:
+    if variant not in (*config_lib.DISPATCH_IMPLEMENTATIONS, "buffers"):
+      raise ValueError(
+          f"decode config {config_name}+{variant}: unknown variant "
+          f"{variant!r}; use +{', +'.join(config_lib.DISPATCH_IMPLEMENTATIONS)}"
+          " or +buffers")
+    overrides["dispatch"] = "index" if variant == "buffers" else variant
+  buffers = variant == "buffers"
   config = config_lib.load_model_config(
       config_name, src_vocab_size=point.vocab_size,
       tgt_vocab_size=point.vocab_size, dropout_rate=0.0,
-      attention_dropout_rate=0.0)
+      attention_dropout_rate=0.0, **overrides)
   tf.random.set_seed(0)
   model = model_lib.Transformer(config=config)
   if buffers:

@@ -7,11 +7,16 @@
   training, when the models' training logs carry router statistics;
 * ``report.md`` -- every table below, the smoother and bucket bounds;
 * ``report.html`` -- the same, self-contained (figure embedded as base64);
-* ``summary.json`` -- the averages and exclusions, machine-readable.
+* ``summary.json`` -- the averages and exclusions, machine-readable; under
+  ``dev_ce`` the dev cross-entropy comparison (None when unavailable).
 
 Tables: model table in the style of SPEC Table 1 (params, E, L, total
 experts, avg BLEU, avg ΔBLEU); averages over all/high/mid/low buckets;
-per-language BLEU/ΔBLEU (or chrF++ with ``metric="chrf"``); training cost like Table 3 and tokens to reach
+per-language BLEU/ΔBLEU (or chrF++ with ``metric="chrf"``); dev
+cross-entropy vs the bilingual baselines (:mod:`m4moe.eval.dev_ce`; bucket
+means, ΔCE and wins, per language; from the last dev evaluation in the
+models' and baselines' training logs, shown when at least one model and one
+baseline have one); training cost like Table 3 and tokens to reach
 cross-entropy thresholds like Table 2 and router statistics over training
 (load balance, dropped tokens, aux loss; from training metrics JSONL logs).
 Languages left out of averages, and why, are always listed.
@@ -25,6 +30,7 @@ import pathlib
 from typing import Any, Mapping, Sequence
 
 from m4moe.eval import comparison as comparison_lib
+from m4moe.eval import dev_ce as dev_ce_lib
 from m4moe.eval import document as doc
 from m4moe.eval import figure as figure_lib
 from m4moe.eval import results
@@ -152,6 +158,75 @@ def _language_table(comp) -> doc.Table:
   return doc.Table(tuple(headers), tuple(rows))
 
 
+def _fmt_ce(value: float | None, *, signed: bool = False) -> str:
+  if value is None:
+    return DASH
+  return f"{value:+.2f}" if signed else f"{value:.2f}"
+
+
+def _dev_ce_bucket_table(dev: dev_ce_lib.DevCeComparison) -> doc.Table:
+  headers = ["model"]
+  for bucket in comparison_lib.BUCKETS:
+    headers += [f"{bucket} dev CE", f"{bucket} ΔCE", f"{bucket} n",
+                f"{bucket} wins"]
+  rows = []
+  for name, buckets in dev.averages.items():
+    row = [name]
+    for bucket in comparison_lib.BUCKETS:
+      avg = buckets[bucket]
+      row += [_fmt_ce(avg.ce), _fmt_ce(avg.delta, signed=True),
+              str(avg.count), DASH if avg.wins is None else str(avg.wins)]
+    rows.append(tuple(row))
+  return doc.Table(tuple(headers), tuple(rows))
+
+
+def _dev_ce_language_table(comp, dev: dev_ce_lib.DevCeComparison
+                           ) -> doc.Table:
+  headers = ["language", "bucket", "baseline dev CE"]
+  for model in dev.models:
+    headers += [f"{model} dev CE", f"{model} ΔCE"]
+  headers.append("in averages")
+  rows = []
+  for lang in comp.languages:
+    row = [lang, comp.buckets[lang] or DASH, _fmt_ce(dev.baseline[lang])]
+    for model in dev.models:
+      row += [_fmt_ce(dev.ce[model][lang]),
+              _fmt_ce(dev.delta[model][lang], signed=True)]
+    row.append("yes" if lang in dev.averaged else "no")
+    rows.append(tuple(row))
+  return doc.Table(tuple(headers), tuple(rows))
+
+
+def _dev_ce_gap_blocks(dev: dev_ce_lib.DevCeComparison) -> list[doc.Block]:
+  items = [f"model {model}: {reason}"
+           for model, reason in dev.models_without.items()]
+  items += [f"{lang}: {'; '.join(reasons)}"
+            for lang, reasons in dev.excluded.items()]
+  if not items:
+    return [doc.Paragraph("Every model and every language has a dev CE.")]
+  return [doc.Paragraph("Without dev CE (not in the tables' averages):"),
+          doc.Bullets(tuple(items))]
+
+
+def _dev_ce_blocks(comp, dev: dev_ce_lib.DevCeComparison | None
+                   ) -> list[doc.Block]:
+  if dev is None or not dev.available:
+    return []
+  return [
+      doc.Heading("Dev cross-entropy vs bilingual baselines"),
+      doc.Paragraph(
+          "ΔCE = baseline dev CE − model dev CE, in nats per target token "
+          "(teacher-forced), from the last dev evaluation in each run's "
+          "training log; positive = the multilingual model is better. Far "
+          "steadier than BLEU on small test sets. Buckets as above; means "
+          f"over the {len(dev.averaged)} languages with a dev CE from the "
+          "baseline and every model listed; wins = languages with ΔCE > 0."),
+      _dev_ce_bucket_table(dev),
+      _dev_ce_language_table(comp, dev),
+      *_dev_ce_gap_blocks(dev),
+  ]
+
+
 def _training_blocks(logs: Mapping[str, pathlib.Path],
                      thresholds: Sequence[float]) -> list[doc.Block]:
   if not logs:
@@ -257,7 +332,9 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                  inputs: Sequence[str],
                  router: Mapping[str, Sequence[
                      training_logs.RouterPoint]] | None = None,
-                 router_png: bytes | None = None) -> list[doc.Block]:
+                 router_png: bytes | None = None,
+                 dev_ce: dev_ce_lib.DevCeComparison | None = None
+                 ) -> list[doc.Block]:
   """The report's content, shared by the Markdown and HTML renderings."""
   metric = comp.metric_name
   return [
@@ -278,13 +355,35 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
       _averages_table(comp),
       doc.Heading(f"Per-language {metric} and Δ{metric}"),
       _language_table(comp),
+      *_dev_ce_blocks(comp, dev_ce),
       *_gaps_blocks(comp),
       *_training_blocks(logs, thresholds),
       *_router_blocks(router or {}, router_png),
   ]
 
 
-def _summary(comp) -> dict[str, Any]:
+def _dev_ce_summary(dev: dev_ce_lib.DevCeComparison | None
+                    ) -> dict[str, Any] | None:
+  if dev is None or not dev.available:
+    return None
+  return {
+      "baseline": dict(dev.baseline),
+      "baseline_models": dict(dev.baseline_models),
+      "averaged": list(dev.averaged),
+      "excluded": {k: list(v) for k, v in dev.excluded.items()},
+      "models_without": dict(dev.models_without),
+      "models": {m: {"ce": dict(dev.ce[m]), "delta": dict(dev.delta[m]),
+                     "buckets": {b: dataclasses.asdict(a) for b, a in
+                                 dev.averages[m].items()}}
+                 for m in dev.models},
+      "baseline_buckets": {
+          b: dataclasses.asdict(a) for b, a in
+          dev.averages[comparison_lib.BASELINE_NAME].items()},
+  }
+
+
+def _summary(comp, dev: dev_ce_lib.DevCeComparison | None = None
+             ) -> dict[str, Any]:
   return {
       "languages": list(comp.languages),
       "averaged": list(comp.averaged),
@@ -294,6 +393,7 @@ def _summary(comp) -> dict[str, Any]:
       "averages": {name: {b: dataclasses.asdict(a) for b, a in avg.items()}
                    for name, avg in comp.averages.items()},
       "notes": list(comp.notes),
+      "dev_ce": _dev_ce_summary(dev),
   }
 
 
@@ -322,6 +422,18 @@ def find_training_logs(models: Sequence[results.EvalResult],
   return logs
 
 
+def runs_dev_ce(runs: Sequence[results.EvalResult],
+                logs: Mapping[str, pathlib.Path]
+                ) -> dict[str, dict[str, float] | None]:
+  """name -> last dev CE per language in its log (None: no log found)."""
+  out: dict[str, dict[str, float] | None] = {}
+  for run in runs:
+    path = logs.get(run.model)
+    out[run.model] = (None if path is None else training_logs.final_dev_ce(
+        training_logs.read_records(path)))
+  return out
+
+
 def write_report(output_dir: str | pathlib.Path, *,
                  models: Sequence[results.EvalResult],
                  baselines: Sequence[results.EvalResult] = (),
@@ -335,7 +447,15 @@ def write_report(output_dir: str | pathlib.Path, *,
                  metric: str = "bleu") -> ReportFiles:
   """Builds the comparison, draws the figure and writes every file.
 
-  ``metric`` is the compared score: "bleu" or "chrf" (chrF++).
+  ``metric`` is the compared score: "bleu" or "chrf" (chrF++). The models'
+  training logs are ``training_log_paths`` or their metadata.model_dir's
+  metrics.jsonl; the baselines' are their metadata.model_dir's (a baseline
+  without one has no dev CE, which the report lists).
+
+  Raises:
+    ValueError: invalid comparison inputs, unknown models in
+      ``training_log_paths``, or two baselines covering one language.
+    FileNotFoundError: a log in ``training_log_paths`` does not exist.
   """
   output_dir = pathlib.Path(output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
@@ -343,6 +463,9 @@ def write_report(output_dir: str | pathlib.Path, *,
                                 metric=metric,
                                 train_sizes=train_sizes)
   logs = find_training_logs(models, training_log_paths or {})
+  dev = dev_ce_lib.compare_dev_ce(
+      comp, model_runs=runs_dev_ce(models, logs), baselines=baselines,
+      baseline_runs=runs_dev_ce(baselines, find_training_logs(baselines, {})))
   figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)
   png_path = output_dir / FIGURE_FILE
   figure.save_png(png_path)
@@ -357,12 +480,12 @@ def write_report(output_dir: str | pathlib.Path, *,
                         png=png_path.read_bytes(), logs=logs,
                         thresholds=ce_thresholds,
                         inputs=inputs or [m.model for m in models],
-                        router=router, router_png=router_png)
+                        router=router, router_png=router_png, dev_ce=dev)
   md_path, html_path = output_dir / "report.md", output_dir / "report.html"
   md_path.write_text(doc.to_markdown(title, blocks), encoding="utf-8")
   html_path.write_text(doc.to_html(title, blocks), encoding="utf-8")
   summary_path = output_dir / "summary.json"
-  summary_path.write_text(json.dumps(_summary(comp), indent=1,
+  summary_path.write_text(json.dumps(_summary(comp, dev), indent=1,
                                      ensure_ascii=False) + "\n",
                           encoding="utf-8")
   return ReportFiles(markdown=md_path, html=html_path, png=png_path,

@@ -7,7 +7,9 @@ or absent and it has a ``step``. Fields used when present: ``step``,
 ``tokens_seen`` (or ``tokens``), ``train_ce``, ``time`` (Unix seconds),
 ``step_time_sec``, ``devices``, ``batch_tokens``, and ``router`` (layer ->
 ``RouterStats.as_dict()`` of the logged step: ``load_cv``,
-``dropped_first``, ``dropped_second``, ``aux_loss``, ...).
+``dropped_first``, ``dropped_second``, ``aux_loss``, ...). Eval records
+(``kind`` = ``eval``) give the per-language teacher-forced dev
+cross-entropy ``dev_ce`` ({lang: nats per target token}).
 """
 
 from __future__ import annotations
@@ -179,6 +181,28 @@ def router_trajectory(records: Sequence[dict]) -> list[RouterPoint]:
         dropped_second=_mean(values("dropped_second")),
         aux_loss=_mean(values("aux_loss"))))
   return points
+
+
+def final_dev_ce(records: Sequence[dict]) -> dict[str, float]:
+  """Per-language dev cross-entropy of the run's last dev evaluation.
+
+  Args:
+    records: a metrics log's records, in file order.
+
+  Returns:
+    language -> ``dev_ce`` (nats per target token) of the last ``eval``
+    record whose ``dev_ce`` is a non-empty mapping; non-numeric values are
+    skipped. Empty if no eval record has per-language dev cross-entropies.
+  """
+  for record in reversed(records):
+    dev_ce = record.get("dev_ce")
+    if record.get("kind") != "eval" or not isinstance(dev_ce, dict):
+      continue
+    values = {lang: _num(ce) for lang, ce in dev_ce.items()}
+    values = {lang: ce for lang, ce in values.items() if ce is not None}
+    if values:
+      return values
+  return {}
 
 
 def sample_points(points: Sequence[RouterPoint], *,

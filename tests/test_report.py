@@ -218,6 +218,8 @@ def test_write_report_files_figure_and_tables(tmp_path):
   assert 'src="delta_bleu.png"' not in html_text
   summary = json.loads(files.summary.read_text())
   assert summary["averaged"] == ["de", "fr", "ru", "sw"]
+  # No baseline has a training log: no dev cross-entropy section.
+  assert "Dev cross-entropy" not in md and summary["dev_ce"] is None
 
 
 def test_report_rejects_unknown_training_log_model(tmp_path):
@@ -279,3 +281,112 @@ def test_chrf_metric_compares_chrf_everywhere(tmp_path):
       "ΔchrF++ vs bilingual baseline")
   with pytest.raises(ValueError, match="--metric='ter'"):
     comparison.compare([model_a], baselines, metric="ter")
+
+
+# Dev cross-entropy (last dev evaluation of each run), multiples of 1/4 so
+# every mean below is exact. Baseline bi-sw has no log; yo, ga have no
+# baseline; dense has no ga.
+BASELINE_CE = {"de": 3.0, "fr": 3.5, "ru": 4.0, "zh": 4.5}
+MOE_CE = {"de": 2.5, "fr": 3.0, "ru": 3.5, "zh": 5.0, "sw": 4.0, "yo": 4.0,
+          "ga": 6.0}
+DENSE_CE = {"de": 3.25, "fr": 3.25, "ru": 3.0, "zh": 4.0, "sw": 4.5,
+            "yo": 4.5}
+
+
+def _write_dev_log(model_dir, dev_ce):
+  """A metrics.jsonl whose last eval record has ``dev_ce``."""
+  model_dir.mkdir(parents=True)
+  records = [
+      {"kind": "eval", "step": 10, "dev_ce": {l: 9.0 for l in dev_ce}},
+      {"kind": "train", "step": 20, "train_ce": 1.0},
+      {"kind": "eval", "step": 20, "dev_ce": dev_ce, "dev_ce_mean": 1.0}]
+  (model_dir / "metrics.jsonl").write_text(
+      "\n".join(json.dumps(r) for r in records) + "\n")
+  return {"model_dir": str(model_dir)}
+
+
+def _dev_ce_inputs(tmp_path):
+  models = [_result("moe", MODEL_A,
+                    metadata=_write_dev_log(tmp_path / "moe", MOE_CE)),
+            _result("dense", MODEL_B,
+                    metadata=_write_dev_log(tmp_path / "dense", DENSE_CE)),
+            _result("nolog", MODEL_A)]
+  baselines = []
+  for lang, bleu in BASELINE.items():
+    metadata = ({"model_dir": str(tmp_path / f"bi-{lang}")}
+                if lang not in BASELINE_CE else
+                _write_dev_log(tmp_path / f"bi-{lang}",
+                               {lang: BASELINE_CE[lang]}))
+    baselines.append(_result(f"bi-{lang}", {lang: bleu}, kind="bilingual",
+                             metadata=metadata))
+  return models, baselines
+
+
+def test_final_dev_ce_takes_the_last_eval_record_with_dev_ce():
+  records = [{"kind": "eval", "step": 1, "dev_ce": {"de": 5.0}},
+             {"kind": "eval", "step": 2, "dev_ce": {"de": 4.0, "fr": "x"}},
+             {"kind": "train", "step": 3, "dev_ce": {"de": 1.0}},
+             {"kind": "eval", "step": 3, "dev_ce_mean": 2.0}]
+  assert training_logs.final_dev_ce(records) == {"de": 4.0}
+  assert training_logs.final_dev_ce(records[2:]) == {}
+  assert training_logs.final_dev_ce([]) == {}
+
+
+def test_report_dev_ce_vs_baselines(tmp_path):
+  models, baselines = _dev_ce_inputs(tmp_path)
+  files = report.write_report(tmp_path / "out", models=models,
+                              baselines=baselines, bounds=BOUNDS)
+  summary = json.loads(files.summary.read_text())["dev_ce"]
+  assert summary["averaged"] == ["de", "fr", "ru", "zh"]
+  assert summary["baseline"] == {**BASELINE_CE, "sw": None, "yo": None,
+                                 "ga": None}
+  moe, dense = summary["models"]["moe"], summary["models"]["dense"]
+  assert moe["ce"] == MOE_CE
+  assert moe["delta"] == {"de": 0.5, "fr": 0.5, "ru": 0.5, "zh": -0.5,
+                          "sw": None, "yo": None, "ga": None}
+  assert dense["delta"]["de"] == -0.25 and dense["ce"]["ga"] is None
+  assert moe["buckets"] == {
+      "all": {"ce": 3.5, "delta": 0.25, "count": 4, "wins": 3},
+      "high": {"ce": 2.75, "delta": 0.5, "count": 2, "wins": 2},
+      "mid": {"ce": 4.25, "delta": 0.0, "count": 2, "wins": 1},
+      "low": {"ce": None, "delta": None, "count": 0, "wins": 0}}
+  assert dense["buckets"]["all"] == {"ce": 3.375, "delta": 0.375,
+                                     "count": 4, "wins": 3}
+  assert dense["buckets"]["mid"] == {"ce": 3.5, "delta": 0.75, "count": 2,
+                                     "wins": 2}
+  assert summary["baseline_buckets"]["all"] == {
+      "ce": 3.75, "delta": None, "count": 4, "wins": None}
+  assert "nolog" not in summary["models"]
+  md = files.markdown.read_text()
+  assert (md.index("## Per-language BLEU")
+          < md.index("## Dev cross-entropy vs bilingual baselines")
+          < md.index("## Training cost"))
+  assert "ΔCE = baseline dev CE − model dev CE" in md
+  assert ("| moe | 3.50 | +0.25 | 4 | 3 | 2.75 | +0.50 | 2 | 2 | 4.25 | "
+          "+0.00 | 2 | 1 | – | – | 0 | 0 |") in md
+  assert ("| dense | 3.38 | +0.38 | 4 | 3 | 3.25 | +0.00 | 2 | 1 | 3.50 | "
+          "+0.75 | 2 | 2 | – | – | 0 | 0 |") in md
+  assert ("| bilingual baselines | 3.75 | – | 4 | – | 3.25 | – | 2 | – | "
+          "4.25 | – | 2 | – | – | – | 0 | – |") in md
+  assert ("| language | bucket | baseline dev CE | moe dev CE | moe ΔCE | "
+          "dense dev CE | dense ΔCE | in averages |") in md
+  assert "| de | high | 3.00 | 2.50 | +0.50 | 3.25 | -0.25 | yes |" in md
+  assert "| zh | mid | 4.50 | 5.00 | -0.50 | 4.00 | +0.50 | yes |" in md
+  assert "| sw | low | – | 4.00 | – | 4.50 | – | no |" in md
+  assert "| ga | low | – | 6.00 | – | – | – | no |" in md
+  # Gaps are listed, never dropped.
+  assert ("- model nolog: no training log (--training_logs or "
+          "metadata.model_dir/metrics.jsonl)") in md
+  assert ("- sw: baseline bi-sw has no training log "
+          "(metadata.model_dir/metrics.jsonl)") in md
+  assert "- yo: no bilingual baseline" in md
+  assert ("- ga: no bilingual baseline; not in dense's last dev evaluation"
+          in md)
+
+
+def test_report_dev_ce_rejects_two_baselines_for_one_language(tmp_path):
+  models, baselines = _dev_ce_inputs(tmp_path)
+  extra = _result("bi-de-2", {"de": 1.0}, kind="bilingual")
+  with pytest.raises(ValueError, match="bi-de and bi-de-2 both cover de"):
+    report.write_report(tmp_path / "dup", models=models,
+                        baselines=[*baselines, extra], bounds=BOUNDS)

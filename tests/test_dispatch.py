@@ -147,32 +147,46 @@ def test_unknown_implementation_is_rejected():
                               implementation="dense")
 
 
-@pytest.mark.parametrize("router", ["top2", "top1", "noisy_topk",
-                                    "expert_choice"])
-def test_layers_with_either_dispatch_agree_with_dropout_and_drops(router):
+def _layer_results(router, implementations, *, training):
+  """Outputs and gradients of equal-weight MoeLayers, one per dispatch.
+
+  Drops (capacity factor 0.75), expert dropout, jitter and z-loss all on.
+  Returns {implementation: [outputs, d x, d weights...]} as dense tensors.
+  """
   layers = {}
-  for implementation in ("einsum", "index"):
+  for implementation in implementations:
     config = ModelConfig(d_model=M, moe=MoeConfig(
         num_experts=E, expert_hidden_dim=H, router=router, group_size=6,
         num_selected_experts=2, train_capacity_factor=0.75,
         expert_dropout_rate=0.3, router_jitter=0.1, z_loss_weight=0.1,
         dispatch=implementation))
     layers[implementation] = MoeLayer(config=config, causal=False)
-  for a, b in zip(layers["index"].trainable_variables,
-                  layers["einsum"].trainable_variables):
-    a.assign(b)
+    assert layers[implementation].dispatch == implementation
+  first = layers[implementations[0]]
+  for layer in layers.values():
+    for a, b in zip(layer.trainable_variables, first.trainable_variables):
+      a.assign(b)
   x, mask = _inputs(num_groups=3, group_size=5, seed=4)
   results = {}
   for implementation, layer in layers.items():
     with tf.GradientTape() as tape:
       tape.watch(x)
-      out = layer(x, padding_mask=mask, training=True, seed=SEED)
+      out = layer(x, padding_mask=mask, training=training, seed=SEED)
       loss = tf.reduce_sum(out.outputs * tf.cos(x)) + out.weighted_loss
     grads = tape.gradient(loss, [x, *layer.trainable_variables],
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    results[implementation] = [out.outputs, *grads]
+    # (Eval: the index layer runs the block path, IndexedSlices gradients.)
+    results[implementation] = [tf.convert_to_tensor(t).numpy()
+                               for t in [out.outputs, *grads]]
+  return results
+
+
+@pytest.mark.parametrize("router", ["top2", "top1", "noisy_topk",
+                                    "expert_choice"])
+def test_layers_with_either_dispatch_agree_with_dropout_and_drops(router):
+  results = _layer_results(router, ("einsum", "index"), training=True)
   for a, b in zip(results["index"], results["einsum"]):
-    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+    np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def _run_blocks(router, experts, x, mask, capacity):
@@ -295,32 +309,9 @@ def test_sorted_dispatch_rejects_the_expert_choice_router():
 @pytest.mark.parametrize("training", [True, False])
 def test_sorted_layer_equals_index_layer_with_dropout_and_drops(router,
                                                                 training):
-  layers = {}
-  for implementation in ("index", "sorted"):
-    config = ModelConfig(d_model=M, moe=MoeConfig(
-        num_experts=E, expert_hidden_dim=H, router=router, group_size=6,
-        num_selected_experts=2, train_capacity_factor=0.75,
-        expert_dropout_rate=0.3, router_jitter=0.1, z_loss_weight=0.1,
-        dispatch=implementation))
-    layers[implementation] = MoeLayer(config=config, causal=False)
-    assert layers[implementation].dispatch == implementation
-  for a, b in zip(layers["sorted"].trainable_variables,
-                  layers["index"].trainable_variables):
-    a.assign(b)
-  x, mask = _inputs(num_groups=3, group_size=5, seed=4)
-  results = {}
-  for implementation, layer in layers.items():
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      out = layer(x, padding_mask=mask, training=training, seed=SEED)
-      loss = tf.reduce_sum(out.outputs * tf.cos(x)) + out.weighted_loss
-    grads = tape.gradient(loss, [x, *layer.trainable_variables],
-                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    results[implementation] = [out.outputs, *grads]
+  results = _layer_results(router, ("index", "sorted"), training=training)
   for a, b in zip(results["sorted"], results["index"]):
-    # (Eval: the index layer runs the block path, IndexedSlices gradients.)
-    np.testing.assert_allclose(tf.convert_to_tensor(a),
-                               tf.convert_to_tensor(b), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_sorted_layer_applies_expert_dropout_deterministically():

@@ -5,7 +5,9 @@ Dimensions cheat sheet:
   G: groups, S: group size, E: experts, C: expert capacity,
   M: model width, H: expert hidden width.
 
-Two implementations with identical outputs and gradients:
+Four implementations with identical outputs and gradients (the first three
+selected by ``--dispatch``, the fourth by the layer for no-drop decoding with
+``index``):
 
 * :func:`einsum_dispatch_combine` -- GShard Algorithm 2 as written: one-hot
   ``dispatch_mask`` and ``combine_weights`` ``<[G, S, E, C]>`` and the einsums

@@ -104,7 +104,7 @@ class RouterStats:
 
 @dataclasses.dataclass(frozen=True)
 class RoutingResult:
-  """Where every token goes; both dispatch implementations read this.
+  """Where every token goes; every dispatch implementation reads this.
 
   Token-choice routers fill the per-token view (``expert_index``,
   ``buffer_position``, ``combine_weights``); expert_choice fills the

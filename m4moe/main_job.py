@@ -168,10 +168,12 @@ RECIPES: dict[str, Recipe] = {
         models=(ModelRun(name="moe", config="tiny/moe", train_steps=800,
                          extra_flags=("--learning_rate=1.0",
                                       "--warmup_steps=400")),),
+        # As in the study: 2+2-layer baselines, the largest language longer.
         baseline=ModelRun(name="bilingual", config="tiny/dense",
                           train_steps=200,
-                          extra_flags=("--learning_rate=1.0",
+                          extra_flags=(*_SHALLOW, "--learning_rate=1.0",
                                        "--warmup_steps=100")),
+        baseline_steps=(("pt", 400),),
         report_flags=("--ce_thresholds=4.0,3.0,2.5",),
         batch_tokens=4096,
         sequence_length=64,

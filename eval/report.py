@@ -65,10 +65,11 @@ class ReportFiles:
   comparison: comparison_lib.Comparison
 
 
-def _fmt(value: float | None, *, signed: bool = False) -> str:
+def _fmt(value: float | None, *, signed: bool = False,
+         digits: int = 1) -> str:
   if value is None:
     return DASH
-  return f"{value:+.1f}" if signed else f"{value:.1f}"
+  return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
 def _fmt_int(value: int | None) -> str:
@@ -159,9 +160,7 @@ def _language_table(comp) -> doc.Table:
 
 
 def _fmt_ce(value: float | None, *, signed: bool = False) -> str:
-  if value is None:
-    return DASH
-  return f"{value:+.2f}" if signed else f"{value:.2f}"
+  return _fmt(value, signed=signed, digits=2)
 
 
 def _dev_ce_bucket_table(dev: dev_ce_lib.DevCeComparison) -> doc.Table:

@@ -112,3 +112,13 @@ def test_decode_config_variants_set_the_dispatch():
                              vocab_size=50)
   with pytest.raises(ValueError, match=r"unknown variant .fast.; use \+einsum"):
     decode.searches("tiny/moe+fast", point)
+
+
+def test_cli_rejects_unknown_dispatch():
+  flag_values = bench.flags.FLAGS
+  flag_values(["m4moe-bench", "--dispatches=fast,index"])
+  try:
+    with pytest.raises(bench.app.UsageError, match="unknown fast"):
+      bench.main(["m4moe-bench", "moe_layer"])
+  finally:
+    flag_values["dispatches"].unparse()

@@ -190,15 +190,21 @@ def test_layers_with_either_dispatch_agree_with_dropout_and_drops(router):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def _run_blocks(router, experts, x, mask, capacity):
+def _run_with(combine, router, experts, x, mask, capacity):
+  """``combine(x, routing)`` outputs and grads (x, wg, wi, wo), training."""
   with tf.GradientTape() as tape:
     tape.watch(x)
     result = router(x, padding_mask=mask, capacity=capacity, training=True,
                     seed=SEED)
-    y = dispatch.block_dispatch_combine(x, result, experts.blocks)
+    y = combine(x, result)
     loss = tf.reduce_sum(y * tf.sin(tf.range(M, dtype=tf.float32)))
   grads = tape.gradient(loss, [x, router.wg, experts.wi, experts.wo])
   return y, grads
+
+
+def _run_blocks(router, experts, x, mask, capacity):
+  combine = lambda x, r: dispatch.block_dispatch_combine(x, r, experts.blocks)
+  return _run_with(combine, router, experts, x, mask, capacity)
 
 
 @pytest.mark.parametrize("name", [n for n in ROUTERS if n != "expert_choice"])
@@ -252,14 +258,8 @@ def test_no_drop_layer_uses_blocks_and_equals_buffer_path():
 
 
 def _run_sorted(router, experts, x, mask, capacity):
-  with tf.GradientTape() as tape:
-    tape.watch(x)
-    result = router(x, padding_mask=mask, capacity=capacity, training=True,
-                    seed=SEED)
-    y = dispatch.sorted_dispatch_combine(x, result, experts.rows)
-    loss = tf.reduce_sum(y * tf.sin(tf.range(M, dtype=tf.float32)))
-  grads = tape.gradient(loss, [x, router.wg, experts.wi, experts.wo])
-  return y, grads
+  combine = lambda x, r: dispatch.sorted_dispatch_combine(x, r, experts.rows)
+  return _run_with(combine, router, experts, x, mask, capacity)
 
 
 def test_expert_sorted_order_by_hand():

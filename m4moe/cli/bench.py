@@ -127,8 +127,15 @@ def _profile_point(point: moe_layer.LayerPoint, *,
 
 
 def _moe_layer() -> None:
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import moe_layer  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  unknown = [d for d in _DISPATCHES.value
+             if d not in config_lib.DISPATCH_IMPLEMENTATIONS]
+  if unknown:
+    raise app.UsageError(
+        f"--dispatches: unknown {', '.join(unknown)}; use any of "
+        f"{','.join(config_lib.DISPATCH_IMPLEMENTATIONS)}")
   for e in _EXPERTS.value:
     for k in _TOP_KS.value:
       point = moe_layer.LayerPoint(

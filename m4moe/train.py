@@ -19,6 +19,15 @@ What a run guarantees:
 * A non-finite loss or gradient skips the update (counted, logged with the
   offending tensors); ``max_consecutive_nonfinite`` skips in a row raise
   :class:`NonFiniteError` without saving, so the last good checkpoint stays.
+
+When a run stops (:func:`stop_reason`): at ``train_steps``; when the
+training loop's wall-clock, summed over resumes, reaches
+``max_train_seconds`` (a budget: equal-time comparisons); or, with
+``early_stopping_patience = P``, when ``P`` dev evaluations in a row have not
+lowered the best token-weighted dev cross-entropy by ``early_stopping_min_delta``.
+The clock, the best dev CE and the evaluations since it are checkpointed, so a
+resumed run stops where an uninterrupted one would, and a finished run does
+not train further when its command is repeated.
 """
 
 from __future__ import annotations
@@ -74,6 +83,13 @@ class TrainConfig:
       only).
     log_every: console / TensorBoard / JSONL train record every N steps.
     max_consecutive_nonfinite: stop after this many skipped steps in a row.
+    max_train_seconds: stop once the training loop has run this long (wall
+      clock summed over resumes: steps, checkpoints and dev evaluations,
+      not process start-up); 0: no budget.
+    early_stopping_patience: stop after this many dev evaluations in a row
+      without a new best dev cross-entropy (0: off; needs ``eval_every``).
+    early_stopping_min_delta: an evaluation is a new best only if it lowers
+      the best dev cross-entropy by more than this (nats per token).
     checkpoint_input: save the input iterator in checkpoints (not on a
       device mesh, whose DTensor checkpoints cannot hold it); if False a
       resumed run skips the batches already consumed instead (for pipelines
@@ -93,6 +109,9 @@ class TrainConfig:
   eval_every: int = 0
   log_every: int = 100
   max_consecutive_nonfinite: int = 10
+  max_train_seconds: float = 0.0
+  early_stopping_patience: int = 0
+  early_stopping_min_delta: float = 0.0
   checkpoint_input: bool = True
   batch_tokens: int = 0
   optimizer: optimizer_lib.AdafactorConfig = dataclasses.field(
@@ -111,6 +130,17 @@ class TrainConfig:
       _require(value >= 1, name, value, "use a positive integer")
     _require(self.eval_every >= 0, "eval_every", self.eval_every,
              "use 0 (evaluate at the end only) or a positive step count")
+    _require(self.max_train_seconds >= 0, "max_train_seconds",
+             self.max_train_seconds, "use 0 (no budget) or a positive number "
+             "of seconds")
+    _require(self.early_stopping_patience >= 0, "early_stopping_patience",
+             self.early_stopping_patience, "use 0 (off) or a positive number "
+             "of dev evaluations")
+    _require(not self.early_stopping_patience or self.eval_every > 0,
+             "early_stopping_patience", self.early_stopping_patience,
+             "early stopping needs periodic dev evaluations: set --eval_every")
+    _require(self.early_stopping_min_delta >= 0, "early_stopping_min_delta",
+             self.early_stopping_min_delta, "use a non-negative value")
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -123,6 +153,8 @@ class TrainResult:
   Attributes:
     step: the last completed step.
     preempted: stopped early by SIGTERM (after saving).
+    stopped_by: why training ended: ``train_steps``, ``time_budget``,
+      ``early_stopping`` or ``preempted``.
     last_checkpoint: path of the last saved checkpoint.
     train_ce: plain train cross-entropy of the last logging interval.
     dev_ce: {language: dev cross-entropy} of the last evaluation.
@@ -134,20 +166,30 @@ class TrainResult:
   train_ce: float | None
   dev_ce: Mapping[str, float] | None
   nonfinite_skipped: int
+  stopped_by: str = "train_steps"
 
 
 @dataclasses.dataclass
 class _Counters:
-  """Checkpointed scalars of the loop."""
+  """Checkpointed scalars of the loop.
+
+  ``train_millis`` is the loop's wall-clock so far; ``best_dev_ce_micro`` the
+  best token-weighted dev CE in micro-nats (-1: none yet) and
+  ``evals_since_best`` the dev evaluations since it (early stopping).
+  Checkpoints written before these existed restore them as 0 / -1.
+  """
   step: tf.Variable
   tokens_seen: tf.Variable
   source_tokens_seen: tf.Variable
   nonfinite_skipped: tf.Variable
+  train_millis: tf.Variable
+  best_dev_ce_micro: tf.Variable
+  evals_since_best: tf.Variable
 
   @classmethod
   def create(cls) -> "_Counters":
-    make = lambda name: tf.Variable(0, dtype=tf.int64, trainable=False,
-                                    name=name)
+    make = lambda name: tf.Variable(-1 if name == "best_dev_ce_micro" else 0,
+                                    dtype=tf.int64, trainable=False, name=name)
     return cls(*(make(f.name) for f in dataclasses.fields(cls)))
 
   def trackables(self) -> dict[str, tf.Variable]:
@@ -178,10 +220,21 @@ class _Loop:
     self.train_writer = tf.summary.create_file_writer(str(model_dir / "train"))
     self.eval_writer = tf.summary.create_file_writer(str(model_dir / "eval"))
     self.base_seed = tf.constant([config.seed, 0], tf.int32)
+    self.clock = time.perf_counter()
 
   @property
   def step(self) -> int:
     return int(self.counters.step.numpy())
+
+  def tick(self) -> None:
+    """Adds the wall-clock since the last tick to the checkpointed clock."""
+    now = time.perf_counter()
+    self.counters.train_millis.assign_add(int(round((now - self.clock) * 1e3)))
+    self.clock = now
+
+  @property
+  def train_seconds(self) -> float:
+    return int(self.counters.train_millis.numpy()) / 1e3
 
   def _next_microbatches(self) -> list[Mapping[str, tf.Tensor]]:
     try:
@@ -259,7 +312,30 @@ class _Loop:
       metrics_lib.write_router_summaries(result.router, step=self.step)
     self.train_writer.flush()
 
-  def evaluate(self) -> None:
+  def _track_best(self, mean: float) -> None:
+    best = int(self.counters.best_dev_ce_micro.numpy())
+    margin = self.config.early_stopping_min_delta
+    if best < 0 or mean < best / 1e6 - margin:
+      self.counters.best_dev_ce_micro.assign(int(round(mean * 1e6)))
+      self.counters.evals_since_best.assign(0)
+    else:
+      self.counters.evals_since_best.assign_add(1)
+
+  def stop_reason(self) -> str | None:
+    """Why training must stop now (None: go on); see the module docstring."""
+    config = self.config
+    if self.step >= config.train_steps:
+      return "train_steps"
+    if config.max_train_seconds and self.train_seconds >= config.max_train_seconds:
+      return "time_budget"
+    if (config.early_stopping_patience and
+        int(self.counters.evals_since_best.numpy()) >=
+        config.early_stopping_patience):
+      return "early_stopping"
+    return None
+
+  def evaluate(self, *, track_best: bool = True) -> None:
+    """Per-language dev CE: logged, and (``track_best``) early-stopping state."""
     if not self.dev_datasets:
       return
     ce, tokens = {}, {}
@@ -268,6 +344,8 @@ class _Loop:
       ce[lang], tokens[lang] = total / max(count, 1.0), count
     mean = sum(ce[l] * tokens[l] for l in ce) / max(sum(tokens.values()), 1.0)
     self.last_dev_ce = ce
+    if track_best:
+      self._track_best(mean)
     self.log.write({"kind": "eval", "step": self.step, "time": time.time(),
                     "tokens_seen": int(self.counters.tokens_seen.numpy()),
                     "dev_ce": ce, "dev_tokens": tokens, "dev_ce_mean": mean})
@@ -405,33 +483,47 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
              "num_params": int(sum(np.prod(v.shape) for v in runner.variables)),
              "resumed_from": resumed})
   try:
-    preempted = _run_loop(loop, after_step=after_step)
+    stopped_by = _run_loop(loop, after_step=after_step)
   finally:
     log.close()
   return TrainResult(
-      step=loop.step, preempted=preempted, last_checkpoint=keeper.latest,
+      step=loop.step, preempted=stopped_by == "preempted",
+      last_checkpoint=keeper.latest,
       train_ce=loop.last_train_ce, dev_ce=loop.last_dev_ce,
-      nonfinite_skipped=int(counters.nonfinite_skipped.numpy()))
+      nonfinite_skipped=int(counters.nonfinite_skipped.numpy()),
+      stopped_by=stopped_by)
 
 
-def _run_loop(loop: _Loop, *, after_step) -> bool:
-  """Steps until done or preempted; returns True if preempted."""
+def _run_loop(loop: _Loop, *, after_step) -> str:
+  """Steps until a stop rule fires or SIGTERM; returns the stop reason."""
   config = loop.config
   saved_at = loop.step if loop.keeper.latest else None
+  evaluated_at = None
+  ran_steps = False
   with checkpointing.PreemptionGuard() as guard:
-    while loop.step < config.train_steps and not guard.requested:
+    while (reason := loop.stop_reason()) is None and not guard.requested:
+      ran_steps = True
       loop.run_step(after_step)
+      if config.eval_every and loop.step % config.eval_every == 0:
+        loop.evaluate()
+        evaluated_at = loop.step
+      loop.tick()
       if loop.step % config.checkpoint_every == 0:
         loop.keeper.save(loop.step)
         saved_at = loop.step
-      if config.eval_every and loop.step % config.eval_every == 0:
-        loop.evaluate()
-    preempted = guard.requested and loop.step < config.train_steps
+    if reason is None:
+      reason = "preempted"
+    final_eval = reason != "preempted" and evaluated_at != loop.step
+    if final_eval and ran_steps:
+      # Evaluated before the final save, so the save holds the stop state.
+      loop.evaluate()
     if saved_at != loop.step:
+      loop.tick()
       loop.keeper.save(loop.step)
-  if not preempted and not (config.eval_every and
-                            loop.step % config.eval_every == 0):
-    loop.evaluate()
+  if final_eval and not ran_steps:
+    # A finished run started again: report its dev CE, change nothing.
+    loop.evaluate(track_best=False)
   loop.log.write({"kind": "end", "step": loop.step, "time": time.time(),
-                  "reason": "preempted" if preempted else "done"})
-  return preempted
+                  "reason": "preempted" if reason == "preempted" else "done",
+                  "stopped_by": reason, "train_seconds": loop.train_seconds})
+  return reason

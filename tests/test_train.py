@@ -244,3 +244,67 @@ def test_changed_input_pipeline_gives_a_clear_error_and_a_way_out(tmp_path):
   result = _train(_config(tmp_path, train_steps=4, checkpoint_input=False),
                   dataset=changed)
   assert result.step == 4
+
+
+def test_early_stopping_stops_after_patience_and_stays_stopped(tmp_path):
+  """A rate so high the dev CE cannot improve: the run stops after exactly
+  `patience` evaluations past the first, records why, and a repeated command
+  neither trains further nor changes the stopping state."""
+  config = _config(tmp_path, train_steps=400, eval_every=5, checkpoint_every=5,
+                   early_stopping_patience=2, early_stopping_min_delta=100.0)
+  result = _train(config, dev_datasets=_dev())
+  # Eval at 5 sets the best; 10 and 15 miss it by less than min_delta.
+  assert result.stopped_by == "early_stopping"
+  assert result.step == 15
+  assert not result.preempted
+  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
+  assert [r["step"] for r in records if r["kind"] == "eval"] == [5, 10, 15]
+  end = [r for r in records if r["kind"] == "end"][-1]
+  assert (end["reason"], end["stopped_by"]) == ("done", "early_stopping")
+  again = _train(config, dev_datasets=_dev())
+  assert (again.step, again.stopped_by) == (15, "early_stopping")
+
+
+def test_early_stopping_resumes_where_an_uninterrupted_run_stops(tmp_path):
+  """Patience state lives in the checkpoint: stop at 10 + resume == straight."""
+  common = dict(eval_every=2, checkpoint_every=2, early_stopping_patience=3,
+                early_stopping_min_delta=0.05)
+  straight = _train(_config(tmp_path, "a", train_steps=200, **common),
+                    dev_datasets=_dev())
+  first = _train(_config(tmp_path, "b", train_steps=10, **common),
+                 dev_datasets=_dev())
+  assert first.stopped_by in ("train_steps", "early_stopping")
+  resumed = _train(_config(tmp_path, "b", train_steps=200, **common),
+                   dev_datasets=_dev())
+  assert (resumed.step, resumed.stopped_by) == (straight.step,
+                                                straight.stopped_by)
+
+
+def test_time_budget_stops_saves_and_evaluates(tmp_path):
+  config = _config(tmp_path, train_steps=100000, checkpoint_every=1000,
+                   max_train_seconds=3.0)
+  result = _train(config, dev_datasets=_dev())
+  assert result.stopped_by == "time_budget"
+  assert 0 < result.step < 100000
+  assert result.last_checkpoint.endswith(f"ckpt-{result.step}")
+  assert result.dev_ce is not None
+  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
+  end = records[-1]
+  assert end["kind"] == "end" and end["stopped_by"] == "time_budget"
+  assert 3.0 <= end["train_seconds"] < 60.0
+  # The clock is checkpointed: the same budget does not train again.
+  again = _train(config, dev_datasets=_dev())
+  assert again.step == result.step
+
+
+@pytest.mark.parametrize("field,value", [
+    ("max_train_seconds", -1.0), ("early_stopping_patience", -1),
+    ("early_stopping_min_delta", -0.1)])
+def test_bad_stopping_settings_name_the_flag(tmp_path, field, value):
+  with pytest.raises(train_lib.TrainConfigError, match=f"--{field}="):
+    _config(tmp_path, **{field: value})
+
+
+def test_early_stopping_needs_dev_evaluations(tmp_path):
+  with pytest.raises(train_lib.TrainConfigError, match="--eval_every"):
+    _config(tmp_path, early_stopping_patience=2, eval_every=0)

@@ -89,6 +89,18 @@ _KEEP = flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 1000,
                                    "Dev CE every N steps (0: at the end).")
 _LOG_EVERY = flags.DEFINE_integer("log_every", 100, "Log every N steps.")
+_MAX_TRAIN_SECONDS = flags.DEFINE_float(
+    "max_train_seconds", 0.0,
+    "Stop (save, evaluate) once the training loop has run this many seconds "
+    "of wall-clock, summed over resumes (0: no budget).")
+_PATIENCE = flags.DEFINE_integer(
+    "early_stopping_patience", 0,
+    "Stop after this many dev evaluations (--eval_every) in a row without a "
+    "new best dev cross-entropy (0: off).")
+_MIN_DELTA = flags.DEFINE_float(
+    "early_stopping_min_delta", 0.0,
+    "A dev evaluation is a new best only if it improves on the best dev "
+    "cross-entropy by more than this many nats per token.")
 _MAX_NONFINITE = flags.DEFINE_integer(
     "max_consecutive_nonfinite", 10, "Stop after this many skipped steps.")
 _CHECKPOINT_INPUT = flags.DEFINE_bool(
@@ -161,6 +173,9 @@ def _configs():
       checkpoint_every=_CHECKPOINT_EVERY.value,
       keep_checkpoints=_KEEP.value, eval_every=_EVAL_EVERY.value,
       log_every=_LOG_EVERY.value,
+      max_train_seconds=_MAX_TRAIN_SECONDS.value,
+      early_stopping_patience=_PATIENCE.value,
+      early_stopping_min_delta=_MIN_DELTA.value,
       max_consecutive_nonfinite=_MAX_NONFINITE.value,
       checkpoint_input=_CHECKPOINT_INPUT.value,
       batch_tokens=_BATCH_TOKENS.value, optimizer=_optimizer_config())
@@ -280,6 +295,7 @@ def main(argv):
                     "mesh": str(mesh) if mesh else None})
   logging.info("Finished: %s", result)
   print(json.dumps({"step": result.step, "preempted": result.preempted,
+                    "stopped_by": result.stopped_by,
                     "checkpoint": result.last_checkpoint,
                     "train_ce": result.train_ce, "dev_ce": result.dev_ce,
                     "nonfinite_skipped": result.nonfinite_skipped}))

@@ -112,7 +112,10 @@ def main(argv):
     sys.exit(f"m4moe-eval: error: {e}")
   stats = translator.stats
   result = dataclasses.replace(result, metadata={
-      **result.metadata, "decode_stats": dataclasses.asdict(stats)})
+      **result.metadata, "decode_stats": dataclasses.asdict(stats),
+      # Where <lang>.hyp lives (m4moe-report reads examples from it).
+      "hypotheses_dir": (str(hyp_dir.resolve()) if _HYPOTHESES_DIR.value
+                         else None)})
   results.write_eval_json(result, _OUTPUT.value)
   for lang, score in result.languages.items():
     if score.status == scoring.STATUS_EMPTY:

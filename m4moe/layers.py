@@ -27,26 +27,11 @@ from typing import Sequence
 import tensorflow as tf
 
 from m4moe import sharding as sharding_lib
+from m4moe.initializers import init_variable
 
-# Truncated at two standard deviations, a normal keeps this fraction of its
-# standard deviation; dividing by it makes the *actual* std equal sigma.
-_TRUNCATED_NORMAL_STD = 0.87962566103423978
 # Additive attention bias for disallowed (query, key) pairs; finite so that a
 # fully masked row (a padding query) gives a uniform softmax instead of NaN.
 NEG_INF = -1e9
-
-
-def init_variable(shape: Sequence[int], *, fan_in: int, scale: float,
-                  name: str) -> tf.Variable:
-  """A float32 variable from a truncated normal with std sqrt(scale / fan_in).
-
-  Values are truncated at two standard deviations and rescaled so that the
-  standard deviation of the result is ``sqrt(scale / fan_in)`` (Switch
-  Transformer init; ``scale`` is ``ModelConfig.init_scale``).
-  """
-  stddev = math.sqrt(scale / fan_in) / _TRUNCATED_NORMAL_STD
-  value = tf.random.truncated_normal(shape, stddev=stddev, dtype=tf.float32)
-  return tf.Variable(value, name=name)
 
 
 def fold_seed(seed: tf.Tensor | None, key: int) -> tf.Tensor | None:

@@ -42,6 +42,7 @@ from typing import Any
 import tensorflow as tf
 
 from m4moe import dispatch as dispatch_lib
+from m4moe import initializers
 from m4moe import routing
 from m4moe import sharding as sharding_lib
 from m4moe.config import ConfigError, ModelConfig
@@ -99,12 +100,12 @@ class FeedForwardExperts(tf.Module):
     self.dropout_rate = dropout_rate
     self.sharding = sharding
     with self.name_scope:
-      self.wi = tf.Variable(routing.truncated_normal_init(
+      self.wi = initializers.init_variable(
           (num_experts, model_dim, hidden_dim), fan_in=model_dim,
-          init_scale=init_scale), name="wi")
-      self.wo = tf.Variable(routing.truncated_normal_init(
+          scale=init_scale, name="wi")
+      self.wo = initializers.init_variable(
           (num_experts, hidden_dim, model_dim), fan_in=hidden_dim,
-          init_scale=init_scale), name="wo")
+          scale=init_scale, name="wo")
 
   def __call__(self, dispatched: tf.Tensor, *, output_layout: str = "EGCM",
                training: bool = False,

@@ -55,6 +55,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from m4moe import initializers
 from m4moe import sharding as sharding_lib
 from m4moe.config import ModelConfig
 
@@ -235,12 +236,6 @@ def _base_stats(logits: tf.Tensor, first_choice: tf.Tensor,
               max_logit=max_logit)
 
 
-def truncated_normal_init(shape: tuple[int, ...], *, fan_in: int,
-                          init_scale: float) -> tf.Tensor:
-  """<float32>[shape] truncated normal with sigma = sqrt(init_scale/fan_in)."""
-  return tf.random.truncated_normal(shape, stddev=(init_scale / fan_in) ** 0.5)
-
-
 class Router(tf.Module):
   """Base router: owns ``wg <float32>[M, E]`` and computes router logits."""
 
@@ -252,9 +247,9 @@ class Router(tf.Module):
     # Random draws are pinned (Sharding.pin_random): same routing on any mesh.
     self.sharding = sharding
     with self.name_scope:
-      self.wg = tf.Variable(
-          truncated_normal_init((model_dim, num_experts), fan_in=model_dim,
-                                init_scale=init_scale), name="wg")
+      self.wg = initializers.init_variable(
+          (model_dim, num_experts), fan_in=model_dim, scale=init_scale,
+          name="wg")
 
   def logits(self, x: tf.Tensor) -> tf.Tensor:
     """<float32>[G, S, E] router logits of x <float32>[G, S, M]."""

@@ -364,9 +364,12 @@ def load_model_config(name_or_path: str | os.PathLike[str],
   Raises:
     ConfigError: the file is missing, has an unknown flag, or a bad value.
   """
+  from m4moe import optimizer  # pylint: disable=g-import-not-at-top
   path = resolve_config_path(name_or_path)
   flag_values = flags.FlagValues()
   define_model_flags(flag_values)
+  # A zoo entry may also carry its optimiser recipe (optimizer.load_config).
+  optimizer.define_flags(flag_values)
   try:
     flag_values(["m4moe", f"--flagfile={path}", *extra_flags])
   except flags.Error as e:

@@ -34,11 +34,18 @@ we multiply ``g`` by the row and column factors instead (equal up to rounding).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Sequence
 
 import tensorflow as tf
+from absl import flags
+
+from m4moe import flagutil
 
 SCHEDULES = ("rsqrt", "constant")
+# Flag names that differ from the AdafactorConfig field names.
+_RENAME = {"schedule": "lr_schedule"}
+_ENUMS = {"schedule": SCHEDULES}
 
 
 class OptimizerConfigError(ValueError):
@@ -115,6 +122,48 @@ class AdafactorConfig:
       return tf.constant(self.learning_rate, tf.float32)
     return self.learning_rate * tf.math.rsqrt(
         tf.maximum(step, float(self.warmup_steps)))
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """One absl flag per :class:`AdafactorConfig` field (``schedule`` is
+  ``--lr_schedule``), defaulting to the paper's values."""
+  flagutil.define_flags(AdafactorConfig, flag_values, rename=_RENAME,
+                        enums=_ENUMS)
+
+
+def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS
+                      ) -> AdafactorConfig:
+  """The validated config from flags defined by :func:`define_flags`."""
+  return flagutil.from_flags(AdafactorConfig, flag_values, rename=_RENAME)
+
+
+def present_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """The optimiser flags given explicitly on the command line, serialised."""
+  return flagutil.present_flags(AdafactorConfig, flag_values, rename=_RENAME)
+
+
+def load_config(name_or_path: str | os.PathLike[str],
+                extra_flags: Sequence[str] = ()) -> AdafactorConfig:
+  """The optimiser recipe of a zoo entry (or flagfile), ``extra_flags`` on top.
+
+  A zoo flagfile holds model flags and, optionally, optimiser flags (the
+  recipe the entry was tuned with: ``configs/tiny/*`` carry the small-model
+  recipe, ``configs/gshard/*`` the paper's Adafactor); optimiser flags it
+  does not set keep :class:`AdafactorConfig`'s defaults (the paper's).
+
+  Raises:
+    m4moe.config.ConfigError: unknown flag or bad value, naming the file.
+  """
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
+  path = config_lib.resolve_config_path(name_or_path)
+  flag_values = flags.FlagValues()
+  config_lib.define_model_flags(flag_values)
+  define_flags(flag_values)
+  try:
+    flag_values(["m4moe", f"--flagfile={path}", *extra_flags])
+    return config_from_flags(flag_values)
+  except (flags.Error, OptimizerConfigError) as e:
+    raise config_lib.ConfigError(f"{path}: {e}") from e
 
 
 def _rms(x: tf.Tensor) -> tf.Tensor:

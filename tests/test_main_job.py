@@ -36,6 +36,9 @@ def test_demo_plan_trains_then_evaluates_every_model_and_reports_last(tmp_path):
     evaluation = _flags(by_name[f"eval_{model.name}"])
     assert train["languages"] == evaluation["languages"] == model.languages[0]
     assert evaluation["kind"] == "bilingual"
+    # Baselines are sized by a stopping rule on dev, not a step count.
+    assert int(train["early_stopping_patience"]) >= 1
+    assert 0 < int(train["eval_every"]) < int(train["train_steps"])
   report = _flags(by_name["report"])
   assert report["models"].split(",") == [
       _flags(by_name[f"eval_{m.name}"])["output"] for m in recipe.models]

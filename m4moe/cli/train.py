@@ -8,7 +8,11 @@ Usage:
       --train_steps=100 --check_config
 
 The model is the zoo entry / flagfile (``--config`` or ``--flagfile``);
-model flags given on the command line override ``--config``'s values. The
+model flags given on the command line override ``--config``'s values. A zoo
+entry may also set the optimiser recipe it was tuned with (``configs/tiny/*``
+use the small-model recipe of ``eval/results/peer/``; ``configs/gshard/*``
+the paper's Adafactor); optimiser flags given on the command line override
+it, and flags no one sets keep the paper's defaults. The
 vocabulary sizes come from the SentencePiece models in ``--vocab_dir``.
 Running again with the same ``--model_dir`` resumes from the last complete
 checkpoint (exactly, see m4moe.train). SIGTERM saves and exits with code 0.
@@ -77,7 +81,7 @@ _DEV_BATCH_SIZE = flags.DEFINE_integer("dev_batch_size", 64,
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Run directory.")
 _TRAIN_STEPS = flags.DEFINE_integer("train_steps", 10000, "Total steps.")
 _SEED = flags.DEFINE_integer("seed", 0, "Init, data and per-step seed.")
-_LABEL_SMOOTHING = flags.DEFINE_float("label_smoothing", 0.0,
+_LABEL_SMOOTHING = flags.DEFINE_float("label_smoothing", 0.1,
                                       "Label smoothing epsilon.")
 _GRAD_ACCUM = flags.DEFINE_integer("grad_accum_steps", 1,
                                    "Micro-batches per update.")
@@ -117,22 +121,11 @@ _MESH = flags.DEFINE_string(
     "mesh", "", "Device mesh, e.g. data:2,expert:4 (axes data, expert, "
     "model): GShard sharding over all devices (DTensor; XLA annotations "
     "with --tpu). Empty: no mesh.")
-# Optimiser.
-_LR = flags.DEFINE_float("learning_rate", 1.0, "Adafactor rate multiplier.")
-_WARMUP = flags.DEFINE_integer("warmup_steps", 10000,
-                               "Constant-rate steps before rsqrt decay.")
-_SCHEDULE = flags.DEFINE_enum("lr_schedule", "rsqrt",
-                              list(optimizer_lib.SCHEDULES), "LR schedule.")
-_DECAY = flags.DEFINE_float("decay_exponent", 0.8,
-                            "Second-moment decay 1 - t^(-x).")
-_BETA1 = flags.DEFINE_float("beta1", 0.0, "First-moment decay (0: none).")
-_CLIP = flags.DEFINE_float("clipping_threshold", 1.0,
-                           "Update clipping (0: off).")
-_EPS1 = flags.DEFINE_float("epsilon1", 1e-30, "Adafactor epsilon1.")
-_EPS2 = flags.DEFINE_float("epsilon2", 1e-3, "Adafactor epsilon2.")
-_PARAM_SCALE = flags.DEFINE_bool("multiply_by_parameter_scale", True,
-                                 "Relative step sizes.")
-_FACTORED = flags.DEFINE_bool("factored", True, "Factored second moments.")
+# Optimiser: one flag per AdafactorConfig field (paper defaults); a zoo
+# entry given with --config may carry its own recipe (configs/tiny/*: the
+# small-model recipe), and explicit flags win over it.
+optimizer_lib.define_flags()
+
 
 def _model_config(overrides: dict[str, Any]) -> config_lib.ModelConfig:
   """--config as the base, explicit model flags and vocab sizes on top."""
@@ -143,13 +136,11 @@ def _model_config(overrides: dict[str, Any]) -> config_lib.ModelConfig:
 
 
 def _optimizer_config() -> optimizer_lib.AdafactorConfig:
-  return optimizer_lib.AdafactorConfig(
-      learning_rate=_LR.value, warmup_steps=_WARMUP.value,
-      schedule=_SCHEDULE.value, decay_exponent=_DECAY.value,
-      beta1=_BETA1.value, clipping_threshold=_CLIP.value,
-      epsilon1=_EPS1.value, epsilon2=_EPS2.value,
-      multiply_by_parameter_scale=_PARAM_SCALE.value,
-      factored=_FACTORED.value)
+  """--config's optimiser recipe as the base, explicit flags on top."""
+  if _CONFIG.value is None:
+    return optimizer_lib.config_from_flags(flags.FLAGS)
+  return optimizer_lib.load_config(_CONFIG.value,
+                                   optimizer_lib.present_flags(flags.FLAGS))
 
 
 def _configs():

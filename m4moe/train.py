@@ -73,7 +73,8 @@ class TrainConfig:
     train_steps: stop after this many steps (a step is one optimiser update
       attempt over ``grad_accum_steps`` micro-batches).
     seed: base seed: model init (tf.random.set_seed) and per-step seeds.
-    label_smoothing: epsilon of the training cross-entropy.
+    label_smoothing: epsilon of the training cross-entropy (0.1, as in
+      Vaswani et al. 2017 and the small-model recipe).
     grad_accum_steps: micro-batches per update (k).
     remat: recompute each Transformer layer's activations in the backward
       pass (tf.recompute_grad) to save memory.
@@ -101,7 +102,7 @@ class TrainConfig:
   model_dir: str
   train_steps: int
   seed: int = 0
-  label_smoothing: float = 0.0
+  label_smoothing: float = 0.1
   grad_accum_steps: int = 1
   remat: bool = False
   checkpoint_every: int = 1000
@@ -338,17 +339,20 @@ class _Loop:
     """Per-language dev CE: logged, and (``track_best``) early-stopping state."""
     if not self.dev_datasets:
       return
-    ce, tokens = {}, {}
+    ce, tokens, reliance = {}, {}, {}
     for lang, dataset in sorted(self.dev_datasets.items()):
-      total, count = self.runner.evaluate(dataset)
+      total, count, gap = self.runner.evaluate_with_source_reliance(dataset)
       ce[lang], tokens[lang] = total / max(count, 1.0), count
+      if np.isfinite(gap):
+        reliance[lang] = gap
     mean = sum(ce[l] * tokens[l] for l in ce) / max(sum(tokens.values()), 1.0)
     self.last_dev_ce = ce
     if track_best:
       self._track_best(mean)
     self.log.write({"kind": "eval", "step": self.step, "time": time.time(),
                     "tokens_seen": int(self.counters.tokens_seen.numpy()),
-                    "dev_ce": ce, "dev_tokens": tokens, "dev_ce_mean": mean})
+                    "dev_ce": ce, "dev_tokens": tokens, "dev_ce_mean": mean,
+                    "source_reliance": reliance})
     logging.info("step %d dev cross-entropy %.4f (%s)", self.step, mean,
                  ", ".join(f"{l} {v:.3f}" for l, v in ce.items()))
     with self.eval_writer.as_default():
@@ -356,6 +360,9 @@ class _Loop:
         metrics_lib.write_scalar(f"dev/cross_entropy/{lang}", value,
                                  step=self.step)
       metrics_lib.write_scalar("dev/cross_entropy", mean, step=self.step)
+      for lang, value in reliance.items():
+        metrics_lib.write_scalar(f"dev/source_reliance/{lang}", value,
+                                 step=self.step)
     self.eval_writer.flush()
 
 

@@ -63,6 +63,9 @@ def test_learns_below_unigram_and_writes_metrics(tmp_path):
                    "eval", "end"]
   train = [r for r in records if r["kind"] == "train"]
   assert [r["step"] for r in train] == [25, 50, 75, 100]
+  # The trained toy translates: wrong sources cost it more than a nat/token.
+  evals = [r for r in records if r["kind"] == "eval"]
+  assert evals[-1]["source_reliance"]["xx"] > 1.0
   assert train[-1]["train_ce"] < train[0]["train_ce"]
   for key in ("tokens_seen", "step_time_sec", "tokens_per_sec", "devices",
               "learning_rate", "grad_norm", "moe_loss", "batch_tokens"):
@@ -308,3 +311,36 @@ def test_bad_stopping_settings_name_the_flag(tmp_path, field, value):
 def test_early_stopping_needs_dev_evaluations(tmp_path):
   with pytest.raises(train_lib.TrainConfigError, match="--eval_every"):
     _config(tmp_path, early_stopping_patience=2, eval_every=0)
+
+
+class _SourceBlind(tf.Module):
+  """The toy translator with every source token replaced by token 3."""
+
+  def __init__(self):
+    super().__init__()
+    self.inner = fixtures.ToyTranslator(vocab_size=VOCAB + 1)
+
+  def __call__(self, batch, *, training, seed=None):
+    blind = dict(batch, inputs=tf.where(batch["inputs"] > 0, 3, 0))
+    return self.inner(blind, training=training, seed=seed)
+
+
+def test_source_reliance_is_zero_for_a_model_that_ignores_its_source():
+  from m4moe.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  pairs = [(s, t) for s, t in PAIRS if len(s) == 6][:32]  # equal lengths
+  dev = fixtures.pairs_dataset(pairs, batch_size=8, length=10,
+                               shuffle_seed=None, repeat=False)
+  def gap(model):
+    variables = list(model.trainable_variables)
+    opt = optimizer_lib.Adafactor(optimizer_lib.AdafactorConfig())
+    opt.build(variables)
+    runner = step_lib.StepRunner(model=model, optimizer=opt,
+                                 variables=variables,
+                                 strategy=tf.distribute.get_strategy(),
+                                 label_smoothing=0.0)
+    ce_sum, tokens, value = runner.evaluate_with_source_reliance(dev)
+    plain_sum, plain_tokens = runner.evaluate(dev)
+    assert (ce_sum, tokens) == pytest.approx((plain_sum, plain_tokens))
+    return value
+  assert gap(_SourceBlind()) == pytest.approx(0.0, abs=1e-6)
+  assert abs(gap(fixtures.ToyTranslator(vocab_size=VOCAB + 1))) > 1e-4

@@ -12,6 +12,7 @@ needs no ``tensorboard`` package (reading them does). Tags:
   router/<layer>/load_per_expert   a histogram with one bucket per expert
     (x = expert index, height = fraction of tokens routed to it)
   dev/cross_entropy/<lang>, dev/cross_entropy (token-weighted over languages)
+  dev/source_reliance/<lang> (CE with wrong sources minus CE, nats/token)
 
 JSONL (``<model_dir>/metrics.jsonl``), one JSON object per line, keyed by
 ``kind``; on resume, records with ``step`` beyond the restored checkpoint are
@@ -27,8 +28,11 @@ dropped so every (kind, step) appears once:
   ``tokens_seen`` counts non-padding target tokens since step 0;
   ``tokens_per_sec`` counts source + target non-padding tokens.
 * ``{"kind": "eval", "step", "time", "tokens_seen", "dev_ce": {lang: ce},
-  "dev_tokens": {lang: n}, "dev_ce_mean"}`` -- ``dev_ce_mean`` is weighted by
-  tokens over all languages.
+  "dev_tokens": {lang: n}, "dev_ce_mean", "source_reliance": {lang: gap}}``
+  -- ``dev_ce_mean`` is weighted by tokens over all languages;
+  ``source_reliance`` is the dev CE with each source replaced by another
+  pair's minus the true dev CE (nats per token; see
+  ``StepRunner.evaluate_with_source_reliance``).
 * ``{"kind": "start", "step", "time", "devices", "device_kind",
   "num_params", "resumed_from"}`` and ``{"kind": "end", "step", "time",
   "reason"}`` (reason: ``done``, ``preempted``).

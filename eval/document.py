@@ -15,6 +15,7 @@ _CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;"
         "padding:0 1em}table{border-collapse:collapse;margin:1em 0}"
         "th,td{border:1px solid #bbb;padding:3px 8px;text-align:right}"
         "th:first-child,td:first-child{text-align:left}"
+        "table.text td,table.text th{text-align:left;vertical-align:top}"
         "img{max-width:100%}")
 
 
@@ -36,8 +37,15 @@ class Bullets:
 
 @dataclasses.dataclass(frozen=True)
 class Table:
+  """Cells are plain text (escaped by each renderer).
+
+  Numeric tables right-align every column but the first; ``text=True``
+  left-aligns them all (sentences).
+  """
+
   headers: tuple[str, ...]
   rows: tuple[tuple[str, ...], ...]
+  text: bool = False
 
   def __post_init__(self) -> None:
     for row in self.rows:
@@ -72,7 +80,8 @@ def to_markdown(title: str, blocks: Sequence[Block]) -> str:
       out += [f"- {item}" for item in block.items] + [""]
     elif isinstance(block, Table):
       out.append("| " + " | ".join(map(_md_cell, block.headers)) + " |")
-      out.append("|" + "|".join(["---"] + ["---:"] * (len(block.headers) - 1))
+      align = "---" if block.text else "---:"
+      out.append("|" + "|".join(["---"] + [align] * (len(block.headers) - 1))
                  + "|")
       out += ["| " + " | ".join(map(_md_cell, row)) + " |"
               for row in block.rows]
@@ -99,7 +108,8 @@ def to_html(title: str, blocks: Sequence[Block]) -> str:
       head = "".join(f"<th>{e(h)}</th>" for h in block.headers)
       body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row)
                      + "</tr>" for row in block.rows)
-      out.append(f"<table><thead><tr>{head}</tr></thead>"
+      css = ' class="text"' if block.text else ""
+      out.append(f"<table{css}><thead><tr>{head}</tr></thead>"
                  f"<tbody>{body}</tbody></table>")
     elif isinstance(block, Image):
       data = base64.b64encode(block.png).decode("ascii")

@@ -26,14 +26,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from m4moe.eval import comparison as comparison_lib
 from m4moe.eval import dev_ce as dev_ce_lib
 from m4moe.eval import document as doc
+from m4moe.eval import examples as examples_lib
 from m4moe.eval import figure as figure_lib
+from m4moe.eval import intervals as intervals_lib
 from m4moe.eval import results
+from m4moe.eval import seeds as seeds_lib
+from m4moe.eval import significance
+from m4moe.eval import source_reliance as reliance_lib
 from m4moe.eval import training_logs
 
 FIGURE_FILE = "delta_bleu.png"
@@ -141,19 +149,61 @@ def _averages_table(comp) -> doc.Table:
   return doc.Table(tuple(headers), tuple(rows))
 
 
-def _language_table(comp) -> doc.Table:
+def _fmt_interval(cell: intervals_lib.Cell | None) -> str:
+  """``24.1 ±1.2`` (sacrebleu's μ ± ci around the bootstrap mean)."""
+  if cell is None or cell.interval is None:
+    return DASH
+  return f"{cell.interval.score:.1f} ±{cell.interval.ci:.1f}"
+
+
+def _fmt_difference(diff: significance.Difference | None, *,
+                    with_p: bool = False) -> str:
+  """``+2.1 ±0.9*`` (* = significant); ``with_p`` adds ``(p=0.003)``."""
+  if diff is None:
+    return DASH
+  text = (f"{diff.interval.score:+.1f} ±{diff.interval.ci:.1f}"
+          f"{'*' if diff.significant else ''}")
+  return f"{text} (p={diff.p_value:.3f})" if with_p else text
+
+
+def _fmt_spread(spread: seeds_lib.Spread | None, *,
+                signed: bool = False) -> str:
+  """``23.1–24.9, t 22.0–26.0`` over seeds; – for one seed."""
+  if spread is None:
+    return DASH
+  sign = "+" if signed else ""
+  text = f"{spread.min:{sign}.1f}–{spread.max:{sign}.1f}"
+  if spread.t_low is not None:
+    text += f", t {spread.t_low:{sign}.1f}–{spread.t_high:{sign}.1f}"
+  return text
+
+
+def _language_table(comp, iv: intervals_lib.Intervals | None = None,
+                    num_seeds: Mapping[str, int] | None = None
+                    ) -> doc.Table:
+  """Per-language scores; with ``iv``, each ± its 95% interval (* = p<α)."""
   metric = comp.metric_name
+  num_seeds = num_seeds or {}
   headers = ["language", "train pairs", "bucket", f"baseline {metric}"]
   for model in comp.models:
-    headers += [f"{model} {metric}", f"{model} Δ{metric}"]
+    seeds = num_seeds.get(model, 1)
+    suffix = f" (mean of {seeds} seeds)" if seeds > 1 else ""
+    headers += [f"{model} {metric}{suffix}", f"{model} Δ{metric}"]
   headers.append("in averages")
   rows = []
   for lang in comp.languages:
+    cells = (iv.languages[lang][comp.metric]
+             if iv is not None and lang in iv.languages else {})
+    base = cells.get(comparison_lib.BASELINE_NAME)
     row = [lang, _fmt_int(comp.train_sizes[lang]), comp.buckets[lang] or DASH,
-           _fmt(comp.baseline_bleu[lang])]
+           _fmt_interval(base) if base and base.interval
+           else _fmt(comp.baseline_bleu[lang])]
     for model in comp.models:
-      row += [_fmt(comp.bleu[model][lang]),
-              _fmt(comp.delta[model][lang], signed=True)]
+      cell = cells.get(model)
+      row += [_fmt_interval(cell) if cell and cell.interval
+              else _fmt(comp.bleu[model][lang]),
+              _fmt_difference(cell.delta) if cell and cell.delta
+              else _fmt(comp.delta[model][lang], signed=True)]
     row.append("yes" if lang in comp.averaged else "no")
     rows.append(tuple(row))
   return doc.Table(tuple(headers), tuple(rows))
@@ -325,6 +375,157 @@ def _gaps_blocks(comp) -> list[doc.Block]:
   return blocks
 
 
+def _interval_blocks(comp, iv: intervals_lib.Intervals | None
+                     ) -> list[doc.Block]:
+  if iv is None:
+    return []
+  blocks: list[doc.Block] = [
+      doc.Heading("Confidence intervals and significance"),
+      doc.Paragraph(
+          "Each score is shown ± the half-width of its 95% interval from "
+          "sacrebleu's paired bootstrap resampling of test sentences "
+          f"({iv.n_samples} resamples; half the 2.5–97.5 percentile range, "
+          "as sacrebleu --confidence prints it around the bootstrap mean, "
+          "which summary.json also gives; each language resampled with "
+          f"its own seed derived from {iv.seed}, every system of a language "
+          "with the same indices). Δ = model − bilingual baseline on the "
+          "same resamples; * = significant at p < "
+          f"{iv.alpha:g} by sacrebleu's paired bootstrap test. A model "
+          "given with several seeds is scored by its seed mean, resampled "
+          "likewise; 'seeds' is the min–max over seeds and the 95% "
+          "t-interval of the mean (from the eval JSONs' scores). Buckets: "
+          "the mean over the bucket's averaged languages, with the "
+          "interval and test from the same resamples.")]
+  if not iv.available:
+    return blocks + [doc.Paragraph(
+        "No intervals: no run has usable hypotheses (see Examples)."),
+                     *_problem_blocks(iv.problems)]
+  headers = ["language", "system", "seeds"]
+  for metric in intervals_lib.METRICS:
+    name = comparison_lib.METRICS[metric]
+    headers += [name, f"{name} seeds", f"Δ{name} vs baseline",
+                f"Δ{name} seeds"]
+  rows = []
+  for lang in comp.languages:
+    for system in iv.systems:
+      cells = [iv.languages[lang][m].get(system)
+               for m in intervals_lib.METRICS]
+      if all(c is None or c.interval is None for c in cells):
+        continue
+      row = [lang, system, str(iv.num_seeds.get(system, 1))]
+      for cell in cells:
+        row += [_fmt_interval(cell), _fmt_spread(cell and cell.seeds),
+                _fmt_difference(cell and cell.delta, with_p=True),
+                _fmt_spread(cell and cell.delta_seeds, signed=True)]
+      rows.append(tuple(row))
+  blocks.append(doc.Table(tuple(headers), tuple(rows)))
+  if iv.pairs:
+    blocks.append(doc.Heading("Model vs model", level=3))
+    pair_rows = []
+    for lang in comp.languages:
+      for a, b in iv.pairs:
+        name = intervals_lib.pair_name(a, b)
+        diffs = [iv.pair_deltas[lang][m][name] for m in intervals_lib.METRICS]
+        if all(d is None for d in diffs):
+          continue
+        pair_rows.append((lang, name, *(_fmt_difference(d, with_p=True)
+                                        for d in diffs)))
+    for bucket in comparison_lib.BUCKETS:
+      for a, b in iv.pairs:
+        name = intervals_lib.pair_name(a, b)
+        diffs = [iv.bucket_pairs[bucket][m][name]
+                 for m in intervals_lib.METRICS]
+        if any(d is not None for d in diffs):
+          pair_rows.append((f"{bucket} (mean)", name,
+                            *(_fmt_difference(d, with_p=True)
+                              for d in diffs)))
+    blocks.append(doc.Table(("language", "difference", "ΔBLEU", "ΔchrF++"),
+                            tuple(pair_rows)))
+  blocks.append(doc.Heading("Buckets", level=3))
+  bucket_rows = []
+  for system in iv.systems:
+    for bucket in comparison_lib.BUCKETS:
+      if not iv.bucket_languages[bucket]:
+        continue
+      cells = [iv.buckets[system][bucket][m] for m in intervals_lib.METRICS]
+      row = [system, bucket, str(len(iv.bucket_languages[bucket]))]
+      for cell in cells:
+        row += [_fmt_interval(cell), _fmt_spread(cell.seeds),
+                _fmt_difference(cell.delta, with_p=True),
+                _fmt_spread(cell.delta_seeds, signed=True)]
+      bucket_rows.append(tuple(row))
+  headers = ["system", "bucket", "languages"]
+  for metric in intervals_lib.METRICS:
+    name = comparison_lib.METRICS[metric]
+    headers += [f"mean {name}", f"{name} seeds", f"mean Δ{name}",
+                f"Δ{name} seeds"]
+  blocks.append(doc.Table(tuple(headers), tuple(bucket_rows)))
+  return blocks + _problem_blocks(iv.problems)
+
+
+def _problem_blocks(problems: Sequence[str]) -> list[doc.Block]:
+  if not problems:
+    return []
+  return [doc.Paragraph("Without intervals:"), doc.Bullets(tuple(problems))]
+
+
+def _source_reliance_blocks(comp, rel: reliance_lib.SourceRelianceComparison
+                            | None) -> list[doc.Block]:
+  if rel is None or not rel.any_log:
+    return []
+  blocks: list[doc.Block] = [
+      doc.Heading("Source reliance"),
+      doc.Paragraph(
+          "The dev cross-entropy with each source replaced by another "
+          "pair's source minus the true one, in nats per target "
+          "token, from the last dev evaluation in each training log: how "
+          "much the model uses its input. A model that translates loses "
+          "several nats; one that ignores its input and only models "
+          "English shows ~0.")]
+  headers = ["language", "bucket", "baseline", *rel.models]
+  rows = [(lang, comp.buckets[lang] or DASH, _fmt_ce(rel.baseline[lang]),
+           *(_fmt_ce(rel.values[m][lang]) for m in rel.models))
+          for lang in rel.languages]
+  blocks.append(doc.Table(tuple(headers), tuple(rows)))
+  if rel.without:
+    blocks += [doc.Paragraph("Without source reliance (– above):"),
+               doc.Bullets(tuple(f"{name}: {why}"
+                                 for name, why in rel.without.items()))]
+  return blocks
+
+
+def _examples_blocks(examples: Mapping[str, Sequence[examples_lib.Example]],
+                     runs: Sequence[examples_lib.RunOutputs], *, count: int
+                     ) -> list[doc.Block]:
+  if count <= 0:
+    return []
+  blocks: list[doc.Block] = [
+      doc.Heading("Examples"),
+      doc.Paragraph(
+          f"The first {count} test sentences of each language: source, "
+          "reference and each system's output (a model given with several "
+          "seeds: its first seed). – = no usable output.")]
+  for lang, items in examples.items():
+    labels = list(items[0].hypotheses) if items else []
+    blocks.append(doc.Heading(lang, level=3))
+    blocks.append(doc.Table(
+        ("#", "source", "reference", *labels),
+        tuple((str(i), e.source, e.reference,
+               *(DASH if e.hypotheses[l] is None else e.hypotheses[l]
+                 for l in labels)) for i, e in enumerate(items, start=1)),
+        text=True))
+  items = [f"{run.label}: {run.missing}" for run in runs if run.missing]
+  items += [f"{run.label}, {lang}: {why}" for run in runs
+            for lang, why in run.problems.items()]
+  if not examples:
+    blocks.append(doc.Paragraph("No run has usable hypotheses."))
+  if items:
+    blocks += [doc.Paragraph("Runs and languages without usable hypotheses "
+                             "(no examples, no intervals):"),
+               doc.Bullets(tuple(items))]
+  return blocks
+
+
 def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                  logs: Mapping[str, pathlib.Path],
                  thresholds: Sequence[float],
@@ -332,8 +533,15 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                  router: Mapping[str, Sequence[
                      training_logs.RouterPoint]] | None = None,
                  router_png: bytes | None = None,
-                 dev_ce: dev_ce_lib.DevCeComparison | None = None
-                 ) -> list[doc.Block]:
+                 dev_ce: dev_ce_lib.DevCeComparison | None = None,
+                 intervals: intervals_lib.Intervals | None = None,
+                 num_seeds: Mapping[str, int] | None = None,
+                 reliance: reliance_lib.SourceRelianceComparison
+                 | None = None,
+                 examples: Mapping[str, Sequence[examples_lib.Example]]
+                 | None = None,
+                 runs: Sequence[examples_lib.RunOutputs] = (),
+                 example_count: int = 0) -> list[doc.Block]:
   """The report's content, shared by the Markdown and HTML renderings."""
   metric = comp.metric_name
   return [
@@ -353,11 +561,18 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                     "every model (and baseline, if any)."),
       _averages_table(comp),
       doc.Heading(f"Per-language {metric} and Δ{metric}"),
-      _language_table(comp),
+      *([doc.Paragraph(f"± = 95% bootstrap interval, * = Δ{metric} "
+                       f"significant at p < {intervals.alpha:g} (see "
+                       "Confidence intervals).")]
+        if intervals is not None and intervals.available else []),
+      _language_table(comp, intervals, num_seeds),
+      *_interval_blocks(comp, intervals),
       *_dev_ce_blocks(comp, dev_ce),
+      *_source_reliance_blocks(comp, reliance),
       *_gaps_blocks(comp),
       *_training_blocks(logs, thresholds),
       *_router_blocks(router or {}, router_png),
+      *_examples_blocks(examples or {}, runs, count=example_count),
   ]
 
 
@@ -381,7 +596,13 @@ def _dev_ce_summary(dev: dev_ce_lib.DevCeComparison | None
   }
 
 
-def _summary(comp, dev: dev_ce_lib.DevCeComparison | None = None
+def _summary(comp, dev: dev_ce_lib.DevCeComparison | None = None, *,
+             groups: Sequence[seeds_lib.ModelGroup] = (),
+             intervals: intervals_lib.Intervals | None = None,
+             reliance: reliance_lib.SourceRelianceComparison | None = None,
+             examples: Mapping[str, Sequence[examples_lib.Example]]
+             | None = None,
+             runs: Sequence[examples_lib.RunOutputs] = ()
              ) -> dict[str, Any]:
   return {
       "languages": list(comp.languages),
@@ -393,7 +614,32 @@ def _summary(comp, dev: dev_ce_lib.DevCeComparison | None = None
                    for name, avg in comp.averages.items()},
       "notes": list(comp.notes),
       "dev_ce": _dev_ce_summary(dev),
+      "num_seeds": {g.name: g.num_seeds for g in groups},
+      "seeds": {g.name: list(g.seeds) for g in groups},
+      "intervals": intervals.to_dict() if intervals is not None else None,
+      "source_reliance": (reliance.to_dict() if reliance is not None
+                          else None),
+      "examples": {lang: [e.to_dict() for e in items]
+                   for lang, items in (examples or {}).items()},
+      "hypotheses": {run.label: {
+          "dir": None if run.hypotheses_dir is None
+          else str(run.hypotheses_dir),
+          "languages": sorted(run.languages), "missing": run.missing,
+          "problems": dict(run.problems)} for run in runs},
   }
+
+
+def strict_json(value: Any) -> Any:
+  """``value`` with every non-finite float (NaN, ±inf) replaced by None."""
+  if isinstance(value, float):
+    return value if math.isfinite(value) else None
+  if isinstance(value, Mapping):
+    return {k: strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json(v) for v in value]
+  if isinstance(value, np.generic):
+    return strict_json(value.item())
+  return value
 
 
 def find_training_logs(models: Sequence[results.EvalResult],
@@ -433,6 +679,76 @@ def runs_dev_ce(runs: Sequence[results.EvalResult],
   return out
 
 
+def model_pairs(groups: Sequence[seeds_lib.ModelGroup]
+                ) -> list[tuple[str, str]]:
+  """(system, reference) pairs compared model vs model.
+
+  Every MoE model (experts per layer > 0, from :func:`model_facts`) minus
+  every dense one; without such a pair, every later model minus the first.
+  """
+  experts = {g.name: model_facts(g.merged).experts for g in groups}
+  moe = [n for n, e in experts.items() if e]
+  dense = [n for n, e in experts.items() if e == 0]
+  pairs = [(m, d) for m in moe for d in dense]
+  if not pairs and len(groups) > 1:
+    pairs = [(g.name, groups[0].name) for g in groups[1:]]
+  return pairs
+
+
+def load_outputs(groups: Sequence[seeds_lib.ModelGroup],
+                 baselines: Sequence[results.EvalResult], *,
+                 baseline_paths: Sequence[pathlib.Path | None] = (),
+                 corpus_dir: str | pathlib.Path | None = None,
+                 hypotheses_dirs: Mapping[str, str] | None = None
+                 ) -> tuple[dict[str, list[examples_lib.RunOutputs]],
+                            list[examples_lib.RunOutputs]]:
+  """(model -> one RunOutputs per seed, one RunOutputs per baseline).
+
+  Raises:
+    ValueError: ``hypotheses_dirs`` names an unknown run or a model with
+      several seeds (give those their own metadata.hypotheses_dir).
+  """
+  explicit = dict(hypotheses_dirs or {})
+  names = {g.name: g for g in groups}
+  for name in explicit:
+    if name in names and names[name].num_seeds > 1:
+      raise ValueError(f"--hypotheses_dirs: {name} has "
+                       f"{names[name].num_seeds} seeds; one directory cannot "
+                       "hold them all")
+  unknown = set(explicit) - set(names) - {b.model for b in baselines}
+  if unknown:
+    raise ValueError(f"--hypotheses_dirs names unknown runs: "
+                     f"{sorted(unknown)}")
+  group_outputs = {
+      g.name: [examples_lib.load_run_outputs(
+          run, label=g.run_label(i), eval_path=g.paths[i],
+          corpus_dir=corpus_dir, hypotheses_dir=explicit.get(g.name))
+               for i, run in enumerate(g.runs)] for g in groups}
+  paths = list(baseline_paths) or [None] * len(baselines)
+  baseline_outputs = [examples_lib.load_run_outputs(
+      b, label=b.model, eval_path=path, corpus_dir=corpus_dir,
+      hypotheses_dir=explicit.get(b.model))
+                      for b, path in zip(baselines, paths)]
+  return group_outputs, baseline_outputs
+
+
+def _language_examples(comp, groups, group_outputs, baselines,
+                       baseline_outputs, count: int
+                       ) -> dict[str, list[examples_lib.Example]]:
+  """Examples per language: each model's first run, then the baseline."""
+  owners = dev_ce_lib.baseline_owners(baselines)
+  by_name = {b.label: b for b in baseline_outputs}
+  out = {}
+  for lang in comp.languages:
+    runs = [group_outputs[g.name][0] for g in groups]
+    if lang in owners:
+      runs.append(dataclasses.replace(by_name[owners[lang]],
+                                      label=comparison_lib.BASELINE_NAME))
+    out.update(examples_lib.build_examples(runs, languages=[lang],
+                                           count=count))
+  return out
+
+
 def write_report(output_dir: str | pathlib.Path, *,
                  models: Sequence[results.EvalResult],
                  baselines: Sequence[results.EvalResult] = (),
@@ -443,7 +759,15 @@ def write_report(output_dir: str | pathlib.Path, *,
                  trend_frac: float = 0.5,
                  inputs: Sequence[str] = (),
                  title: str = "m4moe: multilingual vs bilingual",
-                 metric: str = "bleu") -> ReportFiles:
+                 metric: str = "bleu",
+                 model_paths: Sequence[pathlib.Path | None] = (),
+                 baseline_paths: Sequence[pathlib.Path | None] = (),
+                 corpus_dir: str | pathlib.Path | None = None,
+                 examples: int = 10,
+                 hypotheses_dirs: Mapping[str, str] | None = None,
+                 bootstrap_samples: int = significance.DEFAULT_SAMPLES,
+                 bootstrap_seed: int = significance.DEFAULT_SEED
+                 ) -> ReportFiles:
   """Builds the comparison, draws the figure and writes every file.
 
   ``metric`` is the compared score: "bleu" or "chrf" (chrF++). The models'
@@ -451,20 +775,61 @@ def write_report(output_dir: str | pathlib.Path, *,
   metrics.jsonl; the baselines' are their metadata.model_dir's (a baseline
   without one has no dev CE, which the report lists).
 
+  Several ``models`` with one name are seeds of one model
+  (:mod:`m4moe.eval.seeds`): the tables use their seed means; the training
+  log sections use the first seed's run. Decoded test sentences
+  (:mod:`m4moe.eval.examples`: ``hypotheses_dirs`` {run name: dir}, else
+  metadata.hypotheses_dir, else ``<eval JSON dir>/<model>/`` from
+  ``model_paths``/``baseline_paths``, parallel to ``models``/``baselines``;
+  test sentences from ``corpus_dir``, else metadata.corpus_dir) give the
+  first ``examples`` sentences per language (0: none) and, with
+  ``bootstrap_samples`` > 0, the 95% intervals and significance of
+  :mod:`m4moe.eval.intervals`.
+
   Raises:
     ValueError: invalid comparison inputs, unknown models in
-      ``training_log_paths``, or two baselines covering one language.
+      ``training_log_paths`` or ``hypotheses_dirs``, two baselines covering
+      one language, one seed of a model given twice, or paths lists of the
+      wrong length.
     FileNotFoundError: a log in ``training_log_paths`` does not exist.
   """
   output_dir = pathlib.Path(output_dir)
+  if baseline_paths and len(baseline_paths) != len(baselines):
+    raise ValueError(f"{len(baseline_paths)} baseline paths for "
+                     f"{len(baselines)} baselines")
+  if bootstrap_samples < 0 or bootstrap_samples == 1:
+    raise ValueError(f"--bootstrap_samples={bootstrap_samples}: use 0 (no "
+                     "intervals) or at least 2")
+  groups = seeds_lib.group_models(models, model_paths)
+  merged = [g.merged for g in groups]
   output_dir.mkdir(parents=True, exist_ok=True)
-  comp = comparison_lib.compare(models, baselines, bounds=bounds,
+  comp = comparison_lib.compare(merged, baselines, bounds=bounds,
                                 metric=metric,
                                 train_sizes=train_sizes)
-  logs = find_training_logs(models, training_log_paths or {})
+  logs = find_training_logs(merged, training_log_paths or {})
+  baseline_logs = find_training_logs(baselines, {})
   dev = dev_ce_lib.compare_dev_ce(
-      comp, model_runs=runs_dev_ce(models, logs), baselines=baselines,
-      baseline_runs=runs_dev_ce(baselines, find_training_logs(baselines, {})))
+      comp, model_runs=runs_dev_ce(merged, logs), baselines=baselines,
+      baseline_runs=runs_dev_ce(baselines, baseline_logs))
+  reliance = reliance_lib.compare_source_reliance(
+      comp.languages, models=comp.models, model_logs=logs,
+      baselines=baselines, baseline_logs=baseline_logs)
+  group_outputs, baseline_outputs = load_outputs(
+      groups, baselines, baseline_paths=baseline_paths,
+      corpus_dir=corpus_dir, hypotheses_dirs=hypotheses_dirs)
+  owners = dev_ce_lib.baseline_owners(baselines)
+  by_label = {o.label: o for o in baseline_outputs}
+  intervals = None
+  if bootstrap_samples:
+    intervals = intervals_lib.compute_intervals(
+        comp, groups=groups, group_outputs=group_outputs,
+        baseline_outputs={l: by_label[o] for l, o in owners.items()},
+        baselines=baselines, pairs=model_pairs(groups),
+        n_samples=bootstrap_samples, seed=bootstrap_seed)
+  example_sets = _language_examples(comp, groups, group_outputs, baselines,
+                                    baseline_outputs, examples)
+  all_runs = [*(o for g in groups for o in group_outputs[g.name]),
+              *baseline_outputs]
   figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)
   png_path = output_dir / FIGURE_FILE
   figure.save_png(png_path)
@@ -475,17 +840,24 @@ def write_report(output_dir: str | pathlib.Path, *,
     router_fig = figure_lib.router_figure(router)
     router_fig.savefig(str(router_path), format="png", dpi=120)
     router_png = router_path.read_bytes()
-  blocks = build_blocks(comp, models, figure=figure,
+  blocks = build_blocks(comp, merged, figure=figure,
                         png=png_path.read_bytes(), logs=logs,
                         thresholds=ce_thresholds,
                         inputs=inputs or [m.model for m in models],
-                        router=router, router_png=router_png, dev_ce=dev)
+                        router=router, router_png=router_png, dev_ce=dev,
+                        intervals=intervals,
+                        num_seeds={g.name: g.num_seeds for g in groups},
+                        reliance=reliance, examples=example_sets,
+                        runs=all_runs, example_count=examples)
   md_path, html_path = output_dir / "report.md", output_dir / "report.html"
   md_path.write_text(doc.to_markdown(title, blocks), encoding="utf-8")
   html_path.write_text(doc.to_html(title, blocks), encoding="utf-8")
   summary_path = output_dir / "summary.json"
-  summary_path.write_text(json.dumps(_summary(comp, dev), indent=1,
-                                     ensure_ascii=False) + "\n",
+  summary = strict_json(_summary(
+      comp, dev, groups=groups, intervals=intervals, reliance=reliance,
+      examples=example_sets, runs=all_runs))
+  summary_path.write_text(json.dumps(summary, indent=1, ensure_ascii=False,
+                                     allow_nan=False) + "\n",
                           encoding="utf-8")
   return ReportFiles(markdown=md_path, html=html_path, png=png_path,
                      summary=summary_path, figure=figure, comparison=comp)

@@ -9,7 +9,9 @@ or absent and it has a ``step``. Fields used when present: ``step``,
 ``RouterStats.as_dict()`` of the logged step: ``load_cv``,
 ``dropped_first``, ``dropped_second``, ``aux_loss``, ...). Eval records
 (``kind`` = ``eval``) give the per-language teacher-forced dev
-cross-entropy ``dev_ce`` ({lang: nats per target token}).
+cross-entropy ``dev_ce`` ({lang: nats per target token}) and, from logs
+written since the trainer measures it, ``source_reliance`` ({lang: dev CE
+with each source replaced by another pair's minus the true dev CE}).
 """
 
 from __future__ import annotations
@@ -203,6 +205,45 @@ def final_dev_ce(records: Sequence[dict]) -> dict[str, float]:
     if values:
       return values
   return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceReliance:
+  """Source reliance of a run's last dev evaluation.
+
+  Attributes:
+    step: the step of that evaluation (None if the log has none).
+    values: language -> gap in nats per target token (non-numeric values
+      skipped).
+    logged: whether that record has the ``source_reliance`` key at all
+      (older logs do not).
+  """
+
+  step: int | None
+  values: dict[str, float]
+  logged: bool
+
+
+def final_source_reliance(records: Sequence[dict]) -> SourceReliance:
+  """``source_reliance`` of the last ``eval`` record with a ``dev_ce``.
+
+  The same evaluation :func:`final_dev_ce` reads, so both describe one
+  checkpoint.
+  """
+  for record in reversed(records):
+    dev_ce = record.get("dev_ce")
+    if record.get("kind") != "eval" or not isinstance(dev_ce, dict):
+      continue
+    if not any(_num(v) is not None for v in dev_ce.values()):
+      continue
+    step = _num(record.get("step"))
+    reliance = record.get("source_reliance")
+    logged = isinstance(reliance, dict)
+    values = {lang: float(v) for lang, v in (reliance or {}).items()
+              if _num(v) is not None} if logged else {}
+    return SourceReliance(step=None if step is None else int(step),
+                          values=values, logged=logged)
+  return SourceReliance(step=None, values={}, logged=False)
 
 
 def sample_points(points: Sequence[RouterPoint], *,

@@ -9,6 +9,15 @@ Example:
 
 Writes delta_bleu.png, report.md, report.html (self-contained) and
 summary.json to --output_dir and prints report.md's averages section.
+
+Several --models files with the same model name are seeds of one model:
+the report shows their mean and spread (num_seeds in summary.json). From
+each run's decoded test sentences (metadata.hypotheses_dir of its eval
+JSON, written by m4moe-eval --hypotheses_dir; else <json dir>/<model>/;
+or --hypotheses_dirs) and the corpus's test sentences (--corpus_dir, else
+metadata.corpus_dir) it adds the first --examples sentences per language
+and 95% bootstrap intervals with paired significance (sacrebleu,
+--bootstrap_samples; 0 disables). See m4moe.eval.report.
 """
 
 from __future__ import annotations
@@ -41,7 +50,20 @@ _CE_THRESHOLDS = flags.DEFINE_list(
     "Training cross-entropy thresholds for the tokens-to-reach table.")
 _CORPUS_DIR = flags.DEFINE_string(
     "corpus_dir", None, "A built corpus whose training sizes override the "
-    "eval JSONs' train_size.")
+    "eval JSONs' train_size and whose test/<lang>.tsv give the examples' "
+    "sources and references (default for those: metadata.corpus_dir).")
+_EXAMPLES = flags.DEFINE_integer(
+    "examples", 10, "Test sentences shown per language (0 = none).",
+    lower_bound=0)
+_HYPOTHESES_DIRS = flags.DEFINE_list(
+    "hypotheses_dirs", [], "RUN=DIR pairs: <lang>.hyp files of a model or "
+    "baseline (default: metadata.hypotheses_dir, else <json dir>/<model>/).")
+_BOOTSTRAP_SAMPLES = flags.DEFINE_integer(
+    "bootstrap_samples", 1000, "sacrebleu bootstrap resamples for the 95% "
+    "intervals and paired tests (0 = no intervals).", lower_bound=0)
+_BOOTSTRAP_SEED = flags.DEFINE_integer(
+    "bootstrap_seed", 12345, "Base seed of the resampling (each language "
+    "uses a seed derived from it).")
 _TREND_FRAC = flags.DEFINE_float("trend_frac", 0.5,
                                  "LOWESS neighbourhood fraction in (0, 1].")
 _METRIC = flags.DEFINE_enum(
@@ -72,14 +94,18 @@ def _bounds() -> comparison.BucketBounds | None:
                          f"HIGH_MIN,LOW_MAX integers ({e})") from e
 
 
-def _training_logs() -> dict[str, str]:
+def _pairs(values: list[str], flag: str) -> dict[str, str]:
   out = {}
-  for item in _TRAINING_LOGS.value:
+  for item in values:
     model, sep, path = item.partition("=")
     if not sep:
-      raise app.UsageError(f"--training_logs: {item!r} is not MODEL=PATH")
+      raise app.UsageError(f"--{flag}: {item!r} is not NAME=PATH")
     out[model] = path
   return out
+
+
+def _training_logs() -> dict[str, str]:
+  return _pairs(_TRAINING_LOGS.value, "training_logs")
 
 
 def _round(value: float | None) -> float | None:
@@ -109,7 +135,12 @@ def main(argv):
         training_log_paths=_training_logs(), ce_thresholds=thresholds,
         trend_frac=_TREND_FRAC.value,
         inputs=[str(p) for p in model_paths + baseline_paths],
-        title=_TITLE.value, metric=_METRIC.value)
+        title=_TITLE.value, metric=_METRIC.value, model_paths=model_paths,
+        baseline_paths=baseline_paths, corpus_dir=_CORPUS_DIR.value,
+        examples=_EXAMPLES.value,
+        hypotheses_dirs=_pairs(_HYPOTHESES_DIRS.value, "hypotheses_dirs"),
+        bootstrap_samples=_BOOTSTRAP_SAMPLES.value,
+        bootstrap_seed=_BOOTSTRAP_SEED.value)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
   comp = files.comparison

@@ -8,7 +8,34 @@
 * ``report.md`` -- every table below, the smoother and bucket bounds;
 * ``report.html`` -- the same, self-contained (figure embedded as base64);
 * ``summary.json`` -- the averages and exclusions, machine-readable; under
-  ``dev_ce`` the dev cross-entropy comparison (None when unavailable).
+  ``dev_ce`` the dev cross-entropy comparison (None when unavailable);
+  ``num_seeds``/``seeds`` per model; ``intervals`` (every 95% interval,
+  p-value and seed spread, :meth:`m4moe.eval.intervals.Intervals.to_dict`; None with
+  ``bootstrap_samples=0``); ``source_reliance`` (nats/token, None cells
+  where unavailable); ``examples`` (language -> [{source, reference,
+  hypotheses: {run: text or null}}]); ``hypotheses`` (per run: directory,
+  usable languages, why others are not). Strict JSON: NaN/inf become null.
+
+Several models with one name are seeds of one model (:mod:`.seeds`): every
+table uses the seed mean. From the runs' decoded test sentences
+(:mod:`.examples`; each eval JSON's metadata.hypotheses_dir, else ``<eval
+JSON dir>/<model>/``; only languages whose ``.hyp`` has ``num_segments``
+lines and rescores to the eval JSON's BLEU) the report adds:
+
+* Confidence intervals and significance (:mod:`.intervals`, sacrebleu's
+  bootstrap via :mod:`.significance`): every BLEU and chrF++ per language
+  ± its 95% interval, Δ vs the baseline with sacrebleu's paired-bootstrap
+  p-value (* = p < 0.05), the spread over seeds (min–max, 95% t-interval),
+  model − model (MoE − dense) per language and bucket, and bucket means
+  with intervals from the same resamples. The per-language table's cells
+  carry the interval and mark too.
+* Examples: per language, the first N test sentences with the source, the
+  reference and every model's (first seed's) and the baseline's output;
+  runs and languages without usable hypotheses are listed.
+
+Source reliance (:mod:`.source_reliance`): per language and model (and
+baseline), the last dev evaluation's dev CE with wrong sources minus the
+true dev CE; logs without it show – and are listed.
 
 Tables: model table in the style of SPEC Table 1 (params, E, L, total
 experts, avg BLEU, avg ΔBLEU); averages over all/high/mid/low buckets;
@@ -20,6 +47,9 @@ baseline have one); training cost like Table 3 and tokens to reach
 cross-entropy thresholds like Table 2 and router statistics over training
 (load balance, dropped tokens, aux loss; from training metrics JSONL logs).
 Languages left out of averages, and why, are always listed.
+Section order: figure, models, buckets, per-language scores, confidence
+intervals, dev CE, source reliance, exclusions, training cost, router
+statistics, examples.
 """
 
 from __future__ import annotations
@@ -430,7 +460,7 @@ def _interval_blocks(comp, iv: intervals_lib.Intervals | None
           continue
         pair_rows.append((lang, name, *(_fmt_difference(d, with_p=True)
                                         for d in diffs)))
-    for bucket in comparison_lib.BUCKETS:
+    for bucket in _multi_language_buckets(iv):
       for a, b in iv.pairs:
         name = intervals_lib.pair_name(a, b)
         diffs = [iv.bucket_pairs[bucket][m][name]
@@ -441,12 +471,9 @@ def _interval_blocks(comp, iv: intervals_lib.Intervals | None
                               for d in diffs)))
     blocks.append(doc.Table(("language", "difference", "ΔBLEU", "ΔchrF++"),
                             tuple(pair_rows)))
-  blocks.append(doc.Heading("Buckets", level=3))
   bucket_rows = []
   for system in iv.systems:
-    for bucket in comparison_lib.BUCKETS:
-      if not iv.bucket_languages[bucket]:
-        continue
+    for bucket in _multi_language_buckets(iv):
       cells = [iv.buckets[system][bucket][m] for m in intervals_lib.METRICS]
       row = [system, bucket, str(len(iv.bucket_languages[bucket]))]
       for cell in cells:
@@ -459,8 +486,18 @@ def _interval_blocks(comp, iv: intervals_lib.Intervals | None
     name = comparison_lib.METRICS[metric]
     headers += [f"mean {name}", f"{name} seeds", f"mean Δ{name}",
                 f"Δ{name} seeds"]
-  blocks.append(doc.Table(tuple(headers), tuple(bucket_rows)))
+  if bucket_rows:
+    blocks += [doc.Heading("Buckets", level=3),
+               doc.Paragraph("Means over the bucket's averaged languages "
+                             "(buckets of one language are its row above; "
+                             "summary.json has every bucket)."),
+               doc.Table(tuple(headers), tuple(bucket_rows))]
   return blocks + _problem_blocks(iv.problems)
+
+
+def _multi_language_buckets(iv: intervals_lib.Intervals) -> list[str]:
+  return [b for b in comparison_lib.BUCKETS
+          if len(iv.bucket_languages[b]) >= 2]
 
 
 def _problem_blocks(problems: Sequence[str]) -> list[doc.Block]:
@@ -732,17 +769,31 @@ def load_outputs(groups: Sequence[seeds_lib.ModelGroup],
   return group_outputs, baseline_outputs
 
 
-def _language_examples(comp, groups, group_outputs, baselines,
-                       baseline_outputs, count: int
-                       ) -> dict[str, list[examples_lib.Example]]:
+def _baseline_outputs_by_language(
+    baselines: Sequence[results.EvalResult],
+    outputs: Sequence[examples_lib.RunOutputs]
+) -> dict[str, examples_lib.RunOutputs]:
+  """language -> outputs of the (one) baseline covering it."""
+  out: dict[str, examples_lib.RunOutputs] = {}
+  for result, run in zip(baselines, outputs):
+    for lang in result.languages:
+      out.setdefault(lang, run)
+  return out
+
+
+def _language_examples(comp: comparison_lib.Comparison,
+                       groups: Sequence[seeds_lib.ModelGroup],
+                       group_outputs: Mapping[str, Sequence[
+                           examples_lib.RunOutputs]],
+                       baseline_by_lang: Mapping[str,
+                                                 examples_lib.RunOutputs],
+                       count: int) -> dict[str, list[examples_lib.Example]]:
   """Examples per language: each model's first run, then the baseline."""
-  owners = dev_ce_lib.baseline_owners(baselines)
-  by_name = {b.label: b for b in baseline_outputs}
   out = {}
   for lang in comp.languages:
     runs = [group_outputs[g.name][0] for g in groups]
-    if lang in owners:
-      runs.append(dataclasses.replace(by_name[owners[lang]],
+    if lang in baseline_by_lang:
+      runs.append(dataclasses.replace(baseline_by_lang[lang],
                                       label=comparison_lib.BASELINE_NAME))
     out.update(examples_lib.build_examples(runs, languages=[lang],
                                            count=count))
@@ -817,17 +868,17 @@ def write_report(output_dir: str | pathlib.Path, *,
   group_outputs, baseline_outputs = load_outputs(
       groups, baselines, baseline_paths=baseline_paths,
       corpus_dir=corpus_dir, hypotheses_dirs=hypotheses_dirs)
-  owners = dev_ce_lib.baseline_owners(baselines)
-  by_label = {o.label: o for o in baseline_outputs}
+  baseline_by_lang = _baseline_outputs_by_language(baselines,
+                                                   baseline_outputs)
   intervals = None
   if bootstrap_samples:
     intervals = intervals_lib.compute_intervals(
         comp, groups=groups, group_outputs=group_outputs,
-        baseline_outputs={l: by_label[o] for l, o in owners.items()},
+        baseline_outputs=baseline_by_lang,
         baselines=baselines, pairs=model_pairs(groups),
         n_samples=bootstrap_samples, seed=bootstrap_seed)
-  example_sets = _language_examples(comp, groups, group_outputs, baselines,
-                                    baseline_outputs, examples)
+  example_sets = _language_examples(comp, groups, group_outputs,
+                                    baseline_by_lang, examples)
   all_runs = [*(o for g in groups for o in group_outputs[g.name]),
               *baseline_outputs]
   figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)

@@ -25,8 +25,8 @@ from m4moe.eval import dev_ce as dev_ce_lib
 from m4moe.eval import results
 from m4moe.eval import training_logs
 
-NO_KEY = ("its last dev evaluation has no source_reliance (logged by "
-          "trainers since issue 12)")
+NO_KEY = ("its last dev evaluation has no source_reliance (a log from "
+          "before the trainer measured it)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -321,6 +321,8 @@ def test_report_aggregates_seeds_with_intervals_and_pairs(tmp_path):
   assert "moe BLEU (mean of 3 seeds)" in md
   assert "## Confidence intervals and significance" in md
   assert "| de | moe − dense |" in md
+  assert "| all (mean) | moe − dense |" in md
+  assert "| moe | all | 2 |" in md and "### Buckets" in md
   # Examples show the first seed's outputs.
   assert summary["examples"]["de"][0]["hypotheses"]["moe (seed 1)"] == (
       refs[0])

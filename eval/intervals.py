@@ -279,6 +279,19 @@ def compute_intervals(comp: comparison_lib.Comparison, *,
             lang_data.outputs[name], lang_data.outputs[BASELINE])):
           problems.append(f"{lang}: {name} and its baseline decoded "
                           "different test sentences: no paired Δ")
+  for group in groups:
+    lacking = [l for l in comp.languages
+               if _ok(group.merged.languages.get(l), "bleu") is not None
+               and group.name not in data[l].resamples]
+    if lacking:
+      problems.append(f"{group.name}: no usable hypotheses on "
+                      f"{', '.join(lacking)} (see Examples)")
+  lacking = [l for l in comp.languages
+             if _ok(baseline_scores.get(l), "bleu") is not None
+             and BASELINE not in data[l].resamples]
+  if lacking:
+    problems.append(f"{BASELINE}: no usable hypotheses on "
+                    f"{', '.join(lacking)} (see Examples)")
   buckets, bucket_pairs, bucket_langs = _buckets(
       comp, groups=groups, data=data, pairs=pairs, alpha=alpha,
       baseline_scores=baseline_scores, problems=problems)

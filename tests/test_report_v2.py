@@ -147,6 +147,7 @@ def test_hypotheses_that_do_not_match_the_eval_are_listed(tmp_path):
   assert "- changed, de: rescoring" in md
   assert "the corpus or the hypotheses changed since m4moe-eval" in md
   assert "No run has usable hypotheses." in md
+  assert "- moe: no usable hypotheses on de (see Examples)" in md
 
 
 def _reliance_log(model_dir, records):
@@ -348,3 +349,32 @@ def test_summary_is_strict_json(tmp_path):
   assert report.strict_json({"a": [float("nan"), np.float32(1.5),
                                    float("inf")]}) == {"a": [None, 1.5,
                                                              None]}
+
+
+def test_cli_flags(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  corpus = _write_corpus(tmp_path / "corpus", {"de": DE_TEST})
+  moe, _ = _eval_json(tmp_path, "moe", {"de": ["Open file", "Save", "x"]},
+                      corpus=corpus, hyp_dir=None)
+  (tmp_path / "elsewhere").mkdir()
+  (tmp_path / "elsewhere" / "de.hyp").write_text("Open file\nSave\nx\n")
+  base, _ = _eval_json(tmp_path, "bi-de", {"de": ["File", "All", "Page"]},
+                       corpus=corpus, kind="bilingual")
+  def run(*flags):
+    return subprocess.run(
+        [sys.executable, "-m", "m4moe.cli.report", f"--models={moe}",
+         f"--baselines={base}", f"--output_dir={tmp_path / 'out'}",
+         f"--corpus_dir={corpus}", *flags], capture_output=True, text=True,
+        check=False)
+  done = run("--examples=1", "--bootstrap_samples=50",
+             f"--hypotheses_dirs=moe={tmp_path / 'elsewhere'}")
+  assert done.returncode == 0, done.stderr
+  summary = _strict_load(tmp_path / "out" / "summary.json")
+  assert summary["examples"]["de"] == [{
+      "source": "Datei öffnen", "reference": "Open the file",
+      "hypotheses": {"moe": "Open file", "bilingual baselines": "File"}}]
+  assert summary["intervals"]["n_samples"] == 50
+  bad = run("--hypotheses_dirs=nobody=/tmp")
+  assert bad.returncode != 0
+  assert "--hypotheses_dirs names unknown runs: ['nobody']" in bad.stderr

@@ -39,8 +39,8 @@ from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
-# A large finite negative score: -inf would turn 0 * -inf into NaN.
-NEG_INF = -1.0e9
+# A large finite negative score (-inf would turn 0 * -inf into NaN).
+from m4moe.numerics import NEG_INF
 
 StepFn = Callable[[tf.Tensor, Any, tf.Tensor], tuple[tf.Tensor, Any]]
 

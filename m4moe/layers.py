@@ -16,7 +16,8 @@ activation dtype (``float32`` or ``bfloat16``) where it is used. Layer norm
 statistics, attention softmax and output logits are computed in float32.
 
 Randomness is stateless: every call that may drop units takes
-``seed: <int32>[2] | None`` and derives sub-seeds with :func:`fold_seed`.
+``seed: <int32>[2] | None`` and derives sub-seeds with
+:func:`m4moe.numerics.fold_seed`.
 """
 
 from __future__ import annotations
@@ -28,25 +29,9 @@ import tensorflow as tf
 
 from m4moe import sharding as sharding_lib
 from m4moe.initializers import init_variable
-
-# Additive attention bias for disallowed (query, key) pairs; finite so that a
-# fully masked row (a padding query) gives a uniform softmax instead of NaN.
-NEG_INF = -1e9
-
-
-def fold_seed(seed: tf.Tensor | None, key: int) -> tf.Tensor | None:
-  """Sub-seed number ``key`` of ``seed`` (None stays None).
-
-  Args:
-    seed: <int32>[2] or None.
-    key: a small integer naming the consumer of the sub-seed.
-
-  Returns:
-    <int32>[2] = stateless_fold_in(seed, key), or None.
-  """
-  if seed is None:
-    return None
-  return tf.random.experimental.stateless_fold_in(seed, key)
+# NEG_INF is the additive attention bias of disallowed (query, key) pairs;
+# fold_seed is re-exported for the layers' callers (model.py).
+from m4moe.numerics import NEG_INF, fold_seed  # pylint: disable=unused-import
 
 
 def dropout(x: tf.Tensor, *, rate: float, training: bool,

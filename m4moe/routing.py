@@ -58,8 +58,7 @@ import tensorflow as tf
 from m4moe import initializers
 from m4moe import sharding as sharding_lib
 from m4moe.config import ModelConfig
-
-_NEG_INF = -1e9
+from m4moe.numerics import NEG_INF as _NEG_INF
 
 
 @dataclasses.dataclass(frozen=True)

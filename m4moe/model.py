@@ -42,6 +42,7 @@ from m4moe import layers
 from m4moe import sharding as sharding_lib
 from m4moe.config import ModelConfig
 from m4moe.moe_layer import MoeLayer
+from m4moe.training import remat as remat_lib
 
 _DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 _PACKING_KEYS = ("segment_ids", "positions")
@@ -195,8 +196,11 @@ class _Layer(tf.Module):
   """Shared pieces of encoder and decoder layers."""
 
   def __init__(self, *, config: ModelConfig, index: int, causal: bool,
-               name: str, sharding: sharding_lib.Sharding):
+               name: str, sharding: sharding_lib.Sharding, remat: bool):
     super().__init__(name=name)
+    # Recompute this layer's activations in the backward pass
+    # (:mod:`m4moe.training.remat`).
+    self.remat = remat
     self.dropout_rate = config.dropout_rate
     self.sharding = sharding
     with self.name_scope:
@@ -241,10 +245,12 @@ class EncoderLayer(_Layer):
 
   def __init__(self, *, config: ModelConfig, index: int,
                name: str = "encoder_layer",
-               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
+               remat: bool = False):
     super().__init__(config=config, index=index, causal=False, name=name,
-                     sharding=sharding)
+                     sharding=sharding, remat=remat)
 
+  @remat_lib.rematerializable
   def __call__(self, x: tf.Tensor, *, bias: tf.Tensor,
                padding_mask: tf.Tensor, training: bool,
                seed: tf.Tensor | None = None) -> tuple[tf.Tensor, Any]:
@@ -271,15 +277,17 @@ class DecoderLayer(_Layer):
 
   def __init__(self, *, config: ModelConfig, index: int,
                name: str = "decoder_layer",
-               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
+               remat: bool = False):
     super().__init__(config=config, index=index, causal=True, name=name,
-                     sharding=sharding)
+                     sharding=sharding, remat=remat)
     with self.name_scope:
       self.cross_attention_norm = layers.LayerNorm(
           d_model=config.d_model, name="cross_attention_norm")
       self.cross_attention = _attention(config, "cross_attention",
                                         self.sharding)
 
+  @remat_lib.rematerializable
   def __call__(self, x: tf.Tensor, *, self_bias: tf.Tensor,
                cross_keys: tf.Tensor, cross_values: tf.Tensor,
                cross_bias: tf.Tensor, padding_mask: tf.Tensor, training: bool,
@@ -353,11 +361,15 @@ class Transformer(tf.Module):
     share_target_embedding: reuse the target embedding table as the softmax
       weights (tied); otherwise a separate [M, V] projection is learned.
     name: module name.
+    sharding: GShard annotations for the layers (default: none).
+    remat: recompute each encoder/decoder layer's activations in the
+      backward pass (:mod:`m4moe.training.remat`).
   """
 
   def __init__(self, *, config: ModelConfig, name: str = "transformer",
                share_target_embedding: bool = False,
-               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
+               remat: bool = False):
     super().__init__(name=name)
     self.config = config
     self.dtype = _DTYPES[config.activation_dtype]
@@ -373,11 +385,11 @@ class Transformer(tf.Module):
           init_scale=c.init_scale, name="target_embedding")
       self.encoder_layers = [
           EncoderLayer(config=c, index=i, name=f"encoder_layer_{i}",
-                       sharding=sharding)
+                       sharding=sharding, remat=remat)
           for i in range(c.num_encoder_layers)]
       self.decoder_layers = [
           DecoderLayer(config=c, index=i, name=f"decoder_layer_{i}",
-                       sharding=sharding)
+                       sharding=sharding, remat=remat)
           for i in range(c.num_decoder_layers)]
       self.encoder_norm = layers.LayerNorm(d_model=c.d_model,
                                            name="encoder_norm")

@@ -39,6 +39,7 @@ from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
+from m4moe import interfaces
 # A large finite negative score (-inf would turn 0 * -inf into NaN).
 from m4moe.numerics import NEG_INF
 
@@ -339,11 +340,13 @@ def greedy_search(step_fn: StepFn, *, initial_cache: Any, batch_size: int,
                      batch_size=batch_size, config=config)
 
 
-def transformer_step_fn(model: Any, encoder_output: Any) -> StepFn:
+def transformer_step_fn(model: interfaces.TranslationModel,
+                        encoder_output: interfaces.Nest) -> StepFn:
   """Adapts ``Transformer.decode_step`` to the step-function signature.
 
   Args:
-    model: an ``m4moe.model.Transformer`` (anything with ``decode_step``).
+    model: an ``m4moe.model.Transformer`` (any
+      :class:`~m4moe.interfaces.TranslationModel`).
     encoder_output: its EncoderOutput, already tiled to B*K rows.
   """
   def step_fn(token_ids, cache, step):
@@ -352,7 +355,7 @@ def transformer_step_fn(model: Any, encoder_output: Any) -> StepFn:
   return step_fn
 
 
-def translate_ids(model: Any, inputs: tf.Tensor, *,
+def translate_ids(model: interfaces.TranslationModel, inputs: tf.Tensor, *,
                   config: BeamSearchConfig) -> BeamSearchOutput:
   """Encodes a source batch once and beam-searches the targets.
 
@@ -378,7 +381,8 @@ def translate_ids(model: Any, inputs: tf.Tensor, *,
                      initial_cache=cache, batch_size=batch, config=config)
 
 
-def teacher_forced_log_probs(model: Any, inputs: tf.Tensor,
+def teacher_forced_log_probs(model: interfaces.TrainableModel,
+                             inputs: tf.Tensor,
                              targets: tf.Tensor) -> tf.Tensor:
   """Summed log P(targets | inputs) from the uncached forward pass.
 
@@ -397,7 +401,8 @@ def teacher_forced_log_probs(model: Any, inputs: tf.Tensor,
   return tf.reduce_sum(picked * tf.cast(targets > 0, tf.float32), axis=1)
 
 
-def uncached_step_fn(model: Any, inputs: tf.Tensor) -> StepFn:
+def uncached_step_fn(model: interfaces.TrainableModel,
+                     inputs: tf.Tensor) -> StepFn:
   """Reference step function that recomputes everything at every step.
 
   Runs the full teacher-forced forward pass (encoder and decoder over all T
@@ -423,7 +428,8 @@ def uncached_step_fn(model: Any, inputs: tf.Tensor) -> StepFn:
   return step_fn
 
 
-def translate_ids_uncached(model: Any, inputs: tf.Tensor, *,
+def translate_ids_uncached(model: interfaces.TrainableModel,
+                           inputs: tf.Tensor, *,
                            config: BeamSearchConfig) -> BeamSearchOutput:
   """:func:`translate_ids` without any cache (see :func:`uncached_step_fn`)."""
   inputs = tf.convert_to_tensor(inputs, tf.int32)

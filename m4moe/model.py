@@ -16,10 +16,10 @@ Dimensions cheat sheet:
   M  d_model             N  attention heads     D  d_kv per head
   V  target vocabulary   L  decoding cache length (max decode length)
 
-Batches (see the team contract): ``inputs`` <int32>[B, Ls] and ``targets``
-<int32>[B, Lt] with 0 = padding; for packed rows also ``inputs_segment_ids``,
-``inputs_positions``, ``targets_segment_ids``, ``targets_positions``
-(segment id 0 = padding). Tokens attend only within their own segment; the
+Batches (:class:`m4moe.interfaces.ModelBatch`): ``inputs`` <int32>[B, Ls]
+and ``targets`` <int32>[B, Lt] with 0 = padding; for packed rows also
+``inputs_segment_ids``, ``inputs_positions``, ``targets_segment_ids``,
+``targets_positions`` (segment id 0 = padding). Tokens attend only within their own segment; the
 decoder input is the target shifted right within each segment, with start
 token 0 (T5 style).
 

@@ -1,10 +1,11 @@
 """Dispatch tokens to expert buffers and combine the expert outputs.
 
-Dimensions cheat sheet (letters of the package glossary, :mod:`m4moe`):
+Dimensions (letters of the glossary in :mod:`m4moe`):
 
-  G: groups, S: group size, E: experts, C: expert capacity,
-  M: model width, H: expert hidden width, K: expert choices per token,
-  T = G*S*K: choices, X: expert-homogeneous blocks, R: rows per block.
+  G: groups; S: group size; E: experts; C: expert capacity; M: model width;
+  H: expert hidden width; K: expert choices per token; T = G*S*K: choices;
+  X: expert-homogeneous blocks; R: rows per block; P: rows of a gathered
+  table (E*G*C buffer rows, or T sorted rows).
 
 Four dispatch paths with identical outputs and gradients, registered by name
 in :data:`DISPATCH_PATHS` with one signature (:class:`DispatchPath`:
@@ -138,7 +139,7 @@ def _token_slots(routing: RoutingResult, *,
 
 
 def _with_zero_row(rows: tf.Tensor) -> tf.Tensor:
-  """<dtype>[R + 1, M]: ``rows`` <dtype>[R, M] and a zero row at index R."""
+  """<dtype>[P + 1, M]: ``rows`` <dtype>[P, M] and a zero row at index P."""
   return tf.concat([rows, tf.zeros_like(rows[:1])], axis=0)
 
 
@@ -149,12 +150,12 @@ def _gather_dispatch(tokens: tf.Tensor, slot_rows: tf.Tensor,
 
   Args:
     tokens: <dtype>[N, M] token rows (N = G*S).
-    slot_rows: <int32>[R] token row each buffer row reads (N: zero row).
-    token_slots: <int32>[N, K] buffer rows of each token (R: dropped), the
+    slot_rows: <int32>[P] token row each buffer row reads (N: zero row).
+    token_slots: <int32>[N, K] buffer rows of each token (P: dropped), the
       inverse map.
 
   Returns:
-    <dtype>[R, M] buffer rows.
+    <dtype>[P, M] buffer rows.
   """
   def grad(d_rows):
     # Each token receives the gradients of its (at most K) buffer rows.
@@ -171,11 +172,11 @@ def _gather_combine(expert_rows: tf.Tensor, weights: tf.Tensor,
   """Weighted sum of each token's K expert-output rows; gather-only gradient.
 
   Args:
-    expert_rows: <dtype>[R, M] flattened expert outputs.
+    expert_rows: <dtype>[P, M] flattened expert outputs.
     weights: <dtype>[N, K] combine weights (differentiable: router grads).
-    token_slots: <int32>[N, K] buffer row of each choice (R: dropped).
-    slot_rows: <int32>[R] token of each buffer row (N: empty), the inverse.
-    slot_weights: <dtype>[R] ``weights`` of each buffer row's choice (0 for
+    token_slots: <int32>[N, K] buffer row of each choice (P: dropped).
+    slot_rows: <int32>[P] token of each buffer row (N: empty), the inverse.
+    slot_weights: <dtype>[P] ``weights`` of each buffer row's choice (0 for
       empty rows); a constant view of ``weights`` used by the gradient.
 
   Returns:

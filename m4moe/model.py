@@ -10,18 +10,18 @@ cross-attention to the encoder, then a feed-forward layer. Feed-forward layer
 branch and after the final layer norm; ``config.attention_dropout_rate`` to
 attention probabilities.
 
-Dimensions cheat sheet:
+Dimensions (letters of the glossary in :mod:`m4moe`):
 
-  B  batch size          Ls source length      Lt target length
-  M  d_model             N  attention heads     D  d_kv per head
-  V  target vocabulary   L  decoding cache length (max decode length)
+  B: batch rows; Ls: source length; Lt: target length; M: d_model;
+  A: attention heads; D: d_kv per head; V: target vocabulary size;
+  Ld: decoding cache length (max decode length).
 
 Batches (:class:`m4moe.interfaces.ModelBatch`): ``inputs`` <int32>[B, Ls]
 and ``targets`` <int32>[B, Lt] with 0 = padding; for packed rows also
 ``inputs_segment_ids``, ``inputs_positions``, ``targets_segment_ids``,
-``targets_positions`` (segment id 0 = padding). Tokens attend only within their own segment; the
-decoder input is the target shifted right within each segment, with start
-token 0 (T5 style).
+``targets_positions`` (segment id 0 = padding). Tokens attend only within
+their own segment; the decoder input is the target shifted right within each
+segment, with start token 0 (T5 style).
 
 Incremental decoding: :meth:`Transformer.encode` once, then
 :meth:`Transformer.decode_step` per position with a :class:`DecoderCache`
@@ -54,7 +54,7 @@ class EncoderOutput(NamedTuple):
   Attributes:
     encoded: <activation dtype>[B, Ls, M] final encoder states.
     segment_ids: <int32>[B, Ls] source segment ids (0 = padding).
-    cross_keys: per decoder layer, <activation dtype>[B, Ls, N, D] projected
+    cross_keys: per decoder layer, <activation dtype>[B, Ls, A, D] projected
       cross-attention keys (computed once, reused at every decode step).
     cross_values: per decoder layer, like ``cross_keys``.
   """
@@ -68,7 +68,7 @@ class DecoderCache(NamedTuple):
   """Self-attention keys/values of the decoded prefix, per decoder layer.
 
   Attributes:
-    keys: per decoder layer, <activation dtype>[B, L, N, D]; slot ``t`` holds
+    keys: per decoder layer, <activation dtype>[B, Ld, A, D]; slot ``t`` holds
       position ``t`` once :meth:`Transformer.decode_step` has run at step t.
     values: like ``keys``.
   """
@@ -297,7 +297,7 @@ class DecoderLayer(_Layer):
     Args:
       x: <dtype>[B, Lt, M].
       self_bias: <float32>[B, 1, Lt, Lt] causal + segment bias.
-      cross_keys, cross_values: <dtype>[B, Ls, N, D].
+      cross_keys, cross_values: <dtype>[B, Ls, A, D].
       cross_bias: <float32>[B, 1, Lt, Ls].
       padding_mask: <float32>[B, Lt], 1 for real target tokens.
       training: enables dropout and training-time routing.
@@ -322,9 +322,9 @@ class DecoderLayer(_Layer):
 
     Args:
       x: <dtype>[B, 1, M].
-      keys, values: <dtype>[B, L, N, D] this layer's self-attention cache.
+      keys, values: <dtype>[B, Ld, A, D] this layer's self-attention cache.
       step: <int32>[].
-      cross_keys, cross_values: <dtype>[B, Ls, N, D].
+      cross_keys, cross_values: <dtype>[B, Ls, A, D].
       cross_bias: <float32>[B, 1, 1, Ls].
 
     Returns:
@@ -550,7 +550,7 @@ class Transformer(tf.Module):
     """An empty self-attention cache for decoding up to ``max_length`` tokens.
 
     Returns:
-      DecoderCache of zeros, each tensor <activation dtype>[B, L, N, D].
+      DecoderCache of zeros, each tensor <activation dtype>[B, Ld, A, D].
     """
     if not 1 <= max_length <= self.config.max_length:
       raise ValueError(
@@ -576,7 +576,7 @@ class Transformer(tf.Module):
       token_ids: <int32>[B] the token at position ``step - 1`` (0, the start
         token, at step 0).
       cache: the DecoderCache after steps 0..step-1.
-      step: <int32>[] current position, in [0, L).
+      step: <int32>[] current position, in [0, Ld).
 
     Returns:
       (<float32>[B, V] logits, DecoderCache with slot ``step`` filled).

@@ -1,11 +1,11 @@
 """The position-wise Mixture-of-Experts feed-forward layer (GShard §2).
 
-Dimensions cheat sheet:
+Dimensions (letters of the glossary in :mod:`m4moe`):
 
-  B: batch, L: sequence length, N = B*L tokens
-  G: groups, S: group size, E: experts, C: expert capacity
-  M: model width, H: expert hidden width
-  X: expert-homogeneous blocks, R: rows per block (block dispatch)
+  B: batch rows; L: sequence length; N = B*L: tokens; G: groups;
+  S: group size; E: experts; C: expert capacity; M: model width;
+  H: expert hidden width; K: expert choices per token; T = G*S*K: choices;
+  X: expert-homogeneous blocks; R: rows per block (block dispatch).
 
 ``MoeLayer`` turns ``<dtype>[B, L, M]`` into N tokens, moves the real tokens
 to the front (keeping their order) so that adding padding never changes

@@ -7,7 +7,9 @@ from m4moe import decoding, layers, numerics, routing
 
 
 def test_every_module_uses_the_one_neg_inf():
-  for value in (layers.NEG_INF, decoding.NEG_INF, routing._NEG_INF):  # pylint: disable=protected-access
+  values = (layers.NEG_INF, decoding.NEG_INF,
+            routing._NEG_INF)  # pylint: disable=protected-access
+  for value in values:
     assert value is numerics.NEG_INF
   # Finite, and beam search's multiples of it stay finite in float32.
   assert np.isfinite(np.float32(3 * numerics.NEG_INF))

@@ -2,6 +2,7 @@
 gradients; the resolver's decisions; the registry holds every path."""
 
 import dataclasses
+import inspect
 
 import numpy as np
 import pytest
@@ -329,6 +330,12 @@ def test_sorted_dispatch_falls_back_where_it_cannot_run():
 def test_registry_holds_every_path_with_one_signature():
   assert sorted(dispatch.DISPATCH_PATHS) == sorted(
       (*DISPATCH_IMPLEMENTATIONS, "block"))
+  protocol = list(inspect.signature(
+      dispatch.DispatchPath.__call__).parameters.values())[1:]  # no self
+  for name, path in dispatch.DISPATCH_PATHS.items():
+    params = list(inspect.signature(path).parameters.values())
+    assert [(p.name, p.kind) for p in params] == [
+        (p.name, p.kind) for p in protocol], name
   x, mask = _inputs()
   result = ROUTERS["top2-random"](x, padding_mask=mask, capacity=10,
                                   training=False)

@@ -89,3 +89,15 @@ def test_the_checks_catch_a_stray_letter():
   assert "Z" not in GLOSSARY
   assert _SYMBOL.findall("B, 1 or A, Q*Z, Ls") == ["B", "A", "Q", "Z", "Ls"]
   assert _SHAPE.findall("x <float32>[B, Z] and (?P<lang>[A-Za-z])") == ["B, Z"]
+
+
+@pytest.mark.parametrize("name", sorted(_PACKAGES))
+def test_package_map_names_every_module(name):
+  root = _PACKAGES[name]
+  doc = (root / "__init__.py").read_text(encoding="utf-8").split('"""')[1]
+  named = set(re.findall(r"``(\w+)``", doc))
+  modules = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+  modules |= {p.name for p in root.iterdir()
+              if (p / "__init__.py").exists() and p.name in
+              ("training", "benchmarks", "cli")}
+  assert not modules - named, f"{name}/__init__.py does not map these"

@@ -376,8 +376,9 @@ class MoeLayer(tf.Module):
         where the block layout would be cheaper (for benchmarks).
 
     Raises:
-      ConfigError: for a config this layer cannot run, or a router/experts
-        whose sizes disagree with it.
+      ConfigError: for a config this layer cannot run, a router of another
+        kind than ``--router``, or a router/experts whose sizes disagree
+        with the config.
     """
     super().__init__(name=name)
     _check_config(config, causal=causal)

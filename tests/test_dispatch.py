@@ -248,6 +248,27 @@ def test_no_drop_layer_uses_blocks_and_equals_buffer_path():
   np.testing.assert_allclose(compiled(x), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_layer_without_block_dispatch_keeps_the_buffers():
+  config = ModelConfig(d_model=M, moe=MoeConfig(
+      num_experts=E, expert_hidden_dim=H, group_size=16,
+      eval_capacity_factor=0.0, dispatch="index"))
+  tf.random.set_seed(5)
+  blocks = MoeLayer(config=config, causal=True)
+  buffers = MoeLayer(config=config, causal=True, router=blocks.router,
+                     experts=blocks.experts, allow_block_dispatch=False)
+  layout = dispatch.BufferLayout(num_groups=1, group_size=15, num_selected=2,
+                                 num_experts=E, capacity=15)
+  assert blocks.resolve_dispatch(training=False, layout=layout) == "block"
+  assert buffers.resolve_dispatch(training=False, layout=layout) == "index"
+  rng = np.random.default_rng(6)
+  x = tf.constant(rng.normal(size=(3, 5, M)), tf.float32)
+  mask = tf.ones([3, 5])
+  np.testing.assert_allclose(
+      buffers(x, padding_mask=mask, training=False).outputs,
+      blocks(x, padding_mask=mask, training=False).outputs,
+      rtol=1e-5, atol=1e-6)
+
+
 def test_expert_sorted_order_by_hand():
   # Choices 0..5 to experts 2, 0, 2, 1, 0, 1; choice 3 dropped.
   order, counts = dispatch._expert_sorted_order(

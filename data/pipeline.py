@@ -8,8 +8,8 @@ Training stream (:func:`training_dataset`)::
      </s>, drop pairs longer than max_length (counted), pack  [packing.py]
   -> unbatch rows -> batch(B rows) -> model batch dict
 
-Elements: the model's batch dict (see the team contract), every value
-``<int32>[B, L]``: ``inputs``, ``targets``, ``inputs_segment_ids``,
+Elements: the model's batch dict (:class:`m4moe.interfaces.ModelBatch`),
+every value ``<int32>[B, L]``: ``inputs``, ``targets``, ``inputs_segment_ids``,
 ``inputs_positions``, ``targets_segment_ids``, ``targets_positions``.
 Sources are ``<2xx> source </s>`` (``xx`` = target language), targets
 ``target </s>``; 0 is padding.

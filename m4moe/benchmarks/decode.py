@@ -60,7 +60,7 @@ def searches(config_name: str, point: DecodePoint
   if buffers:
     for layer in model.submodules:
       if isinstance(layer, moe_layer.MoeLayer):
-        layer._use_blocks = lambda *args, **kwargs: False  # pylint: disable=protected-access
+        layer.allow_block_dispatch = False
   beam = decoding.BeamSearchConfig(beam_size=point.beam_size, alpha=0.6,
                                    max_decode_length=point.max_decode_length)
   spec = [tf.TensorSpec([None, None], tf.int32)]

@@ -1,6 +1,6 @@
 """Test fixtures: a tiny contract-shaped model and a synthetic parallel corpus.
 
-:class:`ToyTranslator` follows the model interface of the team contract
+:class:`ToyTranslator` is a :class:`m4moe.interfaces.TrainableModel`
 (``model(batch, training=, seed=) -> output`` with ``logits``, ``moe_loss``,
 ``aux_loss``, ``z_loss``, ``moe_stats``) with a soft mixture of experts, a
 stateless dropout and an optional "poison" token that makes the loss NaN, so

@@ -17,28 +17,35 @@ Sources (exactly one):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 from typing import Any, Mapping
 
 import tensorflow as tf
 
+from m4moe import errors
+from m4moe import flagutil
 from m4moe.training import fixtures
 
 
-class DataConfigError(ValueError):
+class DataConfigError(errors.ConfigError):
   """A data setting is invalid; the message names the flag and the fix."""
+
+
+_require = functools.partial(errors.require, error=DataConfigError)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
-  """Input settings (each is an ``m4moe-train`` flag).
+  """Input settings (each is an ``m4moe-train`` flag, :mod:`m4moe.flagutil`;
+  ``synthetic`` is ``--synthetic_data``, ``seed`` the shared ``--seed``).
 
   Attributes:
     corpus_dir: built corpus directory.
     vocab_dir: directory with source.model / target.model.
     tfds_name: comma-separated TFDS translation dataset names.
     tfds_data_dir: TFDS data directory (offline).
-    synthetic: use the synthetic toy task.
+    synthetic: train on the synthetic toy task (no files; smoke runs).
     languages: languages to train on (empty: all of the corpus).
     temperature: T of the language sampling p_l ∝ n_l^(1/T).
     sequence_length: tokens per packed row and side.
@@ -53,7 +60,8 @@ class DataConfig:
   vocab_dir: str = ""
   tfds_name: str = ""
   tfds_data_dir: str = ""
-  synthetic: bool = False
+  synthetic: bool = dataclasses.field(
+      default=False, metadata=flagutil.metadata(flag="synthetic_data"))
   languages: tuple[str, ...] = ()
   temperature: float = 5.0
   sequence_length: int = 64
@@ -75,13 +83,11 @@ class DataConfig:
     if not self.synthetic and not self.vocab_dir:
       raise DataConfigError("--vocab_dir is required with --corpus_dir or "
                             "--tfds_name (run m4moe-vocab first)")
-    if self.batch_tokens < self.sequence_length:
-      raise DataConfigError(
-          f"--batch_tokens={self.batch_tokens} is invalid: use at least "
-          f"--sequence_length={self.sequence_length} (one row)")
-    if self.temperature <= 0:
-      raise DataConfigError(f"--temperature={self.temperature} is invalid: "
-                            "use a positive value (1 proportional, 5 M4)")
+    _require(self.batch_tokens >= self.sequence_length, "batch_tokens",
+             self.batch_tokens, f"use at least --sequence_length="
+             f"{self.sequence_length} (one row)")
+    _require(self.temperature > 0, "temperature", self.temperature,
+             "use a positive value (1 proportional, 5 M4)")
 
   @property
   def batch_rows(self) -> int:

@@ -11,7 +11,7 @@ Sources (exactly one):
   other language feature; loaded offline (``try_gcs=False``) from
   ``tfds_data_dir``.
 * ``synthetic``: the reverse-and-permute toy task of
-  :mod:`m4moe.training.fixtures` (no files; for smoke tests).
+  :mod:`m4moe.training.synthetic` (no files; for smoke tests).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from m4moe import errors
 from m4moe import flagutil
-from m4moe.training import fixtures
+from m4moe.training import synthetic
 
 
 class DataConfigError(errors.ConfigError):
@@ -120,13 +120,13 @@ SYNTHETIC_VOCAB = 64
 
 def _synthetic(config: DataConfig) -> Inputs:
   length = config.sequence_length
-  pairs = fixtures.synthetic_pairs(num_pairs=4096, vocab_size=SYNTHETIC_VOCAB,
-                                   max_length=min(length - 1, 16),
-                                   seed=config.seed)
-  train = fixtures.pairs_dataset(pairs[256:], batch_size=config.batch_rows,
-                                 length=length, shuffle_seed=config.seed)
-  dev = fixtures.pairs_dataset(pairs[:256], batch_size=config.dev_batch_size,
-                               length=length, shuffle_seed=None, repeat=False)
+  pairs = synthetic.synthetic_pairs(num_pairs=4096, vocab_size=SYNTHETIC_VOCAB,
+                                    max_length=min(length - 1, 16),
+                                    seed=config.seed)
+  train = synthetic.pairs_dataset(pairs[256:], batch_size=config.batch_rows,
+                                  length=length, shuffle_seed=config.seed)
+  dev = synthetic.pairs_dataset(pairs[:256], batch_size=config.dev_batch_size,
+                                length=length, shuffle_seed=None, repeat=False)
   return Inputs(train=train, dev={"syn": dev}, src_vocab_size=None,
                 tgt_vocab_size=None, languages=("syn",))
 

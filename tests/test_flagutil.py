@@ -14,11 +14,12 @@ from m4moe import errors
 from m4moe import flagutil
 from m4moe import optimizer as optimizer_lib
 from m4moe import train as train_lib
+from m4moe.data import vocab
 from m4moe.training import inputs
 
 CONFIGS = (config_lib.ModelConfig, config_lib.MoeConfig,
            optimizer_lib.AdafactorConfig, train_lib.TrainConfig,
-           inputs.DataConfig)
+           inputs.DataConfig, vocab.VocabConfig)
 
 # A value unlike the default for every flag of CONFIGS, valid together.
 NON_DEFAULT = {
@@ -46,7 +47,9 @@ NON_DEFAULT = {
     "tfds_name": "", "tfds_data_dir": "tfds", "synthetic": False,
     "languages": ("de", "ja"), "temperature": 1.0, "sequence_length": 32,
     "batch_tokens": 512, "pack": False, "dev_split": "test",
-    "dev_batch_size": 8,
+    "dev_batch_size": 8, "source_vocab_size": 400, "target_vocab_size": 300,
+    "max_sentences": 10, "character_coverage": 0.95, "model_type": "bpe",
+    "threads": 1,
 }
 
 
@@ -192,6 +195,8 @@ def test_undocumented_field_names_the_field():
     (lambda: inputs.DataConfig(synthetic=True, batch_tokens=8),
      inputs.DataConfigError, "--batch_tokens=8 is invalid: use at least "
      "--sequence_length=64"),
+    (lambda: vocab.VocabConfig(target_vocab_size=200), errors.ConfigError,
+     "--target_vocab_size=200 is invalid: use at least 300"),
 ])
 def test_one_error_family(make, error, message):
   with pytest.raises(error, match=message) as info:
@@ -201,17 +206,18 @@ def test_one_error_family(make, error, message):
   assert config_lib.ConfigError is errors.ConfigError
 
 
-def test_train_cli_flags_are_the_dataclass_defaults():
-  # In a subprocess: the tools' flags live in the global absl FLAGS.
-  script = """
-import dataclasses, json
+def _cli_defaults(tool: str, classes: str) -> dict[str, list]:
+  """{flag: [the tool's default, the dataclass default]} in a subprocess
+  (the tools' flags live in the global absl FLAGS)."""
+  script = f"""
+import json
 from absl import flags
-import m4moe.cli.train
+import m4moe.cli.{tool}
 from m4moe import config, flagutil, optimizer, train
+from m4moe.data import vocab
 from m4moe.training import inputs
-out = {}
-for cls in (config.ModelConfig, optimizer.AdafactorConfig,
-            train.TrainConfig, inputs.DataConfig):
+out = {{}}
+for cls in ({classes},):
   for spec in flagutil.flag_specs(cls):
     out[spec.flag] = [flags.FLAGS[spec.flag].default, spec.default]
 print(json.dumps(out))
@@ -219,7 +225,19 @@ print(json.dumps(out))
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
                         text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  pairs = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_vocab_cli_flags_are_the_dataclass_defaults():
+  pairs = _cli_defaults("vocab", "vocab.VocabConfig")
+  assert len(pairs) == len(dataclasses.fields(vocab.VocabConfig))
+  for name, (flag_default, field_default) in pairs.items():
+    assert flag_default == field_default, name
+
+
+def test_train_cli_flags_are_the_dataclass_defaults():
+  pairs = _cli_defaults("train", "config.ModelConfig, optimizer.AdafactorConfig"
+                        ", train.TrainConfig, inputs.DataConfig")
   assert len(pairs) > 60
   for name, (flag_default, field_default) in pairs.items():
     assert flag_default == field_default, name

@@ -21,7 +21,7 @@ restores its position (the pipeline sets the external-state policy so the
 pure-Python tokeniser does not block saving; the tokeniser is a pure
 function of its chunk, so nothing is lost). Tokenisation runs SentencePiece
 on whole chunks inside ``tf.py_function``: ~135k tokens/s on the real corpus
-on 2 busy cores (``python -m m4moe.data.pipeline_benchmark``), far above what
+on 2 busy cores (``m4moe-bench input_pipeline``), far above what
 a CPU training step consumes.
 
 :class:`PipelineStats` counts what the tokeniser saw (per-language pairs

@@ -33,6 +33,7 @@ not train further when its command is repeated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import time
 from typing import Any, Callable, Mapping
@@ -42,6 +43,8 @@ import tensorflow as tf
 from absl import logging
 
 from m4moe import config as config_lib
+from m4moe import errors
+from m4moe import flagutil
 from m4moe import optimizer as optimizer_lib
 from m4moe import sharding as sharding_lib
 from m4moe.training import checkpointing
@@ -55,24 +58,24 @@ class NonFiniteError(RuntimeError):
   """Too many consecutive non-finite steps; the message names the step."""
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(errors.ConfigError):
   """A training setting is invalid; the message names the flag and the fix."""
 
 
-def _require(condition: bool, flag: str, value: Any, fix: str) -> None:
-  if not condition:
-    raise TrainConfigError(f"--{flag}={value!r} is invalid: {fix}")
+_require = functools.partial(errors.require, error=TrainConfigError)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-  """Settings of a training run (each is an ``m4moe-train`` flag).
+  """Settings of a training run (each is an ``m4moe-train`` flag,
+  :mod:`m4moe.flagutil`; ``batch_tokens`` is copied from the data config).
 
   Attributes:
     model_dir: checkpoints, config.json, metrics.jsonl, TensorBoard events.
     train_steps: stop after this many steps (a step is one optimiser update
       attempt over ``grad_accum_steps`` micro-batches).
-    seed: base seed: model init (tf.random.set_seed) and per-step seeds.
+    seed: base seed: model init (tf.random.set_seed) and per-step seeds
+      (m4moe-train's data config shares it as its shuffling seed).
     label_smoothing: epsilon of the training cross-entropy (0.1, as in
       Vaswani et al. 2017 and the small-model recipe).
     grad_accum_steps: micro-batches per update (k).
@@ -81,7 +84,7 @@ class TrainConfig:
     checkpoint_every: save every N steps (and at the end).
     keep_checkpoints: K, checkpoints kept.
     eval_every: per-language dev cross-entropy every N steps (0: at the end
-      only).
+      only; a run always evaluates at its end).
     log_every: console / TensorBoard / JSONL train record every N steps.
     max_consecutive_nonfinite: stop after this many skipped steps in a row.
     max_train_seconds: stop once the training loop has run this long (wall
@@ -100,21 +103,22 @@ class TrainConfig:
   """
 
   model_dir: str
-  train_steps: int
+  train_steps: int = 10000
   seed: int = 0
   label_smoothing: float = 0.1
   grad_accum_steps: int = 1
   remat: bool = False
   checkpoint_every: int = 1000
   keep_checkpoints: int = 5
-  eval_every: int = 0
+  eval_every: int = 1000
   log_every: int = 100
   max_consecutive_nonfinite: int = 10
   max_train_seconds: float = 0.0
   early_stopping_patience: int = 0
   early_stopping_min_delta: float = 0.0
   checkpoint_input: bool = True
-  batch_tokens: int = 0
+  batch_tokens: int = dataclasses.field(default=0, metadata=flagutil.metadata(
+      not_a_flag="m4moe-train copies the data config's --batch_tokens"))
   optimizer: optimizer_lib.AdafactorConfig = dataclasses.field(
       default_factory=optimizer_lib.AdafactorConfig)
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 from m4moe import config as config_lib
 from m4moe import model as model_lib
 from m4moe import optimizer as optimizer_lib
-from m4moe.training import fixtures
+from m4moe.training import synthetic
 from m4moe.training import remat
 from m4moe.training import step as step_lib
 
@@ -51,9 +51,9 @@ def test_remat_gives_the_same_update():
   # An option, not a class swap: same classes, same variables.
   assert [type(layer) for layer in _layers(rematted)] == classes
   assert [v.name for v in rematted.trainable_variables] == names
-  pairs = fixtures.synthetic_pairs(num_pairs=16, vocab_size=VOCAB)
-  batch = next(iter(fixtures.pairs_dataset(pairs, batch_size=16, length=10,
-                                           shuffle_seed=None)))
+  pairs = synthetic.synthetic_pairs(num_pairs=16, vocab_size=VOCAB)
+  batch = next(iter(synthetic.pairs_dataset(pairs, batch_size=16, length=10,
+                                            shuffle_seed=None)))
   seed = tf.constant([5, 0], tf.int32)
   results = [_runner(m).train_step([batch], seed=seed)
              for m in (plain, rematted)]

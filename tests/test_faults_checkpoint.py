@@ -6,6 +6,7 @@ that nothing was deleted, and what the error says."""
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,10 +72,25 @@ def _flip_bytes(prefix):
   data.write_bytes(bytes(raw))
 
 
+def _flip_index(prefix):
+  index = pathlib.Path(f"{prefix}.index")
+  raw = bytearray(index.read_bytes())
+  raw[10] ^= 0xFF
+  index.write_bytes(bytes(raw))
+
+
+def _delete_all(prefix):
+  prefix = pathlib.Path(prefix)
+  for path in prefix.parent.glob(f"{prefix.name}.*"):
+    path.unlink()
+
+
 @pytest.mark.parametrize("damage,reason", [
     (_truncate_data, "Read less bytes than requested"),
     (_delete_index, "ckpt-6.index is missing"),
     (_flip_bytes, "does not match"),
+    (_flip_index, "block checksum mismatch"),
+    (_delete_all, "the state file names it but no ckpt-6.* file exists"),
 ])
 def test_damaged_newest_checkpoint_falls_back_and_is_kept_aside(
     tmp_path, damage, reason):
@@ -97,11 +113,15 @@ def test_damaged_newest_checkpoint_falls_back_and_is_kept_aside(
   assert skipped["path"] == str(run / "ckpt-6")
   assert reason in skipped["reason"]
   # The damaged files are kept, byte for byte, under damaged/ckpt-6/.
-  assert skipped["moved_to"] == str(run / "damaged" / "ckpt-6")
-  kept = run / "damaged" / "ckpt-6"
-  assert sorted(p.name for p in kept.iterdir()) == sorted(damaged_bytes)
-  for name, raw in damaged_bytes.items():
-    assert (kept / name).read_bytes() == raw
+  if damaged_bytes:
+    assert skipped["moved_to"] == str(run / "damaged" / "ckpt-6")
+    kept = run / "damaged" / "ckpt-6"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(damaged_bytes)
+    for name, raw in damaged_bytes.items():
+      assert (kept / name).read_bytes() == raw
+  else:
+    assert skipped["moved_to"] is None
+    assert not (run / "damaged").exists()
   # The new ckpt-6 is the redone step 6, intact; training went on to 8.
   assert checkpointing.verify_checkpoint(str(run / "ckpt-6")) is None
   assert tf.train.latest_checkpoint(str(run)).endswith("ckpt-8")
@@ -146,28 +166,41 @@ def test_missing_or_garbage_state_file_is_rebuilt_from_disk(tmp_path, state):
   assert [r["step"] for r in after] == [2, 4, 6, 8]
 
 
-def test_no_intact_checkpoint_stops_without_touching_the_run(tmp_path):
-  run = tmp_path / "run"
-  _train(run, train_steps=2)  # only ckpt-2
-  _truncate_data(run / "ckpt-2")
+def test_no_intact_checkpoint_stops_until_a_backup_is_put_back(tmp_path):
+  run, backup = tmp_path / "run", tmp_path / "backup"
+  _train(run, train_steps=2, keep_checkpoints=1)
+  backup.mkdir()
+  for path in run.glob("ckpt-2.*"):
+    shutil.copy(path, backup / path.name)
+  _train(run, train_steps=4, keep_checkpoints=1)  # ckpt-2 rotated out
+  assert sorted(p.name for p in run.glob("ckpt-*")) == [
+      "ckpt-4.data-00000-of-00001", "ckpt-4.index"]
+  _truncate_data(run / "ckpt-4")
   metrics = (run / "metrics.jsonl").read_bytes()
 
   with pytest.raises(checkpointing.CheckpointError) as error:
-    _train(run, train_steps=4)
+    _train(run, train_steps=6, keep_checkpoints=1)
   message = str(error.value)
   assert "has no intact checkpoint left" in message
-  assert f"{run / 'ckpt-2'} is damaged" in message
+  assert f"{run / 'ckpt-4'} is damaged" in message
   assert "Read less bytes" in message
-  assert str(run / "damaged" / "ckpt-2") in message
+  assert str(run / "damaged" / "ckpt-4") in message
   assert "use a fresh --model_dir" in message
   assert (run / "metrics.jsonl").read_bytes() == metrics
-  assert (run / "damaged" / "ckpt-2" / "ckpt-2.index").is_file()
+  assert (run / "damaged" / "ckpt-4" / "ckpt-4.index").is_file()
 
   # Started again: still no silent restart; the earlier damage is named.
   with pytest.raises(checkpointing.CheckpointError,
-                     match="damaged checkpoints kept from earlier starts"):
-    _train(run, train_steps=4)
+                     match=r"ckpt-4 is gone \(the state file names it.*"
+                           r"damaged checkpoints kept from earlier starts"):
+    _train(run, train_steps=6, keep_checkpoints=1)
   assert (run / "metrics.jsonl").read_bytes() == metrics
+
+  # As the message says: an intact checkpoint copied back is resumed from.
+  for path in backup.iterdir():
+    shutil.copy(path, run / path.name)
+  assert _train(run, train_steps=6, keep_checkpoints=1).step == 6
+  assert _start_records(run)[-1]["resumed_from"] == str(run / "ckpt-2")
 
 
 def test_lost_checkpoints_with_metrics_are_not_silently_restarted(tmp_path):

@@ -343,9 +343,12 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
   and verifies them newest first until one is intact, moving each damaged
   one's files into ``damaged/``; rewrites the state file if it was missing,
   unparsable or named a damaged checkpoint. Checkpoints on disk that an
-  intact state file does not list are saves killed before their commit and
-  are left alone (the next save of that step overwrites them). Call it only
-  while holding the run's lock (:mod:`m4moe.training.run_lock`).
+  intact state file does not list are, if newer than its latest, saves
+  killed before their commit: they are left alone (the next save of that
+  step overwrites them); older ones (beyond ``max_to_keep`` of an earlier
+  run, or copied back from a backup) are tried only when every listed one
+  newer than them is damaged. Call it only while holding the run's lock
+  (:mod:`m4moe.training.run_lock`).
 
   Returns:
     Recovery; ``latest`` is None for a run without checkpoints.
@@ -358,7 +361,10 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
   on_disk = _checkpoint_files(model_dir)
   listed, problem, stamps = _read_state(model_dir)
   state_path = model_dir / STATE_FILENAME
-  candidates = sorted(on_disk) if listed is None else listed
+  if listed is None:
+    candidates = sorted(on_disk)
+  else:
+    candidates = sorted(set(listed) | {s for s in on_disk if s < listed[-1]})
   rebuilt = None
   if listed is None and candidates:
     names = ", ".join(f"{PREFIX}-{s}" for s in candidates)
@@ -371,7 +377,7 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
     prefix = str(model_dir / f"{PREFIX}-{step}")
     files = on_disk.get(step, [])
     reason = (verify_checkpoint(prefix) if files else
-              "its files are missing")
+              f"the state file names it but no {PREFIX}-{step}.* file exists")
     if reason is None:
       latest = step
       break
@@ -391,9 +397,10 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
     rebuilt = (f"{state_path} named damaged checkpoints "
                f"({', '.join(d.path for d in damaged)}); rewrote it")
   if rebuilt is not None:
-    bad = {d.path for d in damaged}
-    kept = [s for s in candidates
-            if str(model_dir / f"{PREFIX}-{s}") not in bad]
+    # Listed (or, without a usable state file, found) and not damaged; an
+    # unlisted older checkpoint joins only as the one resumed from.
+    kept = sorted({s for s in (candidates if listed is None else listed)
+                   if s < latest} | {latest})
     times = [_save_time(model_dir, s, stamps) for s in kept]
     checkpoint_management.update_checkpoint_state_internal(
         save_dir=str(model_dir), model_checkpoint_path=f"{PREFIX}-{latest}",
@@ -424,7 +431,8 @@ def _no_intact_message(model_dir: pathlib.Path, *,
     parts.append(f"its state file {model_dir / STATE_FILENAME} is "
                  f"{state_problem} and no {PREFIX}-<step> files are left")
   for d in damaged:
-    parts.append(f"{d.path} is damaged ({d.reason})" +
+    parts.append(f"{d.path} is {'damaged' if d.moved_to else 'gone'} "
+                 f"({d.reason})" +
                  (f", its files were moved to {d.moved_to}" if d.moved_to
                   else ""))
   earlier = [e for e in earlier if e not in {d.moved_to for d in damaged}]

@@ -9,6 +9,10 @@ import time
 
 import pytest
 
+# /proc and PR_SET_PDEATHSIG are Linux's.
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="needs Linux (/proc, prctl)")
+
 # The stage: reports its pid, then waits; on SIGTERM/SIGINT it says so and
 # exits 3 (as a stage that cleans up, e.g. m4moe-train saving a checkpoint).
 STAGE = r'''
@@ -76,8 +80,6 @@ def test_signal_to_the_job_is_forwarded_to_the_stage(tmp_path, sig, started):
   assert not _alive(stage)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="PR_SET_PDEATHSIG is Linux only")
 def test_kill9_of_the_job_takes_the_stage_down(tmp_path, started):
   job, stage = _start(tmp_path, started)
   job.send_signal(signal.SIGKILL)

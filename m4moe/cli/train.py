@@ -16,6 +16,12 @@ it, and flags no one sets keep the paper's defaults. The
 vocabulary sizes come from the SentencePiece models in ``--vocab_dir``.
 Running again with the same ``--model_dir`` resumes from the last complete
 checkpoint (exactly, see m4moe.train). SIGTERM saves and exits with code 0.
+A damaged newest checkpoint is moved into ``--model_dir``/damaged/ and the
+run resumes from the newest intact one; if none is left, or the metrics show
+progress whose checkpoints are gone, it stops with exit code 1 rather than
+start over. Only one m4moe-train may use a ``--model_dir`` at a time (a
+second one exits with code 1 naming the first one's pid); a ``--model_dir``
+that is a file or cannot be created exits with code 2.
 
 Writes to ``--model_dir``: config.json (effective config; decode/eval rebuild
 the model with m4moe.training.checkpointing.model_config_from_run),
@@ -100,8 +106,10 @@ def _optimizer_config() -> optimizer_lib.AdafactorConfig:
 
 def _configs():
   """(DataConfig, TrainConfig) from the flags; raises on invalid values."""
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS.model_dir:
     raise flags.ValidationError("--model_dir is required")
+  checkpointing.check_model_dir(flags.FLAGS.model_dir)
   data = flagutil.from_flags(inputs.DataConfig, flags.FLAGS)
   train = flagutil.from_flags(train_lib.TrainConfig, flags.FLAGS,
                               batch_tokens=data.batch_tokens,
@@ -166,8 +174,10 @@ def main(argv):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
   from m4moe import train as train_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
   from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
+  from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
   from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   try:
     mesh = mesh_lib.MeshShape.parse(_MESH.value) if _MESH.value else None
@@ -211,14 +221,20 @@ def main(argv):
     print(f"m4moe-train: config OK ({len(built.languages)} languages, "
           f"{devices} device(s))")
     return 0
-  result = train_lib.train(
-      model_fn=lambda: model_lib.Transformer(config=model_config,
-                                             sharding=sharding),
-      train_dataset=built.train, dev_datasets=built.dev, config=train,
-      model_config=model_config, strategy=strategy, sharding=sharding,
-      run_sections={"data": data.to_dict(),
-                    "languages": list(built.languages),
-                    "mesh": str(mesh) if mesh else None})
+  try:
+    result = train_lib.train(
+        model_fn=lambda: model_lib.Transformer(config=model_config,
+                                               sharding=sharding),
+        train_dataset=built.train, dev_datasets=built.dev, config=train,
+        model_config=model_config, strategy=strategy, sharding=sharding,
+        run_sections={"data": data.to_dict(),
+                      "languages": list(built.languages),
+                      "mesh": str(mesh) if mesh else None})
+  except (checkpointing.ModelDirError, checkpointing.CheckpointError,
+          run_lock.RunLockedError) as e:
+    logging.error("%s", e)
+    print(f"m4moe-train: {e}", file=sys.stderr)
+    return 1
   logging.info("Finished: %s", result)
   print(json.dumps({"step": result.step, "preempted": result.preempted,
                     "stopped_by": result.stopped_by,

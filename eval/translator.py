@@ -73,11 +73,25 @@ def load_sentencepiece(path: pathlib.Path, *,
 
 
 def restore_model(files: rundir.RunFiles) -> Any:
-  """Builds the Transformer and restores its weights from the checkpoint."""
+  """Builds the Transformer and restores its weights from the checkpoint.
+
+  Raises:
+    TranslatorError: the checkpoint is unreadable (truncated, damaged) or
+      does not match the run's model config.
+  """
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
   model = model_lib.Transformer(config=files.config)
-  status = tf.train.Checkpoint(model=model).restore(files.checkpoint)
-  status.expect_partial().assert_existing_objects_matched()
+  try:
+    status = tf.train.Checkpoint(model=model).restore(files.checkpoint)
+    status.expect_partial().assert_existing_objects_matched()
+  except (tf.errors.OpError, AssertionError, IndexError, ValueError,
+          OSError) as e:
+    detail = (str(e).strip().splitlines() or [""])[0][:300]
+    raise TranslatorError(
+        f"{files.checkpoint}: cannot restore the model ({type(e).__name__}: "
+        f"{detail}); the checkpoint is damaged or not of this run's model "
+        f"config: restore it, or make the 'checkpoint' file in "
+        f"{files.model_dir} name an earlier complete ckpt-<step>") from e
   return model
 
 
@@ -108,6 +122,7 @@ class Translator:
       always decodes ``beam.max_decode_length``.
     language_pairs: the (source, target) pairs the model was trained on;
       other requests are refused (None: any pair with tags is accepted).
+    model_name: how error messages name the model (e.g. its run dir).
   """
 
   def __init__(self, *, model: Any, source_sp: spm.SentencePieceProcessor,
@@ -115,7 +130,8 @@ class Translator:
                beam: decoding.BeamSearchConfig,
                max_input_length: int | None = None, batch_size: int = 32,
                length_ratio: float | None = None,
-               language_pairs: frozenset[tuple[str, str]] | None = None):
+               language_pairs: frozenset[tuple[str, str]] | None = None,
+               model_name: str = "the model"):
     if max_input_length is None:
       max_input_length = model.config.max_length
     if max_input_length < 3:
@@ -137,7 +153,7 @@ class Translator:
     self.source_sp, self.target_sp = source_sp, target_sp
     self.max_input_length, self.batch_size = max_input_length, batch_size
     self.length_ratio = length_ratio
-    self.language_pairs = language_pairs
+    self.language_pairs, self.model_name = language_pairs, model_name
     self.stats = TranslationStats()
     self._searches: dict[int, Callable[[tf.Tensor], Any]] = {}
 
@@ -179,7 +195,8 @@ class Translator:
     """Raises TranslatorError unless the model was trained on this pair."""
     try:
       rundir.check_language_pair(self.language_pairs, source_lang=source_lang,
-                                 target_lang=target_lang)
+                                 target_lang=target_lang,
+                                 model_dir=self.model_name)
     except rundir.LanguagePairError as e:
       raise TranslatorError(str(e)) from e
 
@@ -275,5 +292,6 @@ def load_translator(model_dir: str | pathlib.Path, *,
                           target_sp=target_sp, beam=beam,
                           max_input_length=max_input_length,
                           batch_size=batch_size, length_ratio=length_ratio,
-                          language_pairs=files.language_pairs)
+                          language_pairs=files.language_pairs,
+                          model_name=str(files.model_dir))
   return translator, files

@@ -206,18 +206,19 @@ def check_language_pair(pairs: frozenset[tuple[str, str]] | None, *,
   """
   if pairs is None or (source_lang, target_lang) in pairs:
     return
+  trained = ", ".join(f"{s}->{t}" for s, t in sorted(pairs)) or "none"
   sources = sorted({s for s, t in pairs if t == target_lang})
   targets = sorted({t for _, t in pairs})
   if target_lang not in targets:
-    fix = (f"it translates into {', '.join(targets)} only; use "
-           f"--target_lang={targets[0]}" if targets else
-           "it records no language pairs")
     raise LanguagePairError(
         f"{model_dir} was not trained to translate into {target_lang!r} "
-        f"({source_lang}->{target_lang} requested): {fix}")
+        f"({source_lang}->{target_lang} requested): it translates only into "
+        f"{', '.join(targets) or 'nothing'} (trained pairs: {trained}); ask "
+        "for one of those target languages")
   raise LanguagePairError(
       f"{model_dir} was not trained on {source_lang}->{target_lang}: source "
-      f"languages into {target_lang} are {', '.join(sources)}")
+      f"languages into {target_lang} are {', '.join(sources)}; give one of "
+      "those source languages")
 
 
 def _vocab_candidates(model_dir: pathlib.Path, run_config: Mapping[str, Any],

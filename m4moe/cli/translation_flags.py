@@ -10,7 +10,6 @@ from typing import Iterable
 
 from absl import app
 from absl import flags
-import tensorflow as tf
 
 from m4moe import decoding
 from m4moe import rundir
@@ -71,11 +70,6 @@ def load_translator_from_flags(
         length_ratio=ratio or None)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  except (tf.errors.OpError, AssertionError) as e:
-    raise app.UsageError(
-        f"--model_dir={MODEL_DIR.value}: cannot restore the latest checkpoint "
-        f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); pass a run "
-        "directory written by m4moe-train with this code") from e
 
 
 def check_language_pairs(translator: translator_lib.Translator,

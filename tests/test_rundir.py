@@ -167,3 +167,18 @@ def test_decode_cli_refuses_wrong_vocab_and_untrained_pair(
   stderr = proc.stderr.decode()
   assert proc.returncode != 0 and "not trained on en->en" in stderr
   assert "Traceback" not in stderr and not out.exists()
+
+
+def test_damaged_checkpoint_is_an_error_naming_it(tmp_path, run_dir):
+  target = tmp_path / "run"
+  shutil.copytree(run_dir, target)
+  data = next(target.glob("ckpt-1.data-*"))
+  data.write_bytes(data.read_bytes()[:1000])  # truncated by a full disk
+  with pytest.raises(translator_lib.TranslatorError,
+                     match=f"{target}/ckpt-1: cannot restore the model .*"
+                     "damaged"):
+    translator_lib.load_translator(target, beam=BEAM)
+  data.unlink()
+  with pytest.raises(translator_lib.TranslatorError,
+                     match="No such file or directory"):
+    translator_lib.load_translator(target, beam=BEAM)

@@ -3,6 +3,7 @@ models. Each fault gives a message naming the file (and line) and a defined
 outcome: skipped and counted, or a clean non-zero exit."""
 
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -190,3 +191,28 @@ def test_tsv_dataset_filter_handles_many_bad_lines(tmp_path):
   got = list(pipeline._pairs_of_lines(path, scan.bad_lines))
   assert [(a.numpy().decode(), b.numpy().decode()) for a, b in got] == [
       (f"en {i}", f"x {i}") for i in range(1, 41, 2)]
+
+
+def test_block_scan_equals_line_by_line_check(tmp_path):
+  """The fast block check finds exactly the lines line_problem rejects,
+  whatever the block boundaries (random files of good and bad lines)."""
+  rng = random.Random(1)
+  pieces = [b"a\tb", b"no tab", b"x\ty\tz", b"", b"caf\xe9\tz", b"\tq",
+            b"r\ts\r", "ü\tö".encode(), b"\t\t", b"\xe2\x82\tsplit char"]
+  path = tmp_path / "r.tsv"
+  for _ in range(200):
+    lines = [rng.choice(pieces) for _ in range(rng.randint(0, 30))]
+    data = b"\n".join(lines) + (b"\n" if rng.random() < 0.7 else b"")
+    path.write_bytes(data)
+    raws = data.split(b"\n")
+    if raws[-1] == b"":
+      raws.pop()
+    want = [i for i, raw in enumerate(raws, start=1)
+            if tsv.line_problem(raw.removesuffix(b"\r")) is not None]
+    for block_size in (1, 5, 64, 1 << 20):
+      scan = tsv.scan_tsv(path, block_size=block_size)
+      assert scan.lines == len(raws)
+      assert list(scan.bad_lines) == want, (block_size, data)
+    pairs, scan = tsv.read_pairs(path)
+    assert list(scan.bad_lines) == want
+    assert len(pairs) == len(raws) - len(want)

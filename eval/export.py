@@ -170,8 +170,9 @@ def export_saved_model(translator: Any, path: str | pathlib.Path, *,
   languages = [lang for lang in tagged_languages(translator.source_sp)
                if pairs is None or (lang, target_lang) in pairs]
   if not languages:
+    trained = ", ".join(f"{s}->{t}" for s, t in sorted(pairs or ()))
     raise ExportError(f"no source language of the run translates into "
-                      f"{target_lang!r} (trained pairs: {sorted(pairs or ())}); "
+                      f"{target_lang!r} (trained pairs: {trained or 'none'}); "
                       "pass a --target_lang the run was trained on")
   module = TranslateModule(
       model=translator.model,

@@ -14,7 +14,12 @@
   ``bootstrap_samples=0``); ``source_reliance`` (nats/token, None cells
   where unavailable); ``examples`` (language -> [{source, reference,
   hypotheses: {run: text or null}}]); ``hypotheses`` (per run: directory,
-  usable languages, why others are not). Strict JSON: NaN/inf become null.
+  usable languages, why others are not). Strict JSON: NaN/inf become null,
+  listed in ``nonfinite_as_null`` and a line of ``notes``.
+
+Every file is written atomically (temporary file in ``output_dir``, then
+``os.replace``); the inputs are eval JSONs validated by
+:func:`m4moe.eval.results.read_eval_json`.
 
 Several models with one name are seeds of one model (:mod:`.seeds`): every
 table uses the seed mean. From the runs' decoded test sentences

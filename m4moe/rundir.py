@@ -34,8 +34,9 @@ from typing import Any, Iterable, Mapping
 from absl import logging
 
 from m4moe import config as config_lib
+from m4moe.training import checkpointing
 
-CONFIG_FILENAME = "config.json"
+CONFIG_FILENAME = checkpointing.CONFIG_FILENAME  # written atomically there
 SOURCE_MODEL, TARGET_MODEL = "source.model", "target.model"
 ENGLISH = "en"
 

@@ -196,3 +196,38 @@ def test_summary_non_finite_values_become_null_with_a_note():
   clean = report.strict_summary({"x": 1.5})
   assert clean["nonfinite_as_null"] == [] and "notes" not in clean
   assert clean["x"] == 1.5
+
+
+def test_export_is_atomic_and_never_overwrites(tmp_path, monkeypatch):
+  pytest.importorskip("tensorflow_text")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe import decoding  # pylint: disable=g-import-not-at-top
+  from m4moe.eval import export  # pylint: disable=g-import-not-at-top
+  from m4moe.eval import fixtures  # pylint: disable=g-import-not-at-top
+  from m4moe.eval import translator as translator_lib  # pylint: disable=g-import-not-at-top
+  run_dir = fixtures.make_tiny_run(tmp_path / "tiny")
+  translator, _ = translator_lib.load_translator(
+      run_dir, beam=decoding.BeamSearchConfig(beam_size=1, alpha=0.0,
+                                              max_decode_length=6))
+  out = tmp_path / "out"
+  out.mkdir()
+  real_save = tf.saved_model.save
+
+  def crash(module, path, **kwargs):
+    real_save(module, path, **kwargs)  # a complete write, then a failure
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(tf.saved_model, "save", crash)
+  with pytest.raises(OSError, match="No space left"):
+    export.export_saved_model(translator, out / "model")
+  assert not list(out.iterdir())  # no partial export, no temp dir left
+  monkeypatch.setattr(tf.saved_model, "save", real_save)
+  path = export.export_saved_model(translator, out / "model")
+  assert (path / "saved_model.pb").is_file()
+  assert sorted(p.name for p in out.iterdir()) == ["model"]
+  metadata = json.loads(tf.saved_model.load(str(path)).metadata.numpy())
+  assert metadata["source_languages"] == ["de", "fr"]  # trained into en
+  before = sorted(p.name for p in path.iterdir())
+  with pytest.raises(export.ExportError, match="exists and is not an empty"):
+    export.export_saved_model(translator, path)
+  assert sorted(p.name for p in path.iterdir()) == before

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Mapping
+from typing import Any, Mapping, TYPE_CHECKING
 
 import tensorflow as tf
 
 from m4moe.training import fixtures
+
+if TYPE_CHECKING:
+  from m4moe.data import tsv  # pylint: disable=g-bad-import-order
 
 
 class DataConfigError(ValueError):
@@ -113,7 +116,7 @@ class Inputs:
   src_vocab_size: int | None
   tgt_vocab_size: int | None
   languages: tuple[str, ...]
-  tsv_scans: tuple[Any, ...] = ()
+  tsv_scans: tuple["tsv.TsvScan", ...] = ()
 
   @property
   def skipped_lines(self) -> dict[str, int]:

@@ -11,7 +11,8 @@ from m4moe import config as config_lib
 from m4moe import interfaces
 from m4moe import model as model_lib
 from m4moe.data import packing
-from m4moe.training import fixtures
+from m4moe.training import synthetic
+from m4moe.training import toy_model
 from m4moe.training import step as step_lib
 
 _METHODS = {
@@ -54,11 +55,11 @@ def test_transformer_is_a_translation_model():
 
 
 def test_toy_translator_is_trainable_but_does_not_decode():
-  toy = fixtures.ToyTranslator()
+  toy = toy_model.ToyTranslator()
   assert isinstance(toy, interfaces.TrainableModel)
   assert not isinstance(toy, interfaces.TranslationModel)
   _check_signatures(toy, interfaces.TrainableModel)
-  batch = next(iter(fixtures.synthetic_parallel_dataset(batch_size=2)))
+  batch = next(iter(synthetic.synthetic_parallel_dataset(batch_size=2)))
   assert isinstance(toy(batch, training=False), interfaces.ModelOutputLike)
 
 
@@ -85,7 +86,7 @@ def test_batch_keys_are_what_the_pipeline_produces():
                               length=8)
   assert sorted(packed) == sorted(interfaces.MODEL_KEYS)
   # Unpacked fixture batches carry the required keys only.
-  element = fixtures.synthetic_parallel_dataset(batch_size=2).element_spec
+  element = synthetic.synthetic_parallel_dataset(batch_size=2).element_spec
   assert sorted(element) == sorted(interfaces.REQUIRED_MODEL_KEYS)
 
 

@@ -11,6 +11,7 @@ Modules (one idea each):
 * ``sampling``: temperature sampling ``p_l ∝ n_l^(1/T)``.
 * ``vocab``: SentencePiece source/target models (pad=0, eos=1, unk=2).
 * ``packing``: first-fit packing into rows with segment ids/positions.
+* ``tsv``: corpus TSV scanning; malformed lines found, counted, skipped.
 * ``pipeline``: tf.data training stream and evaluation datasets.
 * ``tfds_corpus``: offline TFDS builder ``m4moe_corpus``; TFDS catalog sets.
 * ``fixtures``: tiny synthetic catalogs/corpora for tests.

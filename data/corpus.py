@@ -96,22 +96,39 @@ class _Problems:
 
   def add(self, kind: str, where: str, reason: str) -> None:
     self.counts[kind] += 1
+    self._list(kind, where, reason)
+
+  def extend(self, found: Iterable[catalogs.Problem]) -> None:
+    """Lists problems already counted (by the worker that found them)."""
+    for problem in found:
+      self._list(problem.kind, problem.where, problem.reason)
+
+  def _list(self, kind: str, where: str, reason: str) -> None:
     if len(self.listed) < _MAX_LISTED_PROBLEMS:
       self.listed.append({"kind": kind, "where": where, "reason": reason})
 
 
 def _process_catalog(args) -> tuple[list[tuple[str, str, str]],
-                                    collections.Counter, str, str]:
+                                    collections.Counter,
+                                    list[catalogs.Problem]]:
   """Worker: parse + clean one catalog.
 
   Returns:
-    (pairs, counts, problem kind, error message); kind "" when fine.
+    (pairs, counts, problems): problems are already counted in ``counts``.
+    Any exception is a problem of the file; one bad catalog never stops the
+    build.
   """
   path, config, selected = args
   counts = collections.Counter()
+  problems: list[catalogs.Problem] = []
   pairs = []
+
+  def failed(kind: str, reason: str):
+    counts[kind] += 1
+    return [], counts, problems + [catalogs.Problem(kind, str(path), reason)]
+
   try:
-    for raw in catalogs.read_catalog(path, counts=counts):
+    for raw in catalogs.read_catalog(path, counts=counts, problems=problems):
       if selected and raw.lang not in selected:
         counts["pair:language_not_selected"] += 1
         continue
@@ -124,26 +141,41 @@ def _process_catalog(args) -> tuple[list[tuple[str, str, str]],
       else:
         pairs.append((raw.lang, result.source, result.target))
   except languages.UnknownLanguageError as e:
-    return [], counts, "catalog:unknown_language", str(e)
+    return failed("catalog:unknown_language", str(e))
   except (catalogs.CatalogError, UnicodeError, OSError, ValueError) as e:
-    return [], counts, "catalog:unreadable", f"{type(e).__name__}: {e}"
-  return pairs, counts, "", ""
+    return failed("catalog:unreadable", f"{type(e).__name__}: {e}")
+  except Exception as e:  # pylint: disable=broad-except
+    # A parser bug or a file polib was not made for: this catalog only.
+    return failed("catalog:parser_error", f"{type(e).__name__}: {e}")
+  return pairs, counts, problems
 
 
 def _read_tsv(path: pathlib.Path, config: BuildConfig,
               problems: _Problems) -> Iterator[tuple[str, str, str]]:
-  """Yields cleaned pairs of a ``lang<TAB>english<TAB>x`` file."""
+  """Yields cleaned pairs of a ``lang<TAB>english<TAB>x`` file.
+
+  Lines are decoded one by one: an undecodable line is counted
+  (``tsv:undecodable_line``, with ``file:line``) and the others kept.
+  """
   counts = problems.counts
-  with open(path, encoding="utf-8", errors="strict") as f:
+  try:
+    with open(path, "rb") as f:
+      raw_lines = f.read().split(b"\n")
+  except OSError as e:
+    problems.add("tsv:unreadable_file", str(path), str(e))
+    return
+  if raw_lines and not raw_lines[-1]:
+    raw_lines.pop()  # the newline ending the last line
+  for lineno, raw in enumerate(raw_lines, start=1):
     try:
-      lines = list(enumerate(f, start=1))
+      line = raw.decode("utf-8").rstrip("\r")
     except UnicodeDecodeError as e:
-      problems.add("tsv:unreadable_file", str(path), str(e))
-      return
-  for lineno, line in lines:
+      problems.add("tsv:undecodable_line", f"{path}:{lineno}",
+                   f"not UTF-8 ({e.reason} at byte {e.start}); line skipped")
+      continue
     if not line.strip() or line.startswith("#"):
       continue
-    fields = line.rstrip("\n").split("\t")
+    fields = line.split("\t")
     if len(fields) != 3:
       problems.add("tsv:bad_line", f"{path}:{lineno}",
                    f"expected 3 tab-separated fields, got {len(fields)}")
@@ -211,22 +243,18 @@ def _cleaned_pairs(config: BuildConfig, problems: _Problems,
   roots = _fetch_recipe(config, problems, report) if config.recipe_dir else []
   local = [s for s in config.sources if s.suffix != ".tsv"]
   tsvs = [s for s in config.sources if s.suffix == ".tsv"]
-  files = [f for root in roots for f in sources.find_catalogs(root)]
-  files += sources.iter_source_files(local)
+  walk = sources.SourceWalk()
+  files = [f for root in roots for f in walk.find_catalogs(root)]
+  files += sources.iter_source_files(local, walk=walk)
+  for problem in walk.problems:
+    problems.add(problem.kind, problem.where, problem.reason)
   problems.counts["catalog:files"] += len(files)
   selected = frozenset(config.languages)
   jobs = [(f, config.cleaning, selected) for f in files]
-  for path, (pairs, counts, kind, error) in zip(
-      files, _parallel_map(_process_catalog, jobs, config.workers)):
-    for key in [k for k in counts if k.startswith(
-        catalogs.BROKEN_PLURAL_PREFIX)]:
-      problems.listed.append({"kind": "catalog:plural_header_broken",
-                              "where": key[len(catalogs.BROKEN_PLURAL_PREFIX):],
-                              "reason": "plural entries skipped"})
-      del counts[key]
-    problems.counts.update(counts)
-    if kind:
-      problems.add(kind, str(path), error)
+  for pairs, counts, found in _parallel_map(_process_catalog, jobs,
+                                            config.workers):
+    problems.counts.update(counts)  # (includes the problems' own counts)
+    problems.extend(found)
     yield from pairs
   for tsv in tsvs:
     yield from _read_tsv(tsv, config, problems)

@@ -130,9 +130,11 @@ def test_broken_plural_header_skips_plurals_and_names_file(tmp_path):
                              plural_forms="nplurals=2; plural=n !=!;")
   path = fixtures.write_catalog(po, tmp_path / "de" / "LC_MESSAGES" / "b.po")
   counts = cleaning.new_counter()
-  pairs = list(catalogs.read_catalog(path, counts=counts))
+  problems = []
+  pairs = list(catalogs.read_catalog(path, counts=counts, problems=problems))
   assert counts["catalog:plural_header_broken"] == 1
-  assert counts[f"{catalogs.BROKEN_PLURAL_PREFIX}{path}"] == 1
+  assert [(p.kind, p.where) for p in problems] == [
+      ("catalog:plural_header_broken", str(path))]
   assert counts["entry:plural_skipped_broken_header"] == 1
   assert all("selected file" not in p.source for p in pairs)
 

@@ -1,10 +1,14 @@
 """Corpus builder under faults: every bad input is counted with its file and
 the good data around it survives (issue 14)."""
 
+import collections
 import pathlib
+import struct
 
+import polib
 import pytest
 
+from m4moe.data import catalogs
 from m4moe.data import corpus
 from m4moe.data import fixtures
 from m4moe.data import iso639
@@ -82,3 +86,200 @@ def test_unknown_language_directories_are_counted(tmp_path):
   assert {pathlib.Path(w).parts[-3] for w in listed} == {"xq", "gui"}
   assert sorted(report["languages"]) == [lang]
   assert _all_pairs(tmp_path / "out", lang) == good
+
+
+def _header(charset: str = "UTF-8", plural: str = "nplurals=2; plural=(n != 1);"
+            ) -> str:
+  return ('msgid ""\nmsgstr ""\n'
+          f'"Content-Type: text/plain; charset={charset}\\n"\n'
+          f'"Plural-Forms: {plural}\\n"\n\n')
+
+
+def test_plural_rule_dividing_by_zero_skips_only_plurals(tmp_path):
+  src = tmp_path / "src"
+  good, lang = _good_catalog(src)
+  po = fixtures.make_catalog("fr", ["Close the current window"],
+                             special=False, plural_forms="nplurals=2; "
+                             "plural=n/0;")
+  po.append(polib.POEntry(msgid="Delete %d selected file",
+                          msgid_plural="Delete %d selected files",
+                          msgstr_plural={0: "Supprimer %d", 1: "Supprimer %d"}))
+  path = fixtures.write_catalog(po, src / "fr" / "LC_MESSAGES" / "div.po")
+  # An index outside 0..nplurals-1 is as broken as a crash.
+  po.metadata["Plural-Forms"] = "nplurals=2; plural=n;"
+  path2 = fixtures.write_catalog(po, src / "fr" / "LC_MESSAGES" / "range.mo")
+  report = _build(tmp_path, [src])
+  assert report["counts"]["catalog:plural_header_broken"] == 2
+  assert report["counts"]["entry:plural_skipped_broken_header"] == 2
+  listed = _problems(report, "catalog:plural_header_broken")
+  assert "ZeroDivisionError" in listed[str(path)]
+  assert "plural(2) = 2" in listed[str(path2)]
+  pairs = _all_pairs(tmp_path / "out", lang)
+  # Singular entries of the broken catalogs and the good catalog survive.
+  assert pairs == good | {("Close the current window", fixtures.translate(
+      "Close the current window", "fr"))}
+
+
+def _mo_bytes(tmp_path: pathlib.Path, sentences: list[str]) -> bytes:
+  po = fixtures.make_catalog("de", sentences, special=False)
+  return fixtures.write_catalog(po, tmp_path / "whole.mo").read_bytes()
+
+
+def test_empty_and_truncated_mo_are_counted_and_salvaged(tmp_path):
+  src = tmp_path / "src"
+  good, lang = _good_catalog(src)
+  sentences = fixtures.english_sentences(8, seed=11)
+  data = _mo_bytes(tmp_path, sentences)
+  n, o_off, t_off = struct.unpack_from("<3I", data, 8)
+  assert n == len(sentences) + 1  # + header entry
+  strings_end = max(struct.unpack_from("<2I", data, t_off + 8 * i)[1] +
+                    struct.unpack_from("<2I", data, t_off + 8 * i)[0]
+                    for i in range(n))
+  de = src / "de" / "LC_MESSAGES"
+  de.mkdir(parents=True)
+  (de / "empty.mo").write_bytes(b"")
+  (de / "mid_table.mo").write_bytes(data[:o_off + 8 * 3 + 4])
+  (de / "mid_strings.mo").write_bytes(data[:strings_end - 3])
+  report = _build(tmp_path, [src])
+  counts = report["counts"]
+  assert counts["catalog:unreadable"] == 1
+  assert "empty .mo" in _problems(report, "catalog:unreadable")[
+      str(de / "empty.mo")]
+  assert counts["catalog:mo_truncated"] == 2
+  truncated = _problems(report, "catalog:mo_truncated")
+  assert f"{n} of {n} table entries" in truncated[str(de / "mid_table.mo")]
+  assert f"1 of {n} table entries" in truncated[str(de / "mid_strings.mo")]
+  assert counts["entry:mo_out_of_bounds"] == n + 1
+  # The good fr catalog survives; from the string-truncated .mo every entry
+  # but the cut one is kept, unmangled.
+  assert _all_pairs(tmp_path / "out", lang) == good
+  de_pairs = _all_pairs(tmp_path / "out", "de")
+  expected = {(s, fixtures.translate(s, "de")) for s in sentences}
+  assert len(de_pairs) == len(sentences) - 1 and de_pairs < expected
+
+
+def test_corrupt_mo_offsets_point_outside_the_file(tmp_path):
+  data = bytearray(_mo_bytes(tmp_path, ["Open the new file", "Save it now"]))
+  _, _, t_off = struct.unpack_from("<3I", data, 8)
+  struct.pack_into("<2I", data, t_off + 8, 5, 10**9)  # first real entry
+  path = tmp_path / "de" / "LC_MESSAGES" / "bad.mo"
+  path.parent.mkdir(parents=True)
+  path.write_bytes(bytes(data))
+  counts, problems = collections.Counter(), []
+  pairs = list(catalogs.read_catalog(path, counts=counts, problems=problems))
+  assert [p.kind for p in problems] == ["catalog:mo_truncated"]
+  assert counts["entry:mo_out_of_bounds"] == 1
+  assert len(pairs) == 1
+
+
+def test_any_parser_exception_is_counted_per_file(tmp_path, monkeypatch):
+  src = tmp_path / "src"
+  good, lang = _good_catalog(src)
+  bad = fixtures.write_catalog(
+      fixtures.make_catalog("fr", ["Close the window now"], special=False),
+      src / "fr" / "LC_MESSAGES" / "zzz.po")
+  real = catalogs.load_catalog
+
+  def flaky(path, **kwargs):
+    if path.name == "zzz.po":
+      raise RuntimeError("parser bug")
+    return real(path, **kwargs)
+  monkeypatch.setattr(catalogs, "load_catalog", flaky)
+  report = _build(tmp_path, [src])
+  assert report["counts"]["catalog:parser_error"] == 1
+  assert _problems(report, "catalog:parser_error") == {
+      str(bad): "RuntimeError: parser bug"}
+  assert _all_pairs(tmp_path / "out", lang) == good
+
+
+def test_unterminated_po_string_drops_only_its_entry(tmp_path):
+  src = tmp_path / "src"
+  path = src / "fr" / "LC_MESSAGES" / "app.po"
+  path.parent.mkdir(parents=True)
+  path.write_text(
+      _header() +
+      '#: a.c:1\nmsgid "Open the file now"\nmsgstr "Ouvrir le fichier\n\n'
+      'msgid ""\n"Save the file now"\nmsgstr "Enregistrer le fichier"\n\n'
+      'msgctxt "menu\nmsgid "Close all windows"\nmsgstr "Fermer tout"\n\n'
+      'msgid "Print the page"\nmsgstr "Imprimer la \\"page\\""\n',
+      encoding="utf-8")
+  report = _build(tmp_path, [src])
+  assert report["counts"]["catalog:po_unterminated_string"] == 1
+  assert report["counts"]["entry:po_syntax"] == 2
+  assert "line 8, 14" in _problems(
+      report, "catalog:po_unterminated_string")[str(path)]
+  assert _all_pairs(tmp_path / "out", "fr") == {
+      ("Save the file now", "Enregistrer le fichier"),
+      ("Print the page", 'Imprimer la "page"')}
+  # polib alone would have kept a mangled pair ("... le fichie").
+  assert ("Open the file now", "Ouvrir le fichie") in {
+      (e.msgid, e.msgstr) for e in polib.pofile(str(path))}
+
+
+def test_unterminated_string_in_header_rejects_catalog(tmp_path):
+  path = tmp_path / "fr.po"
+  path.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; '
+                  'charset=UTF-8\\n\n\nmsgid "Open it now"\nmsgstr "Ouvrir"\n')
+  with pytest.raises(catalogs.CatalogError, match=r"fr.po.*header.*line 3"):
+    list(catalogs.read_catalog(path, counts=collections.Counter()))
+
+
+def test_mojibake_entries_are_dropped_genuine_latin1_kept(tmp_path):
+  src = tmp_path / "src"
+  path = src / "fr" / "LC_MESSAGES" / "app.po"
+  path.parent.mkdir(parents=True)
+  path.write_bytes(
+      _header("ISO-8859-1").encode("ascii") +
+      'msgid "Open the file now"\nmsgstr "Ouvrir le fichier créé"\n\n'
+      'msgid "Save the file now"\nmsgstr "Enregistrer à nouveau"\n\n'
+      .encode("utf-8") +
+      'msgid "Close the window now"\nmsgstr "Fermer la fenêtre"\n\n'
+      'msgid "Print the page now"\nmsgstr "Imprimer la page"\n'
+      .encode("latin-1"))
+  polib.pofile(str(path)).save_as_mofile(str(path.with_name("other.mo")))
+  report = _build(tmp_path, [src, path.with_name("other.mo")])
+  # The .po and the .mo compiled from it each have 2 UTF-8 entries.
+  assert report["counts"]["entry:mojibake"] == 4
+  listed = _problems(report, "catalog:mojibake")
+  assert "iso-8859-1" in listed[str(path)] and len(listed) == 2
+  pairs = _all_pairs(tmp_path / "out", "fr")
+  assert pairs == {("Close the window now", "Fermer la fenêtre"),
+                   ("Print the page now", "Imprimer la page")}
+  assert not any("Ã" in target for _, target in pairs)
+
+
+def test_symlinks_followed_once_loops_and_dangling_counted(tmp_path):
+  src = tmp_path / "src"
+  good, lang = _good_catalog(tmp_path / "shared")
+  src.mkdir()
+  (src / "fr").symlink_to(tmp_path / "shared" / "fr")  # followed
+  (src / "zz_fr").symlink_to(tmp_path / "shared" / "fr")  # same dir again
+  (src / "fr_copy.po").symlink_to(
+      tmp_path / "shared" / "fr" / "LC_MESSAGES" / "good.po")  # same file
+  (src / "loop").symlink_to(src)  # points back at its parent
+  (src / "a.po").symlink_to(src / "b.po")  # links pointing at each other
+  (src / "b.po").symlink_to(src / "a.po")
+  (src / "gone.mo").symlink_to(tmp_path / "nowhere.mo")
+  report = _build(tmp_path, [src, src / "fr" / "LC_MESSAGES" / "good.po"])
+  counts = report["counts"]
+  assert counts["catalog:files"] == 1  # each real file read once
+  assert counts["source:duplicate_path"] == 3
+  assert counts["source:symlink_loop"] == 3  # loop, a.po, b.po
+  assert counts["source:dangling_symlink"] == 1
+  assert str(src / "gone.mo") in _problems(report,
+                                           "source:dangling_symlink")
+  assert str(src / "loop") in _problems(report, "source:symlink_loop")
+  assert _all_pairs(tmp_path / "out", lang) == good
+
+
+def test_tsv_undecodable_line_keeps_the_others(tmp_path):
+  tsv = tmp_path / "extra.tsv"
+  tsv.write_bytes("de\tSave the file now\tDatei jetzt speichern\n".encode() +
+                  b"de\tOpen the file now\tDatei \xff\xfe \xf6ffnen\n" +
+                  "de\tClose the window now\tFenster schließen\r\n".encode())
+  report = _build(tmp_path, [tsv])
+  assert report["counts"]["tsv:undecodable_line"] == 1
+  assert list(_problems(report, "tsv:undecodable_line")) == [f"{tsv}:2"]
+  assert _all_pairs(tmp_path / "out", "de") == {
+      ("Save the file now", "Datei jetzt speichern"),
+      ("Close the window now", "Fenster schließen")}

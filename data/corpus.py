@@ -7,30 +7,51 @@ Output layout (``output_dir``)::
                    # train rows in a fixed pseudo-random order)
   report.json      # every counter, per-language counts, sources, timing
   split_keys.txt   # the dev/test group ids used (copy or freshly chosen)
+  .m4moe-corpus.json  # marker: this directory is a corpus this builder wrote,
+                   # with the list of its files
 
 Sources are read in a fixed order (recipe pins, then local ``sources`` in the
 order given) and the first occurrence of a (lang, english, x) triple is the
 one kept, so the output is a pure function of the inputs. Everything is
 written under a temporary directory next to ``output_dir`` and renamed into
 place at the end: a killed build leaves the previous output (or nothing).
-A killed build's temporary directory is deleted by the next build.
-Unreadable catalogs, unknown locales and bad TSV lines are skipped and listed
-with their file (and line) in the report; nothing is dropped without a count.
+A killed build's temporary directory (recognised by the marker written into
+it first, or empty) is deleted by the next build.
+
+``output_dir`` is only replaced when it is missing, empty, or a corpus this
+builder wrote: it has the marker and no file the marker does not list (or,
+for corpora built before the marker existed, nothing but ``report.json``,
+``split_keys.txt`` and ``{train,dev,test}/*.tsv``). Anything else (``.``,
+a sources directory, a directory with other files) is refused with
+:class:`OutputDirError` unless ``overwrite`` is set; a directory that holds
+a source, the cache, the recipe, the split keys or the working directory is
+refused even then.
+
+Unreadable catalogs, unknown locales, damaged catalogs (see
+``catalogs.py``), symlink loops and bad TSV lines are skipped and listed with
+their file (and line) in the report; nothing is dropped without a count, and
+no single bad file stops a build.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
+import ctypes
 import dataclasses
 import functools
 import hashlib
 import json
 import os
 import pathlib
+import multiprocessing
 import random
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 import zlib
 from typing import Iterable, Iterator, Sequence
@@ -43,6 +64,22 @@ from m4moe.data import split
 
 _MAX_LISTED_PROBLEMS = 200
 _CHUNKSIZE = 8
+MARKER = ".m4moe-corpus.json"
+_MARKER_FORMAT = "m4moe-corpus"
+_LEGACY_FILES = ("report.json", "split_keys.txt")
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_WORKER_EXIT_TIMEOUT_S = 5.0
+
+
+class OutputDirError(ValueError):
+  """``output_dir`` is not safe to replace; the message says what to do."""
+
+
+class BuildInterrupted(BaseException):
+  """SIGTERM stopped the build (a BaseException, like KeyboardInterrupt, so
+  no ``except Exception`` swallows it); the previous output is unchanged."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +100,8 @@ class BuildConfig:
     split_config: dev/test sizes when choosing afresh.
     cleaning: cleaning thresholds.
     workers: processes parsing catalogs (1 = in-process).
+    overwrite: replace ``output_dir`` even when it is not a corpus this
+      builder wrote (module docstring).
   """
 
   output_dir: pathlib.Path
@@ -76,6 +115,7 @@ class BuildConfig:
   split_config: split.SplitConfig = split.SplitConfig()
   cleaning: cleaning.CleaningConfig = cleaning.CleaningConfig()
   workers: int = 2
+  overwrite: bool = False
 
   def __post_init__(self):
     if self.recipe_dir is None and not self.sources:
@@ -225,20 +265,86 @@ def _fetch_recipe(config: BuildConfig, problems: _Problems,
   return dirs
 
 
-def _parallel_map(fn, items: Sequence, workers: int) -> Iterable:
-  if workers == 1 or len(items) < 2:
+def _worker_init(builder_pid: int) -> None:
+  """Pool initializer: a worker dies with the builder and leaves signals to it.
+
+  On Linux the kernel SIGKILLs the worker when the builder dies, even by
+  ``kill -9`` (``prctl(PR_SET_PDEATHSIG)``); a builder that died before the
+  call is noticed by the parent pid changing. Ctrl-C is ignored (the builder
+  stops the pool) and the builder's SIGTERM handler, inherited by fork, is
+  reset so a SIGTERM simply ends the worker.
+  """
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  if sys.platform.startswith("linux"):
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+      raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+  if os.getppid() != builder_pid:
+    os._exit(1)  # the builder is already gone
+
+
+@contextlib.contextmanager
+def _worker_pool(workers: int) -> Iterator[
+    concurrent.futures.ProcessPoolExecutor | None]:
+  """A process pool (None for ``workers == 1``) that never outlives the build.
+
+  On success it is shut down normally; on any exception (a SIGTERM turned
+  into :class:`BuildInterrupted`, Ctrl-C, a failure) queued work is
+  cancelled and the workers are terminated, not waited for.
+  """
+  if workers == 1:
+    yield None
+    return
+  before = set(multiprocessing.active_children())
+  pool = concurrent.futures.ProcessPoolExecutor(
+      max_workers=workers, initializer=_worker_init,
+      initargs=(os.getpid(),))
+  try:
+    yield pool
+  except BaseException:
+    pool.shutdown(wait=False, cancel_futures=True)
+    workers_left = set(multiprocessing.active_children()) - before
+    for process in workers_left:
+      process.terminate()
+    for process in workers_left:
+      process.join(_WORKER_EXIT_TIMEOUT_S)
+      if process.is_alive():
+        process.kill()
+    raise
+  pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+  """Turns SIGTERM into :class:`BuildInterrupted` in the main thread, so the
+  build stops its workers and deletes its temporary directory."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def handle(signum, frame):
+    del frame
+    raise BuildInterrupted(f"stopped by {signal.Signals(signum).name}; the "
+                           "previous output (if any) is unchanged")
+  previous = signal.signal(signal.SIGTERM, handle)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _parallel_map(fn, items: Sequence,
+                  pool: concurrent.futures.ProcessPoolExecutor | None
+                  ) -> Iterable:
+  if pool is None or len(items) < 2:
     return map(fn, items)
-  pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers)
-  return _closing_map(pool, fn, items)
+  return pool.map(fn, items, chunksize=_CHUNKSIZE)
 
 
-def _closing_map(pool, fn, items) -> Iterator:
-  with pool:
-    yield from pool.map(fn, items, chunksize=_CHUNKSIZE)
-
-
-def _cleaned_pairs(config: BuildConfig, problems: _Problems,
-                   report: dict) -> Iterator[tuple[str, str, str]]:
+def _cleaned_pairs(config: BuildConfig, problems: _Problems, report: dict,
+                   pool: concurrent.futures.ProcessPoolExecutor | None
+                   ) -> Iterator[tuple[str, str, str]]:
   """All cleaned pairs in a fixed source order (before dedup)."""
   roots = _fetch_recipe(config, problems, report) if config.recipe_dir else []
   local = [s for s in config.sources if s.suffix != ".tsv"]
@@ -251,8 +357,7 @@ def _cleaned_pairs(config: BuildConfig, problems: _Problems,
   problems.counts["catalog:files"] += len(files)
   selected = frozenset(config.languages)
   jobs = [(f, config.cleaning, selected) for f in files]
-  for pairs, counts, found in _parallel_map(_process_catalog, jobs,
-                                            config.workers):
+  for pairs, counts, found in _parallel_map(_process_catalog, jobs, pool):
     problems.counts.update(counts)  # (includes the problems' own counts)
     problems.extend(found)
     yield from pairs
@@ -351,24 +456,131 @@ def _summary(per_lang: dict[str, dict[str, int]]) -> dict:
   }
 
 
+def _tree_files(root: pathlib.Path) -> list[str]:
+  """Relative paths of the files (and links) under ``root``, no link
+  followed."""
+  out = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    rel = pathlib.Path(dirpath).relative_to(root)
+    out.extend(str(rel / name) for name in filenames)
+    out.extend(str(rel / name) for name in dirnames
+               if os.path.islink(os.path.join(dirpath, name)))
+  return sorted(out)
+
+
+def _unexpected_files(output_dir: pathlib.Path) -> list[str] | None:
+  """Files of ``output_dir`` a rebuild must not delete; None when it is not
+  a corpus this builder wrote at all."""
+  files = _tree_files(output_dir)
+  marker = output_dir / MARKER
+  if marker.is_file():
+    try:
+      manifest = json.loads(marker.read_text(encoding="utf-8"))
+      listed = set(manifest["files"]) | {MARKER}
+      if manifest.get("format") != _MARKER_FORMAT:
+        return None
+    except (ValueError, KeyError, TypeError, OSError):
+      return None
+    return [f for f in files if f not in listed]
+  if "report.json" not in files:
+    return None
+  ours = lambda f: f in _LEGACY_FILES or (  # pylint: disable=unnecessary-lambda-assignment
+      f.endswith(".tsv") and f.count("/") == 1 and
+      f.split("/")[0] in split.SPLITS)
+  return [f for f in files if not ours(f)]
+
+
+def _is_within(path: pathlib.Path, directory: pathlib.Path) -> bool:
+  return path == directory or directory in path.parents
+
+
+def check_output_dir(config: BuildConfig) -> None:
+  """Refuses an ``output_dir`` that must not be replaced (module docstring).
+
+  Raises:
+    OutputDirError: naming the directory, the reason and what to do.
+  """
+  out = config.output_dir.resolve()
+  flag = f"--output_dir={config.output_dir}"
+  if not out.exists():
+    return
+  if not out.is_dir():
+    raise OutputDirError(f"{flag} exists and is not a directory: choose a "
+                         "new directory for the corpus")
+  inputs = [("--sources", s) for s in config.sources] + [
+      ("--cache_dir", config.cache_dir), ("--recipe", config.recipe_dir),
+      ("--split_keys", config.split_keys), ("the working directory",
+                                            pathlib.Path.cwd())]
+  for name, path in inputs:
+    if path is not None and _is_within(path.resolve(), out):
+      shown = "" if name == "the working directory" else f"={path}"
+      raise OutputDirError(
+          f"{flag} holds {name}{shown}; building there would delete it. "
+          "Choose a new directory for the corpus (--overwrite does not "
+          "apply to inputs).")
+  if not any(out.iterdir()) or config.overwrite:
+    return
+  unexpected = _unexpected_files(out)
+  if unexpected is None:
+    raise OutputDirError(
+        f"{flag} is not empty and is not a corpus this builder wrote (no "
+        f"{MARKER}); building would replace everything in it. Choose a new "
+        "or empty directory, or pass --overwrite to replace it.")
+  if unexpected:
+    shown = ", ".join(unexpected[:5]) + (", ..." if len(unexpected) > 5
+                                         else "")
+    raise OutputDirError(
+        f"{flag} is a corpus this builder wrote but also holds files it did "
+        f"not write ({len(unexpected)}: {shown}); move them out, or pass "
+        "--overwrite to replace the directory with them.")
+
+
+def _write_marker(directory: pathlib.Path) -> None:
+  """Writes (or rewrites) the marker listing ``directory``'s files."""
+  files = [f for f in _tree_files(directory) if f != MARKER]
+  (directory / MARKER).write_text(json.dumps(
+      {"format": _MARKER_FORMAT, "files": files}, indent=1) + "\n",
+                                  encoding="utf-8")
+
+
 def _replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
-  """Renames ``tmp`` to ``final``, replacing an existing ``final``."""
+  """Renames ``tmp`` to ``final``, replacing an existing ``final``.
+
+  SIGTERM is held off between the two renames; a SIGKILL there leaves the
+  previous output as ``.<name>.old-<pid>``, which the next build restores.
+  """
   old = None
-  if final.exists():
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    final.rename(old)
-  tmp.rename(final)
+  main = threading.current_thread() is threading.main_thread()
+  if main:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+  try:
+    if final.exists():
+      old = final.with_name(f".{final.name}.old-{os.getpid()}")
+      final.rename(old)
+    tmp.rename(final)
+  finally:
+    if main:
+      signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
   if old is not None:
     shutil.rmtree(old, ignore_errors=True)
 
 
 def _remove_stale_temporaries(output_dir: pathlib.Path) -> None:
-  """Deletes temporaries of earlier builds that were killed (SIGKILL/TERM
-  skip cleanup). Two builds into one output_dir at once are not supported."""
+  """Cleans up after builds killed by SIGKILL: deletes temporaries holding
+  the marker (or empty: killed before writing it) and replaced outputs
+  (``.old-``, renamed only once approved for replacement), or renames a
+  replaced output back when the build died before its new one was in place.
+  Two builds into one output_dir at once are not supported."""
   for stale in output_dir.parent.glob(f".{output_dir.name}.tmp-*"):
-    shutil.rmtree(stale, ignore_errors=True)
-  for stale in output_dir.parent.glob(f".{output_dir.name}.old-*"):
-    shutil.rmtree(stale, ignore_errors=True)
+    if stale.is_dir() and not stale.is_symlink() and (
+        (stale / MARKER).is_file() or not any(stale.iterdir())):
+      shutil.rmtree(stale, ignore_errors=True)
+  for stale in sorted(output_dir.parent.glob(f".{output_dir.name}.old-*")):
+    if stale.is_dir() and not stale.is_symlink():
+      if not output_dir.exists():  # killed between the two renames
+        stale.rename(output_dir)
+      else:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def build_corpus(config: BuildConfig) -> dict:
@@ -379,8 +591,15 @@ def build_corpus(config: BuildConfig) -> dict:
   / lines skipped, with reasons), ``languages`` (per-language split sizes),
   ``sources`` (each recipe pin: status, version used, archive) and
   ``seconds``.
+
+  Raises:
+    OutputDirError: ``output_dir`` must not be replaced (see
+      :func:`check_output_dir`); raised before anything is read or written.
+    BuildInterrupted: SIGTERM (main thread only); workers and the temporary
+      directory are gone, the previous output is unchanged.
   """
   start = time.time()
+  check_output_dir(config)
   output_dir = config.output_dir.resolve()
   output_dir.parent.mkdir(parents=True, exist_ok=True)
   _remove_stale_temporaries(output_dir)
@@ -388,26 +607,37 @@ def build_corpus(config: BuildConfig) -> dict:
   problems = _Problems(counts)
   report: dict = {"config": {k: str(v) for k, v in
                              dataclasses.asdict(config).items()}}
-  tmp = pathlib.Path(tempfile.mkdtemp(dir=output_dir.parent,
-                                      prefix=f".{output_dir.name}.tmp-"))
-  try:
-    staging = tmp / "_staging"
-    group_languages = _stage(_cleaned_pairs(config, problems, report),
-                             staging, counts)
-    keys = _split_keys(config, group_languages, report)
-    split.save_split_keys(keys, tmp / "split_keys.txt")
-    per_lang = _write_splits(staging, tmp, keys, config, counts)
-    shutil.rmtree(staging)
-    report.update(summary=_summary(per_lang), counts=dict(sorted(
-        counts.items())), problems=problems.listed, languages=per_lang,
-                  seconds=round(time.time() - start, 1))
-    (tmp / "report.json").write_text(
-        json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
-    _replace_dir(tmp, output_dir)
-  finally:
-    if tmp.exists():
-      shutil.rmtree(tmp, ignore_errors=True)
+  with _sigterm_interrupts():
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=output_dir.parent,
+                                        prefix=f".{output_dir.name}.tmp-"))
+    try:
+      _build_into(tmp, config, problems, report, start)
+      _replace_dir(tmp, output_dir)
+    finally:
+      if tmp.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
   return report
+
+
+def _build_into(tmp: pathlib.Path, config: BuildConfig, problems: _Problems,
+                report: dict, start: float) -> None:
+  """Writes the whole corpus into the temporary directory ``tmp``."""
+  counts = problems.counts
+  _write_marker(tmp)  # first: a killed build's temporary is recognisable
+  staging = tmp / "_staging"
+  with _worker_pool(config.workers) as pool:
+    group_languages = _stage(_cleaned_pairs(config, problems, report, pool),
+                             staging, counts)
+  keys = _split_keys(config, group_languages, report)
+  split.save_split_keys(keys, tmp / "split_keys.txt")
+  per_lang = _write_splits(staging, tmp, keys, config, counts)
+  shutil.rmtree(staging)
+  report.update(summary=_summary(per_lang), counts=dict(sorted(
+      counts.items())), problems=problems.listed, languages=per_lang,
+                seconds=round(time.time() - start, 1))
+  (tmp / "report.json").write_text(
+      json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+  _write_marker(tmp)
 
 
 def read_report(corpus_dir: pathlib.Path) -> dict:

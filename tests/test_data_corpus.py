@@ -229,8 +229,10 @@ def test_output_is_atomic_and_idempotent(tmp_path, monkeypatch):
   after = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*.tsv")}
   assert after == before  # the interrupted build left the old output intact
   assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]
-  # A SIGKILLed build cannot clean up: the next build removes its leftovers.
+  # A SIGKILLed build cannot clean up: the next build removes its leftovers
+  # (recognised by the marker a build writes into its temporary first).
   (tmp_path / ".out.tmp-killed" / "train").mkdir(parents=True)
+  (tmp_path / ".out.tmp-killed" / corpus.MARKER).write_text("{}")
   second = _build(tmp_path, [tmp_path / "src"], split_keys=None)
   assert second["languages"] == first["languages"]
   final = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*.tsv")}

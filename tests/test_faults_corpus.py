@@ -2,8 +2,14 @@
 the good data around it survives (issue 14)."""
 
 import collections
+import json
+import os
 import pathlib
+import signal
 import struct
+import subprocess
+import sys
+import time
 
 import polib
 import pytest
@@ -283,3 +289,171 @@ def test_tsv_undecodable_line_keeps_the_others(tmp_path):
   assert _all_pairs(tmp_path / "out", "de") == {
       ("Save the file now", "Datei jetzt speichern"),
       ("Close the window now", "Fenster schließen")}
+
+
+def _tree(root: pathlib.Path) -> dict[str, bytes]:
+  return {str(p.relative_to(root)): p.read_bytes()
+          for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_output_dir_that_is_not_a_corpus_is_never_emptied(tmp_path,
+                                                          monkeypatch):
+  src = tmp_path / "src"
+  _good_catalog(src)
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "thesis.txt").write_text("months of work")
+  config = dict(cache_dir=tmp_path / "cache", sources=(src,), workers=1,
+                split_keys=None)
+  before = _tree(tmp_path)
+  for out, message in [
+      (notes, "not a corpus this builder wrote"),
+      (src, "holds --sources"),
+      (tmp_path, "holds --sources"),
+      (src / "fr" / "LC_MESSAGES" / "good.po", "not a directory")]:
+    with pytest.raises(corpus.OutputDirError, match=message):
+      corpus.build_corpus(corpus.BuildConfig(output_dir=out, **config))
+  monkeypatch.chdir(notes)
+  with pytest.raises(corpus.OutputDirError, match="working directory"):
+    corpus.build_corpus(corpus.BuildConfig(output_dir=pathlib.Path("."),
+                                           overwrite=True, **config))
+  with pytest.raises(corpus.OutputDirError, match="holds --sources"):
+    corpus.build_corpus(corpus.BuildConfig(output_dir=src, overwrite=True,
+                                           **config))
+  monkeypatch.chdir(tmp_path)
+  assert _tree(tmp_path) == before  # nothing read, written or deleted
+  # --overwrite is the user's explicit consent for a non-corpus directory.
+  report = corpus.build_corpus(corpus.BuildConfig(
+      output_dir=notes, overwrite=True, **config))
+  assert report["summary"]["languages"] == 1
+  assert not (notes / "thesis.txt").exists()
+
+
+def test_previous_corpus_is_rebuilt_unless_it_gained_files(tmp_path):
+  src = tmp_path / "src"
+  good, lang = _good_catalog(src)
+  out = tmp_path / "out"
+  _build(tmp_path, [src])
+  marker = json.loads((out / corpus.MARKER).read_text())
+  assert sorted(marker["files"]) == sorted(
+      f for f in _tree(out) if f != corpus.MARKER)
+  _build(tmp_path, [src])  # a corpus this builder wrote: rebuilt
+  assert _all_pairs(out, lang) == good
+  (out / "my_vocab.model").write_text("not ours")
+  with pytest.raises(corpus.OutputDirError, match="my_vocab.model"):
+    _build(tmp_path, [src])
+  assert (out / "my_vocab.model").exists()
+  # A corpus from before the marker (only our files) is recognised too.
+  (out / "my_vocab.model").unlink()
+  (out / corpus.MARKER).unlink()
+  _build(tmp_path, [src])
+  assert (out / corpus.MARKER).exists()
+  # Someone else's temporary-looking directory is not deleted.
+  foreign = tmp_path / ".out.tmp-foreign"
+  foreign.mkdir()
+  (foreign / "keep.txt").write_text("x")
+  _build(tmp_path, [src])
+  assert (foreign / "keep.txt").exists()
+
+
+def _children(pid: int) -> set[int]:
+  """Live (non-zombie) processes whose parent is ``pid``."""
+  out = set()
+  for stat_file in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat_file.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    if int(fields[1]) == pid and fields[0] != "Z":
+      out.add(int(stat_file.parent.name))
+  return out
+
+
+def _alive(pids: set[int]) -> set[int]:
+  alive = set()
+  for pid in pids:
+    try:
+      state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(
+          ")", 1)[1].split()[0]
+    except OSError:
+      continue
+    if state != "Z":
+      alive.add(pid)
+  return alive
+
+
+def _wait_for(predicate, timeout: float = 60.0):
+  """Polls ``predicate`` until it returns something true; returns that."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    value = predicate()
+    if value:
+      return value
+    time.sleep(0.1)
+  return predicate()
+
+
+def _start_blocked_build(tmp_path: pathlib.Path):
+  """A builder whose two workers block reading FIFO catalogs (no writer:
+  opening one for reading waits forever)."""
+  src = tmp_path / "src"
+  _good_catalog(src)
+  fifos = []
+  for i in range(20):
+    fifo = tmp_path / "pipes" / f"fr_{i:02d}.mo"
+    fifo.parent.mkdir(exist_ok=True)
+    os.mkfifo(fifo)
+    fifos.append(str(fifo))
+  # Output to files, not pipes: surviving workers would hold pipes open.
+  with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr",
+                                                    "w") as err:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m4moe.cli.build_corpus", "--norecipe",
+         f"--sources={src},{','.join(fifos)}",
+         f"--output_dir={tmp_path / 'out'}", "--split_keys=", "--workers=2"],
+        stdout=out, stderr=err)
+  workers = _wait_for(lambda: len(_children(proc.pid)) >= 2 and
+                      _children(proc.pid)) or set()
+  return proc, workers
+
+
+def _reap(proc: subprocess.Popen, workers: set[int]) -> None:
+  """Ends what the test started, whatever happened."""
+  for pid in _alive(workers):
+    os.kill(pid, signal.SIGKILL)
+  if proc.poll() is None:
+    proc.kill()
+  proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="PR_SET_PDEATHSIG is Linux-only")
+def test_workers_die_with_a_killed_builder(tmp_path):
+  proc, workers = _start_blocked_build(tmp_path)
+  try:
+    assert len(workers) >= 2, (tmp_path / "stderr").read_text()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _wait_for(lambda: not _alive(workers), timeout=10)
+    assert _alive(workers) == set()
+  finally:
+    _reap(proc, workers)
+
+
+def test_sigterm_stops_builder_and_workers_keeps_previous_output(tmp_path):
+  good, lang = _good_catalog(tmp_path / "src")
+  _build(tmp_path, [tmp_path / "src"])
+  before = _tree(tmp_path / "out")
+  proc, workers = _start_blocked_build(tmp_path)
+  try:
+    assert len(workers) >= 2, (tmp_path / "stderr").read_text()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 1
+    stderr = (tmp_path / "stderr").read_text()
+    assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
+    assert _wait_for(lambda: not _alive(workers), timeout=10)
+    assert _tree(tmp_path / "out") == before
+    assert _all_pairs(tmp_path / "out", lang) == good
+    assert not list(tmp_path.glob(".out.tmp-*"))
+  finally:
+    _reap(proc, workers)

@@ -457,3 +457,38 @@ def test_sigterm_stops_builder_and_workers_keeps_previous_output(tmp_path):
     assert not list(tmp_path.glob(".out.tmp-*"))
   finally:
     _reap(proc, workers)
+
+
+def test_cli_refuses_foreign_output_dir_with_a_usage_error(tmp_path):
+  src = tmp_path / "src"
+  _good_catalog(src)
+  (tmp_path / "keep.txt").write_text("mine")
+  base = [sys.executable, "-m", "m4moe.cli.build_corpus", "--norecipe",
+          f"--sources={src}", "--split_keys=", "--workers=1"]
+  proc = subprocess.run(base + ["--output_dir=."], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+  assert proc.returncode != 0
+  assert "--output_dir=. holds --sources" in proc.stderr
+  assert "Traceback" not in proc.stderr
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "data.csv").write_text("1,2\n")
+  proc = subprocess.run(base + [f"--output_dir={other}"], capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert proc.returncode != 0 and "pass --overwrite" in proc.stderr
+  assert (other / "data.csv").read_text() == "1,2\n"
+  assert (tmp_path / "keep.txt").read_text() == "mine"
+  empty = src / "de" / "LC_MESSAGES" / "empty.mo"
+  empty.parent.mkdir(parents=True)
+  empty.write_bytes(b"")
+  proc = subprocess.run(base + [f"--output_dir={other}", "--overwrite"],
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr
+  printed = json.loads(proc.stdout[:proc.stdout.rindex("}") + 1])
+  assert printed["summary"]["languages"] == 1
+  # The bad catalog is named in the printed summary, not only in the report.
+  assert printed["counts"]["catalog:unreadable"] == 1
+  assert [p["where"] for p in printed["problems"]] == [str(empty)]
+  assert printed["problems_not_printed"] == 0

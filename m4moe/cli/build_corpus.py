@@ -116,6 +116,10 @@ def main(argv):
   except corpus.BuildInterrupted as e:
     print(f"m4moe-build-corpus: {e}", file=sys.stderr)
     sys.exit(1)
+  except KeyboardInterrupt:
+    print("m4moe-build-corpus: interrupted; the previous output (if any) is "
+          "unchanged", file=sys.stderr)
+    sys.exit(130)
   skipped = [s for s in report.get("sources", []) if s["status"] != "cached"
              and s["status"] != "downloaded"]
   problems = report["problems"]

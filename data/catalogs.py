@@ -124,8 +124,11 @@ def _plural_rule(header: str | None, counts: collections.Counter,
   if header is None:
     counts["catalog:plural_header_missing"] += 1
   else:
-    parts = dict(p.strip().split("=", 1) for p in header.split(";")
-                 if "=" in p)
+    # Keys are the last word before "=": some catalogs repeat the header
+    # name in the value ("Plural-Forms: nplurals=2; plural=n != 1;").
+    parts = {key.replace(":", " ").split()[-1] if key.strip() else "": value
+             for key, _, value in (p.partition("=") for p in header.split(";")
+                                   if "=" in p)}
     expr = parts.get("plural", "").strip()
     try:
       nplurals = int(parts.get("nplurals", "").strip())

@@ -66,7 +66,8 @@ ISO_639_2 = frozenset("""
 LOCALISATION_EXTRAS = frozenset("""
     ckb szl brx ltg vec pms lij frp ksh mhr sgs hne yue kmr sdh ary arz
     bar mjw gbm aii tok
-""".split())
+    gug nan vls cgg ars lzh mrh skr tzm cmn cak gos shs zam
+""".split())  # 2nd line: locale directories of the packaged recipe's catalogs
 
 # Three-letter code -> its ISO 639-1 code, where one exists (``deu`` and
 # ``ger`` -> ``de``): the corpus names a language by its shortest code.
@@ -97,8 +98,16 @@ TO_ISO_639_1 = dict(pair.split(":") for pair in """
 CODES = ISO_639_1 | ISO_639_2 | LOCALISATION_EXTRAS
 
 
+# ISO 639-3 codes catalogs use for what the corpus calls by the
+# macrolanguage's code (Mandarin catalogs are Chinese: ``cmn_TW`` ->
+# ``zh_Hant``).
+TO_MACROLANGUAGE = {"cmn": "zh"}
+
+
 def shortest_code(code: str) -> str:
-  """The ISO 639-1 form of a three-letter code that has one, else ``code``."""
+  """The ISO 639-1 form of a three-letter code that has one (or of its
+  macrolanguage, :data:`TO_MACROLANGUAGE`), else ``code``."""
+  code = TO_MACROLANGUAGE.get(code, code)
   return TO_ISO_639_1.get(code, code)
 
 

@@ -56,7 +56,8 @@ def _good_catalog(root: pathlib.Path, locale: str = "fr",
   return {(s, fixtures.translate(s, locale)) for s in sentences}, lang
 
 
-@pytest.mark.parametrize("bad", ["xq", "gui", "src", "qaa", "xx_YY"])
+@pytest.mark.parametrize("bad", ["xq", "gui", "src", "qaa", "xx_YY", "qpv",
+                                 "fu"])
 def test_unknown_codes_are_not_languages(bad):
   with pytest.raises(languages.UnknownLanguageError, match="ISO 639"):
     if languages.normalize_language(bad) is None:  # pseudo-locale
@@ -66,7 +67,9 @@ def test_unknown_codes_are_not_languages(bad):
 @pytest.mark.parametrize("code,expected", [
     ("ast", "ast"), ("ckb", "ckb"), ("szl", "szl"), ("ger", "de"), ("deu_AT", "de"),
     ("fil_PH", "fil"), ("hsb", "hsb"), ("iw_IL", "he"), ("nor", "nb"),
-    ("eng_US", None), ("chi_TW", "zh_Hant"), ("rus", "ru")])
+    ("eng_US", None), ("chi_TW", "zh_Hant"), ("rus", "ru"),
+    # ISO 639-3 locales of catalogs in the packaged recipe.
+    ("gug", "gug"), ("nan", "nan"), ("cmn_TW", "zh_Hant")])
 def test_known_iso639_codes_are_languages(code, expected):
   assert languages.normalize_language(code) == expected
 
@@ -124,6 +127,19 @@ def test_plural_rule_dividing_by_zero_skips_only_plurals(tmp_path):
   # Singular entries of the broken catalogs and the good catalog survive.
   assert pairs == good | {("Close the current window", fixtures.translate(
       "Close the current window", "fr"))}
+
+
+def test_plural_header_repeating_its_name_still_parses(tmp_path):
+  # Seen in file-roller's ur.mo: the header name repeated in the value.
+  po = fixtures.make_catalog(
+      "ur", ["Open the file now"],
+      plural_forms="Plural-Forms: nplurals=2; plural=n != 1;")
+  path = fixtures.write_catalog(po, tmp_path / "ur" / "LC_MESSAGES" / "a.mo")
+  counts, problems = collections.Counter(), []
+  pairs = list(catalogs.read_catalog(path, counts=counts, problems=problems))
+  assert problems == []
+  assert {p.source for p in pairs} >= {"Delete %d selected file",
+                                       "Delete %d selected files"}
 
 
 def _mo_bytes(tmp_path: pathlib.Path, sentences: list[str]) -> bytes:

@@ -183,7 +183,8 @@ def _mo_charset(header: bytes) -> str:
 
 def _mo_entry(msgid: bytes, msgstr: bytes, charset: str) -> polib.MOEntry:
   """One polib entry from the raw strings of a ``.mo`` table slot."""
-  text = lambda raw: raw.decode(charset)  # pylint: disable=unnecessary-lambda-assignment
+  def text(raw: bytes) -> str:
+    return raw.decode(charset)
   context = None
   if b"\x04" in msgid:
     raw_context, msgid = msgid.split(b"\x04", 1)
@@ -288,6 +289,9 @@ def _load_po(path: pathlib.Path, counts: collections.Counter,
   keyword line) to the next entry's; lines before the first entry are the
   header's.
   """
+  if not path.is_file():  # polib would take the name for the contents
+    raise CatalogError(f"{path}: not a regular file (polib reads .po files "
+                       "by name); copy it to a file first")
   catalog = polib.pofile(str(path))
   bad = _unterminated_lines(path)
   if not bad:

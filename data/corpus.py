@@ -28,49 +28,46 @@ a source, the cache, the recipe, the split keys or the working directory is
 refused even then.
 
 Unreadable catalogs, unknown locales, damaged catalogs (see
-``catalogs.py``), symlink loops and bad TSV lines are skipped and listed with
-their file (and line) in the report; nothing is dropped without a count, and
-no single bad file stops a build.
+``catalogs.py``), catalogs whose parsing raised anything
+(``catalog:parser_error``) or killed the worker process
+(``catalog:worker_crashed``, see ``worker_pool.py``), symlink loops and bad
+TSV lines are skipped and listed with their file (and line) in the report;
+nothing is dropped without a count, and no single bad file stops a build.
+Worker processes die with the builder, even on ``kill -9``; SIGTERM stops the
+build in order (:class:`BuildInterrupted`).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import hashlib
 import json
 import os
 import pathlib
-import multiprocessing
 import random
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
 import zlib
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator
 
 from m4moe.data import catalogs
 from m4moe.data import cleaning
 from m4moe.data import languages
 from m4moe.data import sources
 from m4moe.data import split
+from m4moe.data import worker_pool
 
 _MAX_LISTED_PROBLEMS = 200
 _CHUNKSIZE = 8
 MARKER = ".m4moe-corpus.json"
 _MARKER_FORMAT = "m4moe-corpus"
 _LEGACY_FILES = ("report.json", "split_keys.txt")
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_WORKER_EXIT_TIMEOUT_S = 5.0
 
 
 class OutputDirError(ValueError):
@@ -265,56 +262,6 @@ def _fetch_recipe(config: BuildConfig, problems: _Problems,
   return dirs
 
 
-def _worker_init(builder_pid: int) -> None:
-  """Pool initializer: a worker dies with the builder and leaves signals to it.
-
-  On Linux the kernel SIGKILLs the worker when the builder dies, even by
-  ``kill -9`` (``prctl(PR_SET_PDEATHSIG)``); a builder that died before the
-  call is noticed by the parent pid changing. Ctrl-C is ignored (the builder
-  stops the pool) and the builder's SIGTERM handler, inherited by fork, is
-  reset so a SIGTERM simply ends the worker.
-  """
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  if sys.platform.startswith("linux"):
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-      raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-  if os.getppid() != builder_pid:
-    os._exit(1)  # the builder is already gone
-
-
-@contextlib.contextmanager
-def _worker_pool(workers: int) -> Iterator[
-    concurrent.futures.ProcessPoolExecutor | None]:
-  """A process pool (None for ``workers == 1``) that never outlives the build.
-
-  On success it is shut down normally; on any exception (a SIGTERM turned
-  into :class:`BuildInterrupted`, Ctrl-C, a failure) queued work is
-  cancelled and the workers are terminated, not waited for.
-  """
-  if workers == 1:
-    yield None
-    return
-  before = set(multiprocessing.active_children())
-  pool = concurrent.futures.ProcessPoolExecutor(
-      max_workers=workers, initializer=_worker_init,
-      initargs=(os.getpid(),))
-  try:
-    yield pool
-  except BaseException:
-    pool.shutdown(wait=False, cancel_futures=True)
-    workers_left = set(multiprocessing.active_children()) - before
-    for process in workers_left:
-      process.terminate()
-    for process in workers_left:
-      process.join(_WORKER_EXIT_TIMEOUT_S)
-      if process.is_alive():
-        process.kill()
-    raise
-  pool.shutdown(wait=True)
-
-
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
   """Turns SIGTERM into :class:`BuildInterrupted` in the main thread, so the
@@ -334,16 +281,30 @@ def _sigterm_interrupts() -> Iterator[None]:
     signal.signal(signal.SIGTERM, previous)
 
 
-def _parallel_map(fn, items: Sequence,
-                  pool: concurrent.futures.ProcessPoolExecutor | None
-                  ) -> Iterable:
-  if pool is None or len(items) < 2:
-    return map(fn, items)
-  return pool.map(fn, items, chunksize=_CHUNKSIZE)
+def _catalog_crashed(job, reason: str):
+  """Stands in for :func:`_process_catalog` of a catalog that killed its
+  worker process twice."""
+  path = job[0]
+  counts = collections.Counter({"catalog:worker_crashed": 1})
+  return [], counts, [catalogs.Problem("catalog:worker_crashed", str(path),
+                                       reason)]
+
+
+@contextlib.contextmanager
+def _catalog_mapper(workers: int) -> Iterator[Callable[[list], Iterable]]:
+  """A function mapping :func:`_process_catalog` over jobs, in order: in
+  this process for one worker, else in a :class:`worker_pool.WorkerPool`
+  that ends with the build."""
+  if workers == 1:
+    yield lambda jobs: map(_process_catalog, jobs)
+    return
+  with worker_pool.WorkerPool(workers=workers, chunksize=_CHUNKSIZE) as pool:
+    yield lambda jobs: pool.map(_process_catalog, jobs,
+                                on_crash=_catalog_crashed)
 
 
 def _cleaned_pairs(config: BuildConfig, problems: _Problems, report: dict,
-                   pool: concurrent.futures.ProcessPoolExecutor | None
+                   map_catalogs: Callable[[list], Iterable]
                    ) -> Iterator[tuple[str, str, str]]:
   """All cleaned pairs in a fixed source order (before dedup)."""
   roots = _fetch_recipe(config, problems, report) if config.recipe_dir else []
@@ -357,7 +318,7 @@ def _cleaned_pairs(config: BuildConfig, problems: _Problems, report: dict,
   problems.counts["catalog:files"] += len(files)
   selected = frozenset(config.languages)
   jobs = [(f, config.cleaning, selected) for f in files]
-  for pairs, counts, found in _parallel_map(_process_catalog, jobs, pool):
+  for pairs, counts, found in map_catalogs(jobs):
     problems.counts.update(counts)  # (includes the problems' own counts)
     problems.extend(found)
     yield from pairs
@@ -484,9 +445,10 @@ def _unexpected_files(output_dir: pathlib.Path) -> list[str] | None:
     return [f for f in files if f not in listed]
   if "report.json" not in files:
     return None
-  ours = lambda f: f in _LEGACY_FILES or (  # pylint: disable=unnecessary-lambda-assignment
-      f.endswith(".tsv") and f.count("/") == 1 and
-      f.split("/")[0] in split.SPLITS)
+  def ours(name: str) -> bool:
+    return name in _LEGACY_FILES or (
+        name.endswith(".tsv") and name.count("/") == 1 and
+        name.split("/")[0] in split.SPLITS)
   return [f for f in files if not ours(f)]
 
 
@@ -625,9 +587,10 @@ def _build_into(tmp: pathlib.Path, config: BuildConfig, problems: _Problems,
   counts = problems.counts
   _write_marker(tmp)  # first: a killed build's temporary is recognisable
   staging = tmp / "_staging"
-  with _worker_pool(config.workers) as pool:
-    group_languages = _stage(_cleaned_pairs(config, problems, report, pool),
-                             staging, counts)
+  with _catalog_mapper(config.workers) as map_catalogs:
+    group_languages = _stage(
+        _cleaned_pairs(config, problems, report, map_catalogs), staging,
+        counts)
   keys = _split_keys(config, group_languages, report)
   split.save_split_keys(keys, tmp / "split_keys.txt")
   per_lang = _write_splits(staging, tmp, keys, config, counts)

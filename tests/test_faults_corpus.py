@@ -508,3 +508,31 @@ def test_cli_refuses_foreign_output_dir_with_a_usage_error(tmp_path):
   assert printed["counts"]["catalog:unreadable"] == 1
   assert [p["where"] for p in printed["problems"]] == [str(empty)]
   assert printed["problems_not_printed"] == 0
+
+
+def test_a_catalog_killing_its_worker_costs_only_that_catalog(tmp_path,
+                                                              monkeypatch):
+  src = tmp_path / "src"
+  sentences = fixtures.english_sentences(40, seed=3)
+  for i in range(20):  # several chunks, so crashes hit neighbours too
+    fixtures.write_catalog(
+        fixtures.make_catalog("fr", sentences[2 * i:2 * i + 2],
+                              special=False),
+        src / "fr" / "LC_MESSAGES" / f"app{i:02d}.po")
+  crash = src / "fr" / "LC_MESSAGES" / "app07.po"
+  real = catalogs.load_catalog
+
+  def dies_on_app07(path, **kwargs):
+    if path.name == "app07.po":
+      os._exit(3)  # a segfault or the OOM killer, as the pool sees it
+    return real(path, **kwargs)
+  # Workers are forked after this, so they inherit the patch.
+  monkeypatch.setattr(catalogs, "load_catalog", dies_on_app07)
+  report = corpus.build_corpus(corpus.BuildConfig(
+      output_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
+      sources=(src,), workers=2, split_keys=None))
+  assert report["counts"]["catalog:worker_crashed"] == 1
+  assert list(_problems(report, "catalog:worker_crashed")) == [str(crash)]
+  expected = {(s, fixtures.translate(s, "fr")) for s in sentences
+              if s not in sentences[14:16]}
+  assert _all_pairs(tmp_path / "out", "fr") == expected

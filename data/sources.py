@@ -301,13 +301,12 @@ class SourceWalk:
     try:
       return path.stat()
     except OSError as e:
-      if path.is_symlink():
-        if e.errno == errno.ELOOP:
-          self._problem("source:symlink_loop", path,
-                        f"symlinks point at each other: {e.strerror}")
-        else:
-          self._problem("source:dangling_symlink", path,
-                        f"target {os.readlink(path)!r} does not exist")
+      if path.is_symlink() and e.errno == errno.ELOOP:
+        self._problem("source:symlink_loop", path,
+                      f"symlinks point at each other: {e.strerror}")
+      elif path.is_symlink() and e.errno in (errno.ENOENT, errno.ENOTDIR):
+        self._problem("source:dangling_symlink", path,
+                      f"target {os.readlink(path)!r} does not exist")
       else:
         self._problem("source:unreadable", path, str(e))
       return None

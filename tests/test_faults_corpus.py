@@ -536,3 +536,19 @@ def test_a_catalog_killing_its_worker_costs_only_that_catalog(tmp_path,
   expected = {(s, fixtures.translate(s, "fr")) for s in sentences
               if s not in sentences[14:16]}
   assert _all_pairs(tmp_path / "out", "fr") == expected
+
+
+def test_kill_between_the_renames_restores_the_previous_output(tmp_path):
+  good, lang = _good_catalog(tmp_path / "src")
+  _build(tmp_path, [tmp_path / "src"])
+  before = _tree(tmp_path / "out")
+  # What a SIGKILL after "out -> .out.old-<pid>" and before "tmp -> out"
+  # leaves: the previous corpus under its old- name, the new one half-built.
+  (tmp_path / "out").rename(tmp_path / ".out.old-12345")
+  (tmp_path / ".out.tmp-abc").mkdir()
+  (tmp_path / ".out.tmp-abc" / corpus.MARKER).write_text("{}")
+  corpus._remove_stale_temporaries((tmp_path / "out").resolve())  # pylint: disable=protected-access
+  assert _tree(tmp_path / "out") == before
+  assert not (tmp_path / ".out.tmp-abc").exists()
+  assert not (tmp_path / ".out.old-12345").exists()
+  assert _all_pairs(tmp_path / "out", lang) == good

@@ -74,6 +74,10 @@ class OutputDirError(ValueError):
   """``output_dir`` is not safe to replace; the message says what to do."""
 
 
+class SplitKeysError(ValueError):
+  """The frozen split-key file is malformed; the message names file, line."""
+
+
 class BuildInterrupted(BaseException):
   """SIGTERM stopped the build (a BaseException, like KeyboardInterrupt, so
   no ``except Exception`` swallows it); the previous output is unchanged."""
@@ -364,12 +368,29 @@ def _stage(pairs: Iterable[tuple[str, str, str]], staging: pathlib.Path,
   return dict(group_languages)
 
 
-def _split_keys(config: BuildConfig, group_languages: dict[str, int],
-                report: dict) -> split.SplitKeys:
+def _frozen_split_keys(config: BuildConfig) -> split.SplitKeys | None:
+  """The ``split_keys`` file's keys (None: choose afresh), read before the
+  build starts so a bad file fails fast.
+
+  Raises:
+    SplitKeysError: the file is malformed or unreadable.
+  """
   path = config.split_keys
-  if path is not None and path.exists():
-    report["split_keys"] = {"frozen_file": str(path)}
+  if path is None or not path.exists():
+    return None
+  try:
     return split.load_split_keys(path)
+  except (ValueError, OSError) as e:
+    raise SplitKeysError(f"--split_keys: {e}; fix the file, or pass "
+                         "--split_keys= to choose dev/test afresh") from e
+
+
+def _split_keys(config: BuildConfig, frozen: split.SplitKeys | None,
+                group_languages: dict[str, int],
+                report: dict) -> split.SplitKeys:
+  if frozen is not None:
+    report["split_keys"] = {"frozen_file": str(config.split_keys)}
+    return frozen
   report["split_keys"] = {"chosen_fresh": dataclasses.asdict(
       config.split_config)}
   return split.choose_split_keys(group_languages, config=config.split_config)
@@ -557,11 +578,14 @@ def build_corpus(config: BuildConfig) -> dict:
   Raises:
     OutputDirError: ``output_dir`` must not be replaced (see
       :func:`check_output_dir`); raised before anything is read or written.
+    SplitKeysError: the ``split_keys`` file is malformed (before anything
+      is read or written, too).
     BuildInterrupted: SIGTERM (main thread only); workers and the temporary
       directory are gone, the previous output is unchanged.
   """
   start = time.time()
   check_output_dir(config)
+  frozen = _frozen_split_keys(config)
   output_dir = config.output_dir.resolve()
   output_dir.parent.mkdir(parents=True, exist_ok=True)
   _remove_stale_temporaries(output_dir)
@@ -573,7 +597,7 @@ def build_corpus(config: BuildConfig) -> dict:
     tmp = pathlib.Path(tempfile.mkdtemp(dir=output_dir.parent,
                                         prefix=f".{output_dir.name}.tmp-"))
     try:
-      _build_into(tmp, config, problems, report, start)
+      _build_into(tmp, config, frozen, problems, report, start)
       _replace_dir(tmp, output_dir)
     finally:
       if tmp.exists():
@@ -581,7 +605,8 @@ def build_corpus(config: BuildConfig) -> dict:
   return report
 
 
-def _build_into(tmp: pathlib.Path, config: BuildConfig, problems: _Problems,
+def _build_into(tmp: pathlib.Path, config: BuildConfig,
+                frozen: split.SplitKeys | None, problems: _Problems,
                 report: dict, start: float) -> None:
   """Writes the whole corpus into the temporary directory ``tmp``."""
   counts = problems.counts
@@ -591,7 +616,7 @@ def _build_into(tmp: pathlib.Path, config: BuildConfig, problems: _Problems,
     group_languages = _stage(
         _cleaned_pairs(config, problems, report, map_catalogs), staging,
         counts)
-  keys = _split_keys(config, group_languages, report)
+  keys = _split_keys(config, frozen, group_languages, report)
   split.save_split_keys(keys, tmp / "split_keys.txt")
   per_lang = _write_splits(staging, tmp, keys, config, counts)
   shutil.rmtree(staging)

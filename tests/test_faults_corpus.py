@@ -494,6 +494,14 @@ def test_cli_refuses_foreign_output_dir_with_a_usage_error(tmp_path):
                         text=True, timeout=120, check=False)
   assert proc.returncode != 0 and "pass --overwrite" in proc.stderr
   assert (other / "data.csv").read_text() == "1,2\n"
+  bad_keys = tmp_path / "keys.txt"
+  bad_keys.write_text("dev\t0123456789ab\ntest\tnot-a-key\n")
+  proc = subprocess.run(
+      base[:-2] + [f"--split_keys={bad_keys}", "--workers=1",
+                   f"--output_dir={tmp_path / 'new'}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode != 0 and f"{bad_keys}:2" in proc.stderr
+  assert "Traceback" not in proc.stderr and not (tmp_path / "new").exists()
   assert (tmp_path / "keep.txt").read_text() == "mine"
   empty = src / "de" / "LC_MESSAGES" / "empty.mo"
   empty.parent.mkdir(parents=True)

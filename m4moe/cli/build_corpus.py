@@ -111,7 +111,8 @@ def main(argv):
     raise app.UsageError(str(e)) from e
   try:
     report = corpus.build_corpus(config)
-  except (corpus.OutputDirError, sources.RecipeError) as e:
+  except (corpus.OutputDirError, corpus.SplitKeysError,
+          sources.RecipeError) as e:
     raise app.UsageError(str(e)) from e
   except corpus.BuildInterrupted as e:
     print(f"m4moe-build-corpus: {e}", file=sys.stderr)

@@ -35,9 +35,12 @@ Damaged catalogs give only the entries that can be trusted; each damage is a
   header (empty) or with a wrong magic number is unreadable
   (:class:`CatalogError`).
 * ``catalog:mojibake``: the catalog declares a legacy charset (say
-  ISO-8859-1) but an entry's bytes are UTF-8 (``é`` read as ``Ã©``). Such
-  entries are dropped (``entry:mojibake``); entries that decode the same
-  either way (ASCII) or are genuine legacy text are kept.
+  ISO-8859-1) but an entry's bytes are UTF-8 (``é`` read as ``Ã©``): valid
+  UTF-8 that, read as UTF-8, has fewer controls, symbols and letters of a
+  foreign script than read as declared. Such entries are dropped
+  (``entry:mojibake``); ASCII entries and genuine legacy text (including
+  short GB2312/EUC-JP/CP1251 strings that happen to be valid UTF-8) are
+  kept.
 
 The language of a catalog comes from, in order: the directory above
 ``LC_MESSAGES`` (``.../de/LC_MESSAGES/app.mo``), the catalog's ``Language``
@@ -53,6 +56,7 @@ import gettext
 import pathlib
 import re
 import struct
+import unicodedata
 from typing import Callable, Iterator
 
 import polib
@@ -338,16 +342,41 @@ def load_catalog(path: pathlib.Path, *, counts: collections.Counter,
     raise CatalogError(f"{path}: cannot parse catalog: {e}") from e
 
 
-def _is_mojibake(text: str, charset: str) -> bool:
-  """Whether ``text``, decoded from ``charset``, was really UTF-8 bytes."""
+def _oddities(text: str, script: str | None) -> int:
+  """Characters of ``text`` unlikely in a translation into a language
+  written in ``script`` (None: Latin): controls, symbols, letters of another
+  script, and what UTF-8 bytes become in Latin-1: a lead byte U+00C2-U+00F4
+  right before a continuation byte U+0080-U+00BF (``Ã©``, ``Â«``)."""
+  odd = 0
+  previous = ""
+  for ch in text:
+    if not ch.isascii():
+      category = unicodedata.category(ch)
+      if category[0] in "CS" or category == "No" or (
+          category[0] == "L" and not languages.letter_in_script(ch, script)):
+        odd += 1
+      if "\u00c2" <= previous <= "\u00f4" and "\u0080" <= ch <= "\u00bf":
+        odd += 1
+    previous = ch
+  return odd
+
+
+def _is_mojibake(text: str, charset: str, script: str | None) -> bool:
+  """Whether ``text``, decoded from ``charset``, was really UTF-8 bytes.
+
+  The bytes must be valid UTF-8 (and not ASCII), and read as UTF-8 they
+  must look more like the language than read as ``charset`` (fewer
+  :func:`_oddities`): short GB2312, EUC-JP or CP1251 strings are sometimes
+  valid UTF-8 too, but then they read as letters of a foreign script.
+  """
   try:
     raw = text.encode(charset)
     if raw.isascii():
       return False
-    raw.decode("utf-8")
+    as_utf8 = raw.decode("utf-8")
   except (UnicodeError, LookupError):
     return False
-  return True
+  return _oddities(as_utf8, script) < _oddities(text, script)
 
 
 def _declared_charset(catalog: polib._BaseFile) -> str | None:
@@ -406,6 +435,7 @@ def read_catalog(path: pathlib.Path, *, counts: collections.Counter,
     plural = _plural_rule(catalog.metadata.get("Plural-Forms"), counts,
                           problems, str(path))
   charset = _declared_charset(catalog)
+  script = languages.expected_script(lang)
   mojibake = 0
   for entry in catalog:
     if getattr(entry, "obsolete", False):
@@ -414,7 +444,7 @@ def read_catalog(path: pathlib.Path, *, counts: collections.Counter,
       counts["entry:fuzzy"] += 1
     elif not entry.msgid:
       counts["entry:empty_source"] += 1
-    elif charset and any(_is_mojibake(text, charset) for text in (
+    elif charset and any(_is_mojibake(text, charset, script) for text in (
         entry.msgid, entry.msgid_plural, entry.msgstr,
         *entry.msgstr_plural.values())):
       mojibake += 1

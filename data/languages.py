@@ -162,6 +162,13 @@ def expected_script(lang: str) -> str | None:
   return None
 
 
+def letter_in_script(ch: str, script: str | None) -> bool:
+  """Whether the letter ``ch`` belongs to ``script`` (None: Latin, the
+  script of every language :func:`expected_script` has no entry for)."""
+  prefixes = ("LATIN",) if script is None else _SCRIPT_PREFIXES[script]
+  return unicodedata.name(ch, "").startswith(prefixes)
+
+
 def script_fraction(text: str, script: str) -> float:
   """Fraction of the letters of ``text`` that belong to ``script``.
 

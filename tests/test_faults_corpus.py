@@ -560,3 +560,29 @@ def test_kill_between_the_renames_restores_the_previous_output(tmp_path):
   assert not (tmp_path / ".out.tmp-abc").exists()
   assert not (tmp_path / ".out.old-12345").exists()
   assert _all_pairs(tmp_path / "out", lang) == good
+
+
+@pytest.mark.parametrize("locale,charset,translations", [
+    # Genuine legacy text whose bytes happen to be valid UTF-8 too (from
+    # vim's catalogs): read as UTF-8 they would be foreign-script letters.
+    ("zh_CN", "GB2312", ["Diff 模式", "同 -r"]),
+    ("ja", "EUC-JP", ["反転", "[無名]"]),
+    ("uk", "CP1251", ["Ні"]),
+    ("nn", "ISO-8859-1", ["Fann «~%c» utan", "Lagra på nytt"]),
+])
+def test_legacy_charsets_that_look_like_utf8_are_kept(tmp_path, locale,
+                                                      charset, translations):
+  for text in translations[:2]:
+    if locale != "nn":  # the nn strings are the control: not valid UTF-8
+      text.encode(charset).decode("utf-8")
+  po = polib.POFile(encoding=charset)
+  po.metadata = {"Content-Type": f"text/plain; charset={charset}"}
+  for i, text in enumerate(translations):
+    po.append(polib.POEntry(msgid=f"String number {i}", msgstr=text))
+  path = tmp_path / locale / "LC_MESSAGES" / "vim.mo"
+  path.parent.mkdir(parents=True)
+  po.save_as_mofile(str(path))
+  counts, problems = collections.Counter(), []
+  pairs = list(catalogs.read_catalog(path, counts=counts, problems=problems))
+  assert problems == [] and counts["entry:mojibake"] == 0
+  assert [p.target for p in pairs] == translations

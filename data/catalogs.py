@@ -27,9 +27,11 @@ Damaged catalogs give only the entries that can be trusted; each damage is a
   header entry rejects the catalog (its charset and plural rule are
   unknown).
 * ``catalog:mo_truncated``: a ``.mo`` whose string tables point past the end
-  of the file (or at strings without their NUL terminator). The ``.mo`` is
-  read here, not by polib, keeping the entries whose table slots and strings
-  lie inside the file; the others count as ``entry:mo_out_of_bounds``. Without
+  of the file (or at strings without their NUL terminator). Every ``.mo``'s
+  tables are checked here; polib reads the intact ones, and a damaged one is
+  read here, keeping the entries whose table slots and strings lie inside
+  the file; the others count as ``entry:mo_out_of_bounds`` (and a
+  kept one its charset cannot decode as ``entry:undecodable``). Without
   its header entry the catalog's plural entries are skipped
   (``entry:plural_skipped_no_header``). A ``.mo`` too short for its 28-byte
   header (empty) or with a wrong magic number is unreadable

@@ -2,10 +2,12 @@
 
 Modules (one idea each):
 
+* ``iso639``: the ISO 639 codes a catalog's language may carry.
 * ``languages``: locale normalisation (``pt_BR`` -> ``pt``) and scripts.
 * ``catalogs``: ``.po``/``.mo`` parsing with polib, plural forms.
 * ``cleaning``: per-pair cleaning rules, each counted.
 * ``sources``: recipe pins, cached ``apt-get``/``pip`` downloads, extraction.
+* ``worker_pool``: catalog-parsing processes that die with the builder.
 * ``corpus``: the build (dedup, split, atomic output, ``report.json``).
 * ``split``: leak-free dev/test by English near-duplicate group, frozen keys.
 * ``sampling``: temperature sampling ``p_l ∝ n_l^(1/T)``.

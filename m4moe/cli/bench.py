@@ -211,7 +211,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run() -> None:
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

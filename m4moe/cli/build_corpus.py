@@ -31,6 +31,7 @@ import sys
 from absl import app
 from absl import flags
 
+from m4moe import cli
 from m4moe.data import cleaning
 from m4moe.data import corpus
 from m4moe.data import sources
@@ -137,7 +138,7 @@ def main(argv):
 
 def run():
   flags.mark_flag_as_required("output_dir")
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

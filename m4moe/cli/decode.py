@@ -27,6 +27,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from m4moe import cli
 from m4moe.cli import translation_flags
 from m4moe.eval import textio
 from m4moe.eval import translator as translator_lib
@@ -129,7 +130,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import sys
 from absl import app
 from absl import flags
 
+from m4moe import cli
 from m4moe import rundir
 from m4moe.cli import translation_flags
 from m4moe.eval import evaluate as evaluate_lib
@@ -151,7 +152,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

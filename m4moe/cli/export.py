@@ -28,6 +28,7 @@ import sys
 from absl import app
 from absl import flags
 
+from m4moe import cli
 from m4moe.cli import translation_flags
 from m4moe.eval import export as export_lib
 from m4moe.eval import textio
@@ -70,7 +71,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from absl import app
 from absl import flags
 
+from m4moe import cli
 from m4moe import config as config_lib
 from m4moe import cost_tables
 from m4moe import mesh as mesh_lib
@@ -228,7 +229,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def run() -> None:
-  app.run(main, flags_parser=_parse_flags)
+  cli.run_tool(main, module=__name__, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

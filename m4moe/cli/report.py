@@ -35,6 +35,7 @@ import sys
 from absl import app
 from absl import flags
 
+from m4moe import cli
 from m4moe.eval import comparison
 from m4moe.eval import report
 from m4moe.eval import results
@@ -177,7 +178,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

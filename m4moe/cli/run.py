@@ -37,6 +37,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from m4moe import cli
 from m4moe import main_job
 
 _RECIPE = flags.DEFINE_enum("recipe", "demo", sorted(main_job.RECIPES),
@@ -210,7 +211,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

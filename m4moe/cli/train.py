@@ -58,6 +58,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from m4moe import cli
 from m4moe import config as config_lib
 from m4moe import flagutil
 from m4moe import optimizer as optimizer_lib
@@ -296,7 +297,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

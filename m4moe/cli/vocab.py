@@ -20,6 +20,7 @@ import time
 from absl import app
 from absl import flags
 
+from m4moe import cli
 from m4moe import flagutil
 from m4moe.data import vocab
 
@@ -63,7 +64,7 @@ def main(argv):
 
 def run():
   flags.mark_flags_as_required(["corpus_dir", "output_dir"])
-  app.run(main)
+  cli.run_tool(main, module=__name__)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,11 @@ _MIN_DELTA = flags.DEFINE_float(
     "cross-entropy by more than this many nats per token.")
 _MAX_NONFINITE = flags.DEFINE_integer(
     "max_consecutive_nonfinite", 10, "Stop after this many skipped steps.")
+_INIT_FROM_DENSE = flags.DEFINE_string(
+    "init_from_dense", "", "Dense run's model dir: a fresh MoE run starts "
+    "from its weights, each expert a copy of the dense FFN it replaces "
+    "(needs --expert_hidden_dim = its --d_ff), routers fresh (m4moe.upcycle). "
+    "Ignored when resuming.")
 _CHECKPOINT_INPUT = flags.DEFINE_bool(
     "checkpoint_input", True, "Save the input iterator in checkpoints.")
 _CHECK_CONFIG = flags.DEFINE_bool(
@@ -225,6 +230,35 @@ def _check(data, strategy, model_config) -> list[str]:
   return problems
 
 
+def _upcycling(model_config, mesh):
+  """(warm start for train() or None, problems) of --init_from_dense."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe import upcycle  # pylint: disable=g-import-not-at-top
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
+  dense_dir = _INIT_FROM_DENSE.value
+  if not dense_dir:
+    return None, []
+  resumed = tf.train.latest_checkpoint(_MODEL_DIR.value)
+  if resumed:
+    print(f"m4moe-train: resuming {resumed}: --init_from_dense={dense_dir} "
+          "is ignored", file=sys.stderr)
+    return None, []
+  if mesh is not None:
+    return None, ["--init_from_dense is not supported with --mesh: upcycle "
+                  "on one device, then resume that run on the mesh"]
+  try:
+    upcycle.dense_checkpoint(dense_dir)
+    dense = checkpointing.model_config_from_run(dense_dir)
+  except upcycle.UpcycleError as e:
+    return None, [str(e)]
+  except FileNotFoundError:
+    return None, [f"--init_from_dense={dense_dir} has no config.json: pass "
+                  "the model_dir of an m4moe-train run"]
+  problems = upcycle.config_problems(config=model_config, dense=dense)
+  return (lambda model: upcycle.upcycle_from_dense(
+      model=model, dense_dir=dense_dir)), problems
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -263,6 +297,8 @@ def main(argv):
     return 2
   problems += _check(data, strategy, model_config)
   problems += _check_mesh(mesh, data, model_config)
+  warm_start, upcycle_problems = _upcycling(model_config, mesh)
+  problems += upcycle_problems
   devices = mesh.size if mesh else strategy.num_replicas_in_sync
   effective = {"model": model_config.to_dict(), "train": train.to_dict(),
                "data": data.to_dict(), "devices": devices,
@@ -276,14 +312,20 @@ def main(argv):
     print(f"m4moe-train: config OK ({len(built.languages)} languages, "
           f"{devices} device(s))")
     return 0
-  result = train_lib.train(
-      model_fn=lambda: model_lib.Transformer(config=model_config,
-                                             sharding=sharding),
-      train_dataset=built.train, dev_datasets=built.dev, config=train,
-      model_config=model_config, strategy=strategy, sharding=sharding,
-      run_sections={"data": data.to_dict(),
-                    "languages": list(built.languages),
-                    "mesh": str(mesh) if mesh else None})
+  from m4moe import upcycle  # pylint: disable=g-import-not-at-top
+  try:
+    result = train_lib.train(
+        model_fn=lambda: model_lib.Transformer(config=model_config,
+                                               sharding=sharding),
+        train_dataset=built.train, dev_datasets=built.dev, config=train,
+        model_config=model_config, strategy=strategy, sharding=sharding,
+        run_sections={"data": data.to_dict(),
+                      "languages": list(built.languages),
+                      "mesh": str(mesh) if mesh else None},
+        warm_start=warm_start)
+  except upcycle.UpcycleError as e:
+    print(f"m4moe-train: {e}", file=sys.stderr)
+    return 2
   logging.info("Finished: %s", result)
   print(json.dumps({"step": result.step, "preempted": result.preempted,
                     "stopped_by": result.stopped_by,

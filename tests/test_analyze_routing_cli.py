@@ -124,4 +124,8 @@ def test_cli_bad_input_names_the_problem(run_dir, corpus_dir, tmp_path):
               f"--output_dir={tmp_path}/o", "--split=train",
               f"--corpus_dir={tmp_path}")
   assert proc.returncode != 0 and "has no train/ directory" in proc.stderr
+  dense = fixtures.make_tiny_run(tmp_path / "dense", moe=False)
+  proc = _cli(f"--model_dir={dense}", f"--corpus_dir={corpus_dir}",
+              f"--output_dir={tmp_path}/o")
+  assert proc.returncode != 0 and "is a dense model" in proc.stderr
   assert not (tmp_path / "o").exists()

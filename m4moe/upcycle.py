@@ -23,17 +23,24 @@ model computes exactly the dense model's function at initialisation. With
 ``top1`` the expert output is scaled by its gate (Switch), so it starts near,
 not at, the dense function; ``expert_choice`` may leave tokens unprocessed.
 
-The optimiser state is not copied: Adafactor keeps its slots by position in
-the variable list (``slots_<i>``), not by variable path, and the router has
-no dense counterpart, so the upcycled run starts its optimiser afresh (as
-in the paper, which resets the optimiser state).
+Optionally (:func:`upcycle_optimizer`, ``--init_from_dense_optimizer``) the
+Adafactor state is carried over too, as the paper allows: each variable's
+slots (``vr``/``vc`` or ``v``, and ``m``) from the dense variable it was
+copied from (E copies for the experts; the factored slots of an expert
+weight ``[E, M, F]`` are ``[E, M]`` and ``[E, F]``, E copies of the dense
+``[M]`` and ``[F]``), the router slots at zero, and ``iterations`` (so the
+learning-rate schedule continues where the dense run stopped). Adafactor
+stores slots by position in the variable list (``slots/<i>``), so the dense
+model is rebuilt from its ``config.json`` to learn each path's position; the
+optimiser flags that shape the slots (``--factored``, ``--beta1``) must match
+the dense run's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -58,14 +65,14 @@ class UpcycleReport:
 
   Attributes:
     checkpoint: the dense checkpoint read.
-    copied: model variable paths copied unchanged.
-    expanded: expert variable paths filled with E copies of a dense FFN.
+    copied: model variable path -> dense path, copied unchanged.
+    expanded: expert variable path -> dense FFN path it holds E copies of.
     fresh: router variable paths left at their initialisation.
   """
 
   checkpoint: str
-  copied: tuple[str, ...]
-  expanded: tuple[str, ...]
+  copied: Mapping[str, str]
+  expanded: Mapping[str, str]
   fresh: tuple[str, ...]
 
 
@@ -252,5 +259,83 @@ def upcycle_from_dense(*, model: tf.Module,
   logging.info("Upcycled from %s: %d variables copied, %d expert weights "
                "from dense FFNs, %d router variables fresh", checkpoint,
                len(copied), len(expanded), len(fresh))
-  return UpcycleReport(checkpoint=checkpoint, copied=tuple(copied),
-                       expanded=tuple(expanded), fresh=tuple(fresh))
+  return UpcycleReport(checkpoint=checkpoint, copied=copied,
+                       expanded=expanded, fresh=tuple(fresh))
+
+
+_SLOT_NAMES = ("vr", "vc", "v", "m")
+
+
+def upcycle_optimizer(*, optimizer: Any, model: tf.Module,
+                      report: UpcycleReport,
+                      dense_dir: str | pathlib.Path) -> int:
+  """Copies the dense run's Adafactor state into ``optimizer``.
+
+  Args:
+    optimizer: the MoE run's built :class:`m4moe.optimizer.Adafactor`
+      (slots in the order of ``model.trainable_variables``).
+    model: the upcycled model.
+    report: what :func:`upcycle_from_dense` did.
+    dense_dir: the dense run's model directory (its ``config.json``).
+
+  Returns:
+    The number of slot variables copied.
+
+  Raises:
+    UpcycleError: no optimiser state in the checkpoint, or slots that do
+      not match (listing them and the flags to set).
+  """
+  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  paths = variable_paths(model)
+  refs = [v.ref() for v in model.trainable_variables]
+  if [v.ref() for v in paths.values()] != refs or len(
+      optimizer.slots) != len(refs):
+    raise UpcycleError("the optimiser's slots do not follow the model's "
+                       "variables; build it with model.trainable_variables")
+  reader = tf.train.load_checkpoint(report.checkpoint)
+  shapes = reader.get_variable_to_shape_map()
+  iterations = "optimizer/iterations" + _SUFFIX
+  if iterations not in shapes:
+    raise UpcycleError(f"{report.checkpoint} holds no optimiser state: "
+                       "drop --init_from_dense_optimizer")
+  dense_config = checkpointing.model_config_from_run(dense_dir)
+  with tf.init_scope():
+    dense_model = model_lib.Transformer(config=dense_config)
+  position = {path: i for i, path in enumerate(variable_paths(dense_model))}
+  del dense_model
+  sources = {**report.copied, **report.expanded}
+  plans, problems = [], []
+  for i, path in enumerate(paths):
+    if path not in sources:
+      continue  # a fresh router: its slots stay at zero
+    j = position.get(sources[path])
+    if j is None:
+      problems.append(f"{path}: {sources[path]} is not a variable of the "
+                      "dense run's model (config.json)")
+      continue
+    for name in _SLOT_NAMES:
+      slot = getattr(optimizer.slots[i], name)
+      key = f"optimizer/slots/{j}/{name}{_SUFFIX}"
+      if slot is None:
+        continue
+      want = tuple(slot.shape[1:] if path in report.expanded else slot.shape)
+      if key not in shapes or tuple(shapes[key]) != want:
+        problems.append(
+            f"{path}/{name}: the dense checkpoint has "
+            f"{list(shapes[key]) if key in shapes else 'no such slot'}, "
+            f"expected {list(want)}")
+        continue
+      plans.append((slot, key, path in report.expanded))
+  if problems:
+    raise UpcycleError(
+        f"cannot copy the optimiser state: {len(problems)} slot(s) do not "
+        "match (use the dense run's --factored and --beta1, or drop "
+        "--init_from_dense_optimizer):\n  " + "\n  ".join(problems))
+  for slot, key, expand in plans:
+    value = reader.get_tensor(key)
+    slot.assign(np.broadcast_to(value, slot.shape) if expand else value)
+  optimizer.iterations.assign(reader.get_tensor(iterations))
+  logging.info("Copied %d optimiser slots and iterations=%d from %s",
+               len(plans), int(optimizer.iterations.numpy()),
+               report.checkpoint)
+  return len(plans)

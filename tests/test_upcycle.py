@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from m4moe import config as config_lib
 from m4moe import model as model_lib
+from m4moe import optimizer as optimizer_lib
 from m4moe import upcycle
 from m4moe.training import checkpointing
 
@@ -36,6 +37,26 @@ def _dense_run(tmp_path, dense_config):
                              max_to_keep=1).save(checkpoint_number=7)
   checkpointing.write_run_config(run, model_config=dense_config, sections={})
   return dense, run
+
+
+def _trained_dense_run(tmp_path, dense_config, optimizer_config):
+  """A dense run whose Adafactor slots are non-zero (two updates)."""
+  tf.random.set_seed(1)
+  dense = model_lib.Transformer(config=dense_config)
+  optimizer = optimizer_lib.Adafactor(optimizer_config)
+  variables = dense.trainable_variables
+  optimizer.build(variables)
+  rng = np.random.default_rng(3)
+  for _ in range(2):
+    optimizer.apply_gradients(
+        [tf.constant(rng.normal(size=v.shape), tf.float32) for v in variables],
+        variables)
+  run = tmp_path / "dense"
+  tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=dense, optimizer=optimizer), str(run),
+      max_to_keep=1).save(checkpoint_number=2)
+  checkpointing.write_run_config(run, model_config=dense_config, sections={})
+  return dense, optimizer, run
 
 
 def _batch():
@@ -77,6 +98,68 @@ def test_upcycled_top2_model_equals_dense_model_at_init(tmp_path):
                              rtol=1e-5, atol=1e-5)
   load = out.moe_stats["encoder/layer_1/moe"].load.numpy()
   assert np.count_nonzero(load) >= 2
+
+
+@pytest.mark.parametrize("factored", [True, False])
+def test_optimizer_state_is_copied_by_path(tmp_path, factored):
+  dense_config, moe_config = _configs()
+  opt_config = optimizer_lib.AdafactorConfig(beta1=0.9, factored=factored)
+  dense, dense_opt, run = _trained_dense_run(tmp_path, dense_config,
+                                             opt_config)
+  moe = model_lib.Transformer(config=moe_config)
+  optimizer = optimizer_lib.Adafactor(opt_config)
+  optimizer.build(moe.trainable_variables)
+  report = upcycle.upcycle_from_dense(model=moe, dense_dir=run)
+  copied = upcycle.upcycle_optimizer(optimizer=optimizer, model=moe,
+                                     report=report, dense_dir=run)
+  assert int(optimizer.iterations.numpy()) == 2
+  slot_of = lambda model, opt, path: opt.slots[
+      list(upcycle.variable_paths(model)).index(path)]
+  names = ("vr", "vc", "m") if factored else ("v", "m")
+  for moe_path, dense_path in [
+      ("encoder_layers/1/ffn/experts/wi", "encoder_layers/1/ffn/wi"),
+      ("decoder_layers/1/ffn/experts/wo", "decoder_layers/1/ffn/wo"),
+      ("decoder_layers/0/cross_attention/wq",
+       "decoder_layers/0/cross_attention/wq"),
+      ("target_embedding/embeddings", "target_embedding/embeddings")]:
+    mine = slot_of(moe, optimizer, moe_path)
+    theirs = slot_of(dense, dense_opt, dense_path)
+    for name in names:
+      want = getattr(theirs, name).numpy()
+      got = getattr(mine, name).numpy()
+      assert np.abs(want).max() > 0
+      np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
+  router = slot_of(moe, optimizer, "encoder_layers/1/ffn/router/wg")
+  for name in names:
+    assert not np.any(getattr(router, name).numpy())
+  routers = {i for i, path in enumerate(upcycle.variable_paths(moe))
+             if "router" in path}
+  assert routers and copied == sum(
+      getattr(slots, name) is not None
+      for i, slots in enumerate(optimizer.slots) if i not in routers
+      for name in ("vr", "vc", "v", "m"))
+
+
+def test_optimizer_state_that_does_not_fit_is_refused(tmp_path):
+  dense_config, moe_config = _configs()
+  _, _, run = _trained_dense_run(
+      tmp_path, dense_config, optimizer_lib.AdafactorConfig(factored=True))
+  moe = model_lib.Transformer(config=moe_config)
+  optimizer = optimizer_lib.Adafactor(
+      optimizer_lib.AdafactorConfig(factored=False))
+  optimizer.build(moe.trainable_variables)
+  report = upcycle.upcycle_from_dense(model=moe, dense_dir=run)
+  with pytest.raises(upcycle.UpcycleError, match="--factored") as info:
+    upcycle.upcycle_optimizer(optimizer=optimizer, model=moe, report=report,
+                              dense_dir=run)
+  assert "encoder_layers/1/ffn/experts/wi/v: the dense checkpoint has no " \
+         "such slot" in str(info.value)
+  assert int(optimizer.iterations.numpy()) == 0  # nothing half-copied
+  _, moe_run = _dense_run(tmp_path / "plain", dense_config)
+  with pytest.raises(upcycle.UpcycleError, match="holds no optimiser state"):
+    upcycle.upcycle_optimizer(
+        optimizer=optimizer, model=moe, dense_dir=moe_run,
+        report=upcycle.upcycle_from_dense(model=moe, dense_dir=moe_run))
 
 
 def test_top1_router_does_not_renormalise_so_logits_differ(tmp_path):
@@ -172,7 +255,8 @@ def test_train_cli_init_from_dense(tmp_path):
   # dense one (a fresh init is nowhere near).
   up = tmp_path / "up"
   proc = _train(*MOE, "--expert_hidden_dim=64", f"--model_dir={up}",
-                f"--init_from_dense={dense_dir}", "--train_steps=1")
+                f"--init_from_dense={dense_dir}", "--init_from_dense_optimizer",
+                "--train_steps=1")
   assert proc.returncode == 0, proc.stderr[-2000:]
   dense = tf.train.load_checkpoint(str(dense_dir / "ckpt-2"))
   moe = tf.train.load_checkpoint(str(up / "ckpt-1"))
@@ -183,6 +267,8 @@ def test_train_cli_init_from_dense(tmp_path):
     want = dense.get_tensor(key + suffix)
     got = moe.get_tensor(key + suffix)
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max(), key
+  # The optimiser went on from the dense run's 2 updates.
+  assert moe.get_tensor("optimizer/iterations" + suffix) == 3
   dense_wi = dense.get_tensor("model/encoder_layers/1/ffn/wi" + suffix)
   experts = moe.get_tensor("model/encoder_layers/1/ffn/experts/wi" + suffix)
   assert experts.shape == (4, 32, 64)

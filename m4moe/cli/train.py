@@ -112,6 +112,10 @@ _INIT_FROM_DENSE = flags.DEFINE_string(
     "from its weights, each expert a copy of the dense FFN it replaces "
     "(needs --expert_hidden_dim = its --d_ff), routers fresh (m4moe.upcycle). "
     "Ignored when resuming.")
+_INIT_FROM_DENSE_OPTIMIZER = flags.DEFINE_bool(
+    "init_from_dense_optimizer", False, "With --init_from_dense, also copy "
+    "its Adafactor state (slots, iterations: the schedule continues); needs "
+    "the dense run's --factored and --beta1.")
 _CHECKPOINT_INPUT = flags.DEFINE_bool(
     "checkpoint_input", True, "Save the input iterator in checkpoints.")
 _CHECK_CONFIG = flags.DEFINE_bool(
@@ -237,6 +241,8 @@ def _upcycling(model_config, mesh):
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   dense_dir = _INIT_FROM_DENSE.value
   if not dense_dir:
+    if _INIT_FROM_DENSE_OPTIMIZER.value:
+      return None, ["--init_from_dense_optimizer needs --init_from_dense"]
     return None, []
   resumed = tf.train.latest_checkpoint(_MODEL_DIR.value)
   if resumed:
@@ -255,8 +261,28 @@ def _upcycling(model_config, mesh):
     return None, [f"--init_from_dense={dense_dir} has no config.json: pass "
                   "the model_dir of an m4moe-train run"]
   problems = upcycle.config_problems(config=model_config, dense=dense)
-  return (lambda model: upcycle.upcycle_from_dense(
-      model=model, dense_dir=dense_dir)), problems
+  copy_optimizer = _INIT_FROM_DENSE_OPTIMIZER.value
+  if copy_optimizer:
+    theirs = checkpointing.read_run_config(dense_dir).get("train", {}).get(
+        "optimizer", {})
+    mine = _optimizer_config()
+    # What shapes the slots: factoring, and whether there is a momentum.
+    for name, same in (("factored", theirs.get("factored") == mine.factored),
+                       ("beta1", (theirs.get("beta1", 0) > 0) ==
+                        (mine.beta1 > 0))):
+      if name in theirs and not same:
+        problems.append(
+            f"--init_from_dense_optimizer: --{name}={getattr(mine, name)} "
+            f"does not fit the dense run's {name}={theirs[name]} slots: set "
+            f"--{name}={theirs[name]} or drop the flag")
+
+  def warm_start(model, optimizer):
+    report = upcycle.upcycle_from_dense(model=model, dense_dir=dense_dir)
+    if copy_optimizer:
+      upcycle.upcycle_optimizer(optimizer=optimizer, model=model,
+                                report=report, dense_dir=dense_dir)
+
+  return warm_start, problems
 
 
 def main(argv):

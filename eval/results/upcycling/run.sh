@@ -3,10 +3,12 @@
 # (the shared machine is saturated); commands only.
 #
 # A multilingual tiny dense model (4+4 layers, d_ff 512) is trained for BASE
-# steps; then three runs each get the same EXTRA steps on the same data:
+# steps; then four runs each get the same EXTRA steps on the same data:
 #   dense_continued  the dense run resumed from BASE to BASE + EXTRA
 #   moe_upcycled     tiny/moe with 512-wide experts, --init_from_dense
 #                    (experts = the dense FFN, routers fresh, new optimiser)
+#   moe_upcycled_opt the same with --init_from_dense_optimizer (Adafactor
+#                    state and schedule carried over)
 #   moe_scratch      the same MoE config from a random init
 # Each is scored on the same 200 test sentences per language (beam 4,
 # sacrebleu), and both MoE runs get a routing-by-language analysis.
@@ -39,10 +41,14 @@ m4moe-train "${moe[@]}" "${data[@]}" --init_from_dense="$out/dense" \
   --train_steps="$extra" --checkpoint_every="$extra" \
   --model_dir="$out/moe_upcycled"
 
+m4moe-train "${moe[@]}" "${data[@]}" --init_from_dense="$out/dense" \
+  --init_from_dense_optimizer --train_steps="$extra" \
+  --checkpoint_every="$extra" --model_dir="$out/moe_upcycled_opt"
+
 m4moe-train "${moe[@]}" "${data[@]}" --train_steps="$extra" \
   --checkpoint_every="$extra" --model_dir="$out/moe_scratch"
 
-for name in dense_continued moe_upcycled moe_scratch; do
+for name in dense_continued moe_upcycled moe_upcycled_opt moe_scratch; do
   [[ -f "$out/$name.json" ]] || {
     m4moe-eval --model_dir="$out/$name" --vocab_dir="$vocab" \
       --corpus_dir="$corpus" --languages="$langs" --max_sentences=200 \
@@ -52,11 +58,11 @@ for name in dense_continued moe_upcycled moe_scratch; do
   }
 done
 
-for name in moe_upcycled moe_scratch; do
+for name in moe_upcycled moe_upcycled_opt moe_scratch; do
   m4moe-analyze-routing --model_dir="$out/$name" --vocab_dir="$vocab" \
     --corpus_dir="$corpus" --languages="$langs" --split=dev \
     --output_dir="$out/$name.routing"
 done
 
 # Dev cross-entropy curves over the EXTRA steps: the "eval" records of
-# $out/{dense_continued,moe_upcycled,moe_scratch}/metrics.jsonl.
+# $out/{dense_continued,moe_upcycled,moe_upcycled_opt,moe_scratch}/metrics.jsonl.

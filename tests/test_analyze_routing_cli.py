@@ -124,6 +124,18 @@ def test_cli_bad_input_names_the_problem(run_dir, corpus_dir, tmp_path):
               f"--output_dir={tmp_path}/o", "--split=train",
               f"--corpus_dir={tmp_path}")
   assert proc.returncode != 0 and "has no train/ directory" in proc.stderr
+  bad = tmp_path / "bad"
+  (bad / "dev").mkdir(parents=True)
+  (bad / "dev" / "de.tsv").write_text("open file\tDatei\nno tab here\n")
+  proc = _cli(f"--model_dir={run_dir}", f"--corpus_dir={bad}",
+              f"--output_dir={tmp_path}/o")
+  assert proc.returncode == 1
+  assert proc.stderr.strip().endswith(
+      f"error reading {bad}/dev: Expect 2 fields but have 1 in record")
+  (tmp_path / "file").write_text("")
+  proc = _cli(f"--model_dir={run_dir}", f"--corpus_dir={corpus_dir}",
+              f"--output_dir={tmp_path}/file")
+  assert proc.returncode != 0 and "is a file" in proc.stderr
   dense = fixtures.make_tiny_run(tmp_path / "dense", moe=False)
   proc = _cli(f"--model_dir={dense}", f"--corpus_dir={corpus_dir}",
               f"--output_dir={tmp_path}/o")

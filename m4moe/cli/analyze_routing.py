@@ -25,6 +25,7 @@ Writes to ``--output_dir`` (its own files only, overwritten on a rerun):
 from __future__ import annotations
 
 import pathlib
+import re
 import sys
 
 from absl import app
@@ -101,6 +102,7 @@ def main(argv):
   for flag in (_MODEL_DIR, _CORPUS_DIR, _OUTPUT_DIR):
     if not flag.value:
       raise app.UsageError(f"--{flag.name} is required")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from m4moe import routing_analysis  # pylint: disable=g-import-not-at-top
   from m4moe import routing_capture  # pylint: disable=g-import-not-at-top
   from m4moe import routing_report  # pylint: disable=g-import-not-at-top
@@ -137,11 +139,17 @@ def main(argv):
   sizes = testsets.train_sizes(corpus)
   languages = list(comparison.order_languages(
       {lang: sizes.get(lang) for lang in languages}))
+  out = pathlib.Path(_OUTPUT_DIR.value)
+  if out.exists() and not out.is_dir():
+    raise app.UsageError(f"--output_dir={out} is a file; pass a directory")
   try:
     counts, tokens, pairs, cut = _analyse(files, languages,
                                           files.source_vocab.parent)
   except (routing_capture.CaptureError, ValueError) as e:
     sys.exit(f"m4moe-analyze-routing: error: {e}")
+  except tf.errors.OpError as e:  # e.g. a malformed TSV line
+    sys.exit(f"m4moe-analyze-routing: error reading {corpus}/{_SPLIT.value}: "
+             f"{_op_message(e.message)}")
   layers = {name: routing_analysis.layer_statistics(
       counts[name], tokens[name], languages=languages) for name in counts}
   document = {
@@ -154,7 +162,6 @@ def main(argv):
       "counts": {name: counts[name].tolist() for name in counts},
       "layers": layers,
   }
-  out = pathlib.Path(_OUTPUT_DIR.value)
   out.mkdir(parents=True, exist_ok=True)
   layer_pngs = {}
   for name, layer in layers.items():
@@ -175,6 +182,12 @@ def main(argv):
           f"{'n/a' if first is None else f'{first:.3f}'}")
   print(f"Wrote {out / 'routing.json'}, {out / 'routing.html'} and "
         f"{len(layer_pngs) + 1} PNGs")
+
+
+def _op_message(message: str) -> str:
+  """A TF op error without its graph-node and op decorations."""
+  message = re.sub(r"\{\{[^}]*\}\}\s*", "", message)
+  return re.sub(r"\s*\[Op:[^\]]*\].*$", "", message).strip()
 
 
 def _write_bytes(path: pathlib.Path, data: bytes) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -339,3 +339,66 @@ def upcycle_optimizer(*, optimizer: Any, model: tf.Module,
                len(plans), int(optimizer.iterations.numpy()),
                report.checkpoint)
   return len(plans)
+
+
+def _optimizer_problems(dense_dir: str, optimizer: Any) -> list[str]:
+  """Optimiser flags whose slots would not fit the dense run's."""
+  theirs = checkpointing.read_run_config(dense_dir).get("train", {}).get(
+      "optimizer", {})
+  # What shapes the slots: factoring, and whether there is a momentum.
+  fits = {"factored": theirs.get("factored") == optimizer.factored,
+          "beta1": (theirs.get("beta1", 0) > 0) == (optimizer.beta1 > 0)}
+  return [f"--init_from_dense_optimizer: --{name}={getattr(optimizer, name)} "
+          f"does not fit the dense run's {name}={theirs[name]} slots: set "
+          f"--{name}={theirs[name]} or drop the flag"
+          for name, fit in fits.items() if name in theirs and not fit]
+
+
+def prepare(*, dense_dir: str, model_dir: str, copy_optimizer: bool,
+            config: config_lib.ModelConfig, optimizer: Any, mesh: bool
+            ) -> tuple[Callable[[tf.Module, Any], None] | None, list[str],
+                       str | None]:
+  """``m4moe-train --init_from_dense``: checks, then the warm start.
+
+  Args:
+    dense_dir: ``--init_from_dense`` ("" = off).
+    model_dir: the new run's ``--model_dir``.
+    copy_optimizer: ``--init_from_dense_optimizer``.
+    config: the new (MoE) model config.
+    optimizer: the new run's ``AdafactorConfig``.
+    mesh: whether the run uses ``--mesh``.
+
+  Returns:
+    (``warm_start(model, optimizer)`` for :func:`m4moe.train.train` or None,
+    problems (each names the flag to fix), a notice to print or None).
+  """
+  if not dense_dir:
+    problems = (["--init_from_dense_optimizer needs --init_from_dense"]
+                if copy_optimizer else [])
+    return None, problems, None
+  resumed = tf.train.latest_checkpoint(model_dir)
+  if resumed:
+    return None, [], (f"resuming {resumed}: --init_from_dense={dense_dir} "
+                      "is ignored")
+  if mesh:
+    return None, ["--init_from_dense is not supported with --mesh: upcycle "
+                  "on one device, then resume that run on the mesh"], None
+  try:
+    dense_checkpoint(dense_dir)
+    dense = checkpointing.model_config_from_run(dense_dir)
+  except UpcycleError as e:
+    return None, [str(e)], None
+  except FileNotFoundError:
+    return None, [f"--init_from_dense={dense_dir} has no config.json: pass "
+                  "the model_dir of an m4moe-train run"], None
+  problems = config_problems(config=config, dense=dense)
+  if copy_optimizer:
+    problems += _optimizer_problems(dense_dir, optimizer)
+
+  def warm_start(model: tf.Module, optimizer_: Any) -> None:
+    report = upcycle_from_dense(model=model, dense_dir=dense_dir)
+    if copy_optimizer:
+      upcycle_optimizer(optimizer=optimizer_, model=model, report=report,
+                        dense_dir=dense_dir)
+
+  return warm_start, problems, None

@@ -280,3 +280,35 @@ def test_train_cli_init_from_dense(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "--init_from_dense" in proc.stderr and "is ignored" in proc.stderr
   assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 2
+
+
+def test_prepare_checks_flags_before_training(tmp_path):
+  dense_config, moe_config = _configs()
+  _, _, run = _trained_dense_run(
+      tmp_path, dense_config, optimizer_lib.AdafactorConfig(factored=True))
+  checkpointing.write_run_config(run, model_config=dense_config, sections={
+      "train": {"optimizer": {"factored": True, "beta1": 0.0}}})
+  new_dir = str(tmp_path / "new")
+  common = dict(model_dir=new_dir, config=moe_config, mesh=False,
+                optimizer=optimizer_lib.AdafactorConfig(factored=False,
+                                                        beta1=0.9))
+  warm, problems, notice = upcycle.prepare(dense_dir=str(run),
+                                           copy_optimizer=True, **common)
+  assert warm is not None and notice is None
+  assert problems == [
+      "--init_from_dense_optimizer: --factored=False does not fit the dense "
+      "run's factored=True slots: set --factored=True or drop the flag",
+      "--init_from_dense_optimizer: --beta1=0.9 does not fit the dense "
+      "run's beta1=0.0 slots: set --beta1=0.0 or drop the flag"]
+  assert upcycle.prepare(dense_dir=str(run), copy_optimizer=False,
+                         **common)[1] == []
+  assert upcycle.prepare(dense_dir="", copy_optimizer=True, **common)[1] == [
+      "--init_from_dense_optimizer needs --init_from_dense"]
+  assert "--mesh" in upcycle.prepare(
+      dense_dir=str(run), copy_optimizer=False,
+      **{**common, "mesh": True})[1][0]
+  # A run directory with a checkpoint is a resume: no warm start, a notice.
+  warm, problems, notice = upcycle.prepare(
+      dense_dir=str(run), copy_optimizer=True,
+      **{**common, "model_dir": str(run)})
+  assert warm is None and problems == [] and "is ignored" in notice

@@ -234,57 +234,6 @@ def _check(data, strategy, model_config) -> list[str]:
   return problems
 
 
-def _upcycling(model_config, mesh):
-  """(warm start for train() or None, problems) of --init_from_dense."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import upcycle  # pylint: disable=g-import-not-at-top
-  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
-  dense_dir = _INIT_FROM_DENSE.value
-  if not dense_dir:
-    if _INIT_FROM_DENSE_OPTIMIZER.value:
-      return None, ["--init_from_dense_optimizer needs --init_from_dense"]
-    return None, []
-  resumed = tf.train.latest_checkpoint(_MODEL_DIR.value)
-  if resumed:
-    print(f"m4moe-train: resuming {resumed}: --init_from_dense={dense_dir} "
-          "is ignored", file=sys.stderr)
-    return None, []
-  if mesh is not None:
-    return None, ["--init_from_dense is not supported with --mesh: upcycle "
-                  "on one device, then resume that run on the mesh"]
-  try:
-    upcycle.dense_checkpoint(dense_dir)
-    dense = checkpointing.model_config_from_run(dense_dir)
-  except upcycle.UpcycleError as e:
-    return None, [str(e)]
-  except FileNotFoundError:
-    return None, [f"--init_from_dense={dense_dir} has no config.json: pass "
-                  "the model_dir of an m4moe-train run"]
-  problems = upcycle.config_problems(config=model_config, dense=dense)
-  copy_optimizer = _INIT_FROM_DENSE_OPTIMIZER.value
-  if copy_optimizer:
-    theirs = checkpointing.read_run_config(dense_dir).get("train", {}).get(
-        "optimizer", {})
-    mine = _optimizer_config()
-    # What shapes the slots: factoring, and whether there is a momentum.
-    for name, same in (("factored", theirs.get("factored") == mine.factored),
-                       ("beta1", (theirs.get("beta1", 0) > 0) ==
-                        (mine.beta1 > 0))):
-      if name in theirs and not same:
-        problems.append(
-            f"--init_from_dense_optimizer: --{name}={getattr(mine, name)} "
-            f"does not fit the dense run's {name}={theirs[name]} slots: set "
-            f"--{name}={theirs[name]} or drop the flag")
-
-  def warm_start(model, optimizer):
-    report = upcycle.upcycle_from_dense(model=model, dense_dir=dense_dir)
-    if copy_optimizer:
-      upcycle.upcycle_optimizer(optimizer=optimizer, model=model,
-                                report=report, dense_dir=dense_dir)
-
-  return warm_start, problems
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -323,7 +272,13 @@ def main(argv):
     return 2
   problems += _check(data, strategy, model_config)
   problems += _check_mesh(mesh, data, model_config)
-  warm_start, upcycle_problems = _upcycling(model_config, mesh)
+  from m4moe import upcycle  # pylint: disable=g-import-not-at-top
+  warm_start, upcycle_problems, notice = upcycle.prepare(
+      dense_dir=_INIT_FROM_DENSE.value, model_dir=train.model_dir,
+      copy_optimizer=_INIT_FROM_DENSE_OPTIMIZER.value,
+      config=model_config, optimizer=train.optimizer, mesh=mesh is not None)
+  if notice:
+    print(f"m4moe-train: {notice}", file=sys.stderr)
   problems += upcycle_problems
   devices = mesh.size if mesh else strategy.num_replicas_in_sync
   effective = {"model": model_config.to_dict(), "train": train.to_dict(),
@@ -338,7 +293,6 @@ def main(argv):
     print(f"m4moe-train: config OK ({len(built.languages)} languages, "
           f"{devices} device(s))")
     return 0
-  from m4moe import upcycle  # pylint: disable=g-import-not-at-top
   try:
     result = train_lib.train(
         model_fn=lambda: model_lib.Transformer(config=model_config,

@@ -18,6 +18,9 @@ Package map (one idea per module):
 * ``model``: the encoder-decoder Transformer, incremental decoding.
 * ``losses``: label-smoothed token cross-entropy.
 * ``optimizer``: Adafactor.
+* ``routing_analysis``, ``routing_capture``, ``routing_report``: which
+  experts each language uses (``m4moe-analyze-routing``).
+* ``upcycle``: dense -> MoE upcycling (``m4moe-train --init_from_dense``).
 * ``decoding``: beam and greedy search.
 * ``cost``: parameter, FLOP and memory counts from a config.
 * ``cost_tables``: the GShard Table 1 per-device analysis over the zoo.

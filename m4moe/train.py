@@ -440,7 +440,9 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
           run_sections: Mapping[str, Any] | None = None,
           strategy: tf.distribute.Strategy | None = None,
           sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
-          after_step: Callable[[int], None] | None = None) -> TrainResult:
+          after_step: Callable[[int], None] | None = None,
+          warm_start: Callable[[tf.Module, Any], Any] | None = None
+          ) -> TrainResult:
   """Trains (or resumes training) until ``config.train_steps``.
 
   Args:
@@ -460,6 +462,10 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
       sharding=sharding)``) for the GShard annotations. Use it with the
       default strategy (the mesh does the data parallelism).
     after_step: test hook called with the step number after every step.
+    warm_start: called as ``warm_start(model, optimizer)`` on a fresh run
+      (no checkpoint in ``model_dir``) before the first step, e.g. dense ->
+      MoE upcycling (:mod:`m4moe.upcycle`); a resumed run ignores it
+      (logged).
 
   Returns:
     TrainResult.
@@ -507,6 +513,11 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
     resumed, iterator = _restore(keeper, config=config,
                                  dataset=train_dataset, counters=counters,
                                  iterator=iterator)
+    if warm_start is not None and resumed is None:
+      warm_start(model, optimizer)
+    elif warm_start is not None:
+      logging.warning("Resuming from %s: the warm start (--init_from_dense) "
+                      "is ignored", resumed)
     log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
                                  resume_step=int(counters.step.numpy()))
     loop = _Loop(config=config, strategy=strategy, model=model,

@@ -77,6 +77,16 @@ _CONFIG = flags.DEFINE_string(
 # flags win over it.
 flagutil.define_flags(train_lib.TrainConfig)
 flagutil.define_flags(inputs.DataConfig)
+# Dense -> MoE upcycling (m4moe.upcycle): command-line only, not run settings.
+_INIT_FROM_DENSE = flags.DEFINE_string(
+    "init_from_dense", "", "Dense run's model dir: a fresh MoE run starts "
+    "from its weights, each expert a copy of the dense FFN it replaces "
+    "(needs --expert_hidden_dim = its --d_ff), routers fresh (m4moe.upcycle). "
+    "Ignored when resuming.")
+_INIT_FROM_DENSE_OPTIMIZER = flags.DEFINE_bool(
+    "init_from_dense_optimizer", False, "With --init_from_dense, also copy "
+    "its Adafactor state (slots, iterations: the schedule continues); needs "
+    "the dense run's --factored and --beta1.")
 _CHECK_CONFIG = flags.DEFINE_bool(
     "check_config", False, "Validate config, data (every corpus line: "
     "malformed ones are listed as file:line) and devices, then exit (2 on "
@@ -244,6 +254,14 @@ def main(argv):
   except (ValueError, OSError) as e:
     problems.append(str(e))
     record = {}
+  from m4moe import upcycle  # pylint: disable=g-import-not-at-top
+  warm_start, upcycle_problems, notice = upcycle.prepare(
+      dense_dir=_INIT_FROM_DENSE.value, model_dir=train.model_dir,
+      copy_optimizer=_INIT_FROM_DENSE_OPTIMIZER.value,
+      config=model_config, optimizer=train.optimizer, mesh=mesh is not None)
+  if notice:
+    print(f"m4moe-train: {notice}", file=sys.stderr)
+  problems += upcycle_problems
   devices = mesh.size if mesh else strategy.num_replicas_in_sync
   effective = {"model": model_config.to_dict(), "train": train.to_dict(),
                "data": data.to_dict(), "devices": devices,
@@ -281,12 +299,16 @@ def main(argv):
         model_config=model_config, strategy=strategy, sharding=sharding,
         run_sections={"data": data.to_dict(),
                       "languages": list(built.languages),
-                      "mesh": str(mesh) if mesh else None, **record})
+                      "mesh": str(mesh) if mesh else None, **record},
+        warm_start=warm_start)
   except (checkpointing.ModelDirError, checkpointing.CheckpointError,
           run_lock.RunLockedError) as e:
     logging.error("%s", e)
     print(f"m4moe-train: {e}", file=sys.stderr)
     return 1
+  except upcycle.UpcycleError as e:
+    print(f"m4moe-train: {e}", file=sys.stderr)
+    return 2
   logging.info("Finished: %s", result)
   print(json.dumps({"step": result.step, "preempted": result.preempted,
                     "stopped_by": result.stopped_by,

@@ -13,6 +13,7 @@ from m4moe import routing_capture
 from m4moe.data import fixtures as data_fixtures
 from m4moe.data import pipeline
 from m4moe.eval import fixtures
+from m4moe import rundir
 from m4moe.eval import translator as translator_lib
 
 SIZES = {"ru": 30, "de": 50, "ja": 10}  # ordered: de, ru, ja
@@ -37,7 +38,7 @@ def _cli(*args):
 
 
 def test_capture_agrees_with_the_layers_own_stats_and_restores(run_dir):
-  files = translator_lib.find_run_files(run_dir)
+  files = rundir.find_run_files(run_dir)
   model = translator_lib.restore_model(files)
   routers = {n: l.router for n, l in routing_capture.moe_layers(model).items()}
   rng = np.random.default_rng(0)
@@ -128,10 +129,13 @@ def test_cli_bad_input_names_the_problem(run_dir, corpus_dir, tmp_path):
   (bad / "dev").mkdir(parents=True)
   (bad / "dev" / "de.tsv").write_text("open file\tDatei\nno tab here\n")
   proc = _cli(f"--model_dir={run_dir}", f"--corpus_dir={bad}",
-              f"--output_dir={tmp_path}/o")
-  assert proc.returncode == 1
-  assert proc.stderr.strip().endswith(
-      f"error reading {bad}/dev: Expect 2 fields but have 1 in record")
+              f"--output_dir={tmp_path}/skipped")
+  # A malformed line is skipped and reported with file:line (as training
+  # does); the good pair is still analysed.
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert f"{bad}/dev/de.tsv:2: no tab" in proc.stderr
+  report = json.loads((tmp_path / "skipped" / "routing.json").read_text())
+  assert report["languages"] == ["de"], report["languages"]
   (tmp_path / "file").write_text("")
   proc = _cli(f"--model_dir={run_dir}", f"--corpus_dir={corpus_dir}",
               f"--output_dir={tmp_path}/file")

@@ -248,3 +248,36 @@ def test_per_sentence_routing_rejects_packed_batches():
   with pytest.raises(ValueError, match="inputs_positions, inputs_segment_ids"):
     model(batch, training=False, per_sentence_routing=True)
   model(batch, training=False)  # the GShard batch groups accept packing
+
+
+def _zoo_entries():
+  import pathlib  # pylint: disable=g-import-not-at-top
+  zoo = pathlib.Path(__file__).resolve().parent.parent / "configs"
+  return sorted(str(p.relative_to(zoo).with_suffix(""))
+                for p in zoo.rglob("*.flags"))
+
+
+@pytest.mark.parametrize("name", _zoo_entries())
+def test_every_zoo_config_decodes_batch_invariantly(name):
+  # The entry's routing settings (router, experts, capacity factors,
+  # dispatch) at tiny widths and depth.
+  cfg = config_lib.load_model_config(
+      name, src_vocab_size=30, tgt_vocab_size=20, d_model=16, num_heads=2,
+      d_kv=8, d_ff=32, num_encoder_layers=2, num_decoder_layers=2,
+      dropout_rate=0.0, attention_dropout_rate=0.0, init_scale=4.0,
+      max_length=16, expert_hidden_dim=8)
+  tf.random.set_seed(3)
+  model = model_lib.Transformer(config=cfg)
+  beam = decoding.BeamSearchConfig(beam_size=2, alpha=0.6,
+                                   max_decode_length=5)
+  sources = np.array([[4, 9, 12, 7, 1, 0], [5, 1, 0, 0, 0, 0],
+                      [8, 8, 3, 22, 17, 1]], np.int32)
+  beside = decoding.translate_ids(model, sources, config=beam)
+  repeated = decoding.translate_ids(model, sources[[0, 0]], config=beam)
+  alone = decoding.translate_ids(model, sources[:1, :5], config=beam)
+  uncached = decoding.translate_ids_uncached(model, sources, config=beam)
+  for out, row in [(beside, 0), (repeated, 0), (repeated, 1)]:
+    np.testing.assert_array_equal(out.sequences[row], alone.sequences[0])
+    np.testing.assert_allclose(out.scores[row], alone.scores[0], rtol=1e-5)
+  np.testing.assert_array_equal(uncached.sequences, beside.sequences)
+  np.testing.assert_allclose(uncached.scores, beside.scores, rtol=1e-5)

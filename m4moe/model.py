@@ -505,7 +505,8 @@ class Transformer(tf.Module):
     encoding does not depend on the rest of the batch or on its padding.
 
     Args:
-      inputs: <int32>[B, Ls] source ids, 0 = padding; Ls must be static.
+      inputs: <int32>[B, Ls] source ids, 0 = padding (an Ls unknown
+        statically is padded to ``max_length`` inside the MoE layers).
       segment_ids: <int32>[B, Ls] or None (then ``inputs != 0``).
       positions: <int32>[B, Ls] or None (then 0..Ls-1).
       training: enables dropout (normally False here).

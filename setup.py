@@ -47,6 +47,9 @@ setuptools.setup(
         "tensorflow-datasets>=4.9.8",
         "polib>=1.2",
         "matplotlib>=3.8",
+        # m4moe-train writes TensorBoard events; this makes
+        # `tensorboard --logdir RUN_DIR` work after the documented install.
+        "tensorboard==2.21.*",
     ],
     extras_require={
         "test": ["pytest>=8"],

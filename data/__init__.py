@@ -14,5 +14,4 @@ Modules (one idea each):
 * ``pipeline``: tf.data training stream and evaluation datasets.
 * ``tfds_corpus``: offline TFDS builder ``m4moe_corpus``; TFDS catalog sets.
 * ``fixtures``: tiny synthetic catalogs/corpora for tests.
-* ``pipeline_benchmark``: input-pipeline throughput.
 """

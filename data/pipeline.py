@@ -8,8 +8,8 @@ Training stream (:func:`training_dataset`)::
      </s>, drop pairs longer than max_length (counted), pack  [packing.py]
   -> unbatch rows -> batch(B rows) -> model batch dict
 
-Elements: the model's batch dict (see the team contract), every value
-``<int32>[B, L]``: ``inputs``, ``targets``, ``inputs_segment_ids``,
+Elements: the model's batch dict (:class:`m4moe.interfaces.ModelBatch`),
+every value ``<int32>[B, L]``: ``inputs``, ``targets``, ``inputs_segment_ids``,
 ``inputs_positions``, ``targets_segment_ids``, ``targets_positions``.
 Sources are ``<2xx> source </s>`` (``xx`` = target language), targets
 ``target </s>``; 0 is padding.
@@ -21,7 +21,7 @@ restores its position (the pipeline sets the external-state policy so the
 pure-Python tokeniser does not block saving; the tokeniser is a pure
 function of its chunk, so nothing is lost). Tokenisation runs SentencePiece
 on whole chunks inside ``tf.py_function``: ~135k tokens/s on the real corpus
-on 2 busy cores (``python -m m4moe.data.pipeline_benchmark``), far above what
+on 2 busy cores (``m4moe-bench input_pipeline``), far above what
 a CPU training step consumes.
 
 :class:`PipelineStats` counts what the tokeniser saw (per-language pairs

@@ -25,16 +25,20 @@ from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
+from m4moe import errors
+from m4moe import flagutil
 from m4moe.data import languages as languages_lib
 from m4moe.data import sampling
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 ENGLISH = "en"
+MODEL_TYPES = ("unigram", "bpe")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VocabConfig:
-  """SentencePiece training settings.
+  """SentencePiece training settings (each is an ``m4moe-vocab`` flag,
+  :mod:`m4moe.flagutil`).
 
   Attributes:
     source_vocab_size: multilingual source pieces (paper: 64k).
@@ -53,18 +57,23 @@ class VocabConfig:
   temperature: float = 5.0
   max_sentences: int = 1_000_000
   character_coverage: float = 0.9995
-  model_type: str = "unigram"
+  model_type: str = dataclasses.field(
+      default="unigram", metadata=flagutil.metadata(enum=MODEL_TYPES))
   seed: int = 0
   threads: int = 2
 
-  def __post_init__(self):
-    if self.model_type not in ("unigram", "bpe"):
-      raise ValueError(f"--model_type={self.model_type!r}: unigram or bpe")
-    if min(self.source_vocab_size, self.target_vocab_size) < 300:
-      raise ValueError("--source_vocab_size/--target_vocab_size must be "
-                       ">= 300 (256 byte-fallback pieces + specials + tags)")
-    if not 0.9 <= self.character_coverage <= 1.0:
-      raise ValueError("--character_coverage must be in [0.9, 1]")
+  def __post_init__(self) -> None:
+    errors.require(self.model_type in MODEL_TYPES, "model_type",
+                   self.model_type, f"choose one of {', '.join(MODEL_TYPES)}")
+    for name in ("source_vocab_size", "target_vocab_size"):
+      value = getattr(self, name)
+      errors.require(value >= 300, name, value, "use at least 300 (256 "
+                     "byte-fallback pieces + specials + language tags)")
+    errors.require(0.9 <= self.character_coverage <= 1.0,
+                   "character_coverage", self.character_coverage,
+                   "use a fraction in [0.9, 1]")
+    errors.require(self.threads >= 1, "threads", self.threads,
+                   "use at least one thread")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ loading process, to register its ops::
   m = tf.saved_model.load(path)
   out = m.signatures["translate"](sentences=tf.constant(["Hallo Welt"]),
                                   source_lang=tf.constant(["de"]))
-  out["translations"]  # <string>[N]; out["truncated"] <bool>[N]
+  out["translations"]  # <string>[B]; out["truncated"] <bool>[B]
 
 The graph does what :class:`m4moe.eval.translator.Translator` does: source
 ids ``<2tgt> pieces[:max_input_length-2] </s>``, beam search with the
@@ -111,8 +111,8 @@ class TranslateModule(tf.Module):
                autograph=False)
   def translate(self, sentences: tf.Tensor,
                 source_lang: tf.Tensor) -> dict[str, tf.Tensor]:
-    """<string>[N] sentences, <string>[N] source languages ->
-    {"translations": <string>[N], "truncated": <bool>[N]}."""
+    """<string>[B] sentences, <string>[B] source languages ->
+    {"translations": <string>[B], "truncated": <bool>[B]}."""
     with tf.control_dependencies([self._check_languages(source_lang)]):
       pieces = self.source_tokenizer.tokenize(sentences)
     room = self._max_input_length - 2

@@ -16,14 +16,14 @@ for, i.e. a language the model was trained on. Over-long inputs are cut to
 ``max_input_length`` ids (tag and EOS kept) and counted; empty inputs give
 empty outputs without running the model.
 
-Decode length: beam search runs on static ``[B, K, T]`` buffers and, with
+Decode length: beam search runs on static ``[B, W, Ld]`` buffers and, with
 length normalisation, can only stop early once no alive beam could still win
-at length T, so T sets the cost of every batch (an untrained model decoded
-with T = 512 runs ~13x slower than with T = 64 for the same output). With
-``length_ratio`` set, each batch therefore decodes at most
-``min(beam.max_decode_length, round_up(length_ratio * L + 16, 16))`` tokens,
-L being the batch's longest source (tag and EOS included); one compiled
-search is kept per distinct T. Hypotheses that reach their limit without EOS
+at length Ld, so Ld sets the cost of every batch (an untrained model
+decoded with Ld = 512 runs ~13x slower than with Ld = 64 for the same
+output). With ``length_ratio`` set, each batch therefore decodes at most
+``min(beam.max_decode_length, round_up(length_ratio * Ls + 16, 16))``
+tokens, Ls being the batch's longest source (tag and EOS included); one
+compiled search is kept per distinct Ld. Hypotheses that reach their limit without EOS
 are counted in :attr:`TranslationStats.length_limited`.
 """
 
@@ -196,7 +196,7 @@ class Translator:
     self._searches: dict[int, Callable[[tf.Tensor], Any]] = {}
 
   def decode_length(self, longest_source: int) -> int:
-    """T for a batch whose longest source has ``longest_source`` ids."""
+    """Ld for a batch whose longest source has ``longest_source`` ids."""
     cap = self.beam.max_decode_length
     if self.length_ratio is None:
       return cap
@@ -247,10 +247,10 @@ class Translator:
     return LINE_BREAKS.sub(" ", text)
 
   def search(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
-    """Best hypothesis ids <int32>[N, T] for source id rows (any lengths).
+    """Best hypothesis ids <int32>[B, Ld] for source id rows (any lengths).
 
-    T is :meth:`decode_length` of the longest row; best hypotheses without
-    EOS (cut at T) are counted in ``stats.length_limited``.
+    Ld is :meth:`decode_length` of the longest row; best hypotheses without
+    EOS (cut at Ld) are counted in ``stats.length_limited``.
     """
     width = max(len(r) for r in rows)
     inputs = np.zeros([len(rows), width], np.int32)

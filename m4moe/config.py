@@ -1,7 +1,8 @@
 """Model configuration: frozen, validated dataclasses built from absl flags.
 
 Every field of :class:`MoeConfig` and :class:`ModelConfig` is also an absl
-flag of the same name, so a zoo entry under ``configs/`` is a plain absl
+flag of the same name (:mod:`m4moe.flagutil`, as for every config
+dataclass), so a zoo entry under ``configs/`` is a plain absl
 flagfile (``--d_model=1024`` ...). A bad value fails at construction with a
 :class:`ConfigError` that names the flag and says how to fix it.
 
@@ -26,19 +27,17 @@ from typing import Any, Mapping, Sequence
 
 from absl import flags
 
+from m4moe import errors
+from m4moe import flagutil
+from m4moe.errors import ConfigError
+
 ROUTERS = ("top2", "top1", "noisy_topk", "expert_choice")
 SECOND_EXPERT_POLICIES = ("random", "all", "sampling")
 DISPATCH_IMPLEMENTATIONS = ("einsum", "index", "sorted")
 ACTIVATION_DTYPES = ("float32", "bfloat16")
 
 
-class ConfigError(ValueError):
-  """A configuration value is invalid; the message names the flag and the fix."""
-
-
-def _require(condition: bool, flag: str, value: Any, fix: str) -> None:
-  if not condition:
-    raise ConfigError(f"--{flag}={value!r} is invalid: {fix}")
+_require = errors.require
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,9 +79,11 @@ class MoeConfig:
   expert_hidden_dim: int = 256
   moe_layer_interval: int = 2
   moe_layer_offset: int = 1
-  router: str = "top2"
+  router: str = dataclasses.field(
+      default="top2", metadata=flagutil.metadata(enum=ROUTERS))
   num_selected_experts: int = 2
-  second_expert_policy: str = "random"
+  second_expert_policy: str = dataclasses.field(
+      default="random", metadata=flagutil.metadata(enum=SECOND_EXPERT_POLICIES))
   group_size: int = 1024
   train_capacity_factor: float = 1.25
   eval_capacity_factor: float = 0.0
@@ -91,7 +92,8 @@ class MoeConfig:
   router_jitter: float = 0.0
   expert_dropout_rate: float = 0.0
   no_token_left_behind: bool = False
-  dispatch: str = "sorted"
+  dispatch: str = dataclasses.field(
+      default="sorted", metadata=flagutil.metadata(enum=DISPATCH_IMPLEMENTATIONS))
 
   def __post_init__(self) -> None:
     _require(self.num_experts >= 0, "num_experts", self.num_experts,
@@ -186,7 +188,8 @@ class ModelConfig:
     num_heads: attention heads.
     d_kv: key/value width per head (paper: 128, independent of d_model).
     d_ff: hidden width of the dense feed-forward layers.
-    num_encoder_layers, num_decoder_layers: "36L" is 18 + 18.
+    num_encoder_layers, num_decoder_layers: layers of each stack ("36L" is
+      18 + 18).
     dropout_rate: dropout on inputs and residual branches.
     attention_dropout_rate: dropout on attention probabilities.
     activation_dtype: ``float32`` or ``bfloat16`` activations; weights, the
@@ -207,7 +210,8 @@ class ModelConfig:
   num_decoder_layers: int = 2
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
-  activation_dtype: str = "float32"
+  activation_dtype: str = dataclasses.field(
+      default="float32", metadata=flagutil.metadata(enum=ACTIVATION_DTYPES))
   init_scale: float = 1.0
   max_length: int = 512
   moe: MoeConfig = dataclasses.field(default_factory=MoeConfig)
@@ -242,74 +246,13 @@ class ModelConfig:
 
   def to_flags(self) -> list[str]:
     """The config as absl flag strings, loadable with :func:`load_model_config`."""
-    out = []
-    for field, value in _flat_items(self):
-      if isinstance(value, bool):
-        out.append(f"--{field}" if value else f"--no{field}")
-      else:
-        out.append(f"--{field}={value}")
-    return out
-
-
-def _flat_fields() -> list[tuple[str, dataclasses.Field, type]]:
-  """(flag name, dataclass field, owning class) for every config flag."""
-  out = []
-  for cls in (ModelConfig, MoeConfig):
-    for field in dataclasses.fields(cls):
-      if field.name == "moe":
-        continue
-      out.append((field.name, field, cls))
-  return out
-
-
-def _flat_items(config: ModelConfig) -> list[tuple[str, Any]]:
-  items = []
-  for name, _, cls in _flat_fields():
-    owner = config.moe if cls is MoeConfig else config
-    items.append((name, getattr(owner, name)))
-  return items
-
-
-_ENUMS = {
-    "router": ROUTERS,
-    "second_expert_policy": SECOND_EXPERT_POLICIES,
-    "dispatch": DISPATCH_IMPLEMENTATIONS,
-    "activation_dtype": ACTIVATION_DTYPES,
-}
-
-
-def _field_help(cls: type, name: str) -> str:
-  doc = cls.__doc__ or ""
-  marker = f"    {name}:"
-  for part in doc.split("\n"):
-    if part.startswith(marker):
-      return part[len(marker):].strip()
-  # Multi-name attribute lines such as "num_encoder_layers, num_decoder_layers:".
-  for part in doc.split("\n"):
-    head, _, tail = part.strip().partition(":")
-    if name in [h.strip() for h in head.split(",")]:
-      return tail.strip()
-  return name
+    return flagutil.to_flags(self)
 
 
 def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines one absl flag per config field on ``flag_values`` (idempotent)."""
-  for name, field, cls in _flat_fields():
-    if name in flag_values:
-      continue
-    default = field.default
-    help_text = _field_help(cls, name)
-    if name in _ENUMS:
-      flags.DEFINE_enum(name, default, list(_ENUMS[name]), help_text,
-                        flag_values=flag_values)
-    elif isinstance(default, bool):
-      flags.DEFINE_bool(name, default, help_text, flag_values=flag_values)
-    elif isinstance(default, int):
-      flags.DEFINE_integer(name, default, help_text, flag_values=flag_values)
-    elif isinstance(default, float):
-      flags.DEFINE_float(name, default, help_text, flag_values=flag_values)
-    else:
-      flags.DEFINE_string(name, default, help_text, flag_values=flag_values)
+  """Defines one absl flag per config field on ``flag_values`` (idempotent;
+  :func:`m4moe.flagutil.define_flags` of :class:`ModelConfig`)."""
+  flagutil.define_flags(ModelConfig, flag_values)
 
 
 def model_config_from_flags(
@@ -322,12 +265,7 @@ def model_config_from_flags(
     **overrides: field values that win over the flags (e.g. vocabulary sizes
       read from the trained SentencePiece models).
   """
-  model_kwargs: dict[str, Any] = {}
-  moe_kwargs: dict[str, Any] = {}
-  for name, _, cls in _flat_fields():
-    value = overrides.get(name, flag_values[name].value)
-    (moe_kwargs if cls is MoeConfig else model_kwargs)[name] = value
-  return ModelConfig(moe=MoeConfig(**moe_kwargs), **model_kwargs)
+  return flagutil.from_flags(ModelConfig, flag_values, **overrides)
 
 
 def present_model_flags(flag_values: flags.FlagValues = flags.FLAGS
@@ -337,8 +275,7 @@ def present_model_flags(flag_values: flags.FlagValues = flags.FLAGS
   Tools that take ``--config=NAME`` apply these on top of the file, so a
   command-line flag always wins over the zoo entry.
   """
-  return [flag_values[name].serialize() for name, _, _ in _flat_fields()
-          if flag_values[name].present]
+  return flagutil.present_flags(ModelConfig, flag_values)
 
 
 def config_from_dict(values: Mapping[str, Any]) -> ModelConfig:

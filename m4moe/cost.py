@@ -6,23 +6,24 @@ counted in microseconds. The counts follow the parameterisation of
 variable the model creates (name, shape, kind), and ``tests/test_cost.py``
 checks the total against the sizes of a built tiny model's ``tf.Variable``s.
 
-Dimensions cheat sheet:
-  M: d_model.            V_s, V_t: source and target vocabulary sizes.
-  N: attention heads.    K: d_kv, key/value width per head.
-  F: dense FFN hidden.   H: expert hidden.       E: experts per MoE layer.
-  k: experts per token (top2: 2, top1: 1, noisy_topk / expert_choice: the
-     configured ``num_selected_experts``, an average for expert_choice).
-  S: group size.         C: expert capacity per group.
-  L_s, L_t: source and target sequence lengths.
+Dimensions (letters of the glossary in :mod:`m4moe`):
+
+  M: d_model; Vs: source vocabulary size; Vt: target vocabulary size;
+  A: attention heads; D: d_kv, key/value width per head; F: dense FFN
+  hidden; H: expert hidden; E: experts per MoE layer; K: experts per token
+  (top2: 2, top1: 1, noisy_topk / expert_choice: the configured
+  ``num_selected_experts``, an average for expert_choice); S: group size;
+  C: expert capacity per group; Ls: source sequence length;
+  Lt: target sequence length.
 
 Parameterisation counted (float32 ``tf.Variable``s; no biases except the
 layer norms'):
-  source embedding <V_s, M>; target embedding <V_t, M>; output (softmax)
-  projection <M, V_t>, untied as in ``Transformer``'s default (with
+  source embedding <Vs, M>; target embedding <Vt, M>; output (softmax)
+  projection <M, Vt>, untied as in ``Transformer``'s default (with
   ``share_target_embedding=True`` the target embedding doubles as the softmax
   weights and there is no projection); sinusoidal positions (no variables);
   per attention block (encoder self, decoder self, decoder cross): query, key,
-  value <M, N, K> and output <N, K, M>; per dense FFN: wi <M, F>, wo <F, M>;
+  value <M, A, D> and output <A, D, M>; per dense FFN: wi <M, F>, wo <F, M>;
   per MoE layer: router wg <M, E> (noisy_topk adds w_noise <M, E>), experts
   wi <E, M, H> and wo <E, H, M>; a layer norm (scale <M>, bias <M>) before
   every sub-layer, and a final layer norm per stack.
@@ -31,7 +32,7 @@ FLOPs are forward multiply-adds times 2 per "token", where a token means one
 source token through the encoder plus one target token through the decoder
 (the paper's batches count source tokens; MT pairs have about as many target
 tokens). Counted: every matmul with a weight (attention projections, dense
-FFN, the k selected experts, the router, the output projection) and the two
+FFN, the K selected experts, the router, the output projection) and the two
 attention matmuls QK^T and AV over the full (masked) key length. Not counted:
 embedding gathers, softmax, layer norm, ReLU, dropout, the loss, and the
 dispatch/combine data movement (reported separately as ``einsum_dispatch`` for
@@ -183,7 +184,7 @@ def params_per_expert(config: ModelConfig) -> int:
 
 
 def _active_expert_params(config: ModelConfig) -> int:
-  """k experts in every MoE layer: the expert weights one token uses."""
+  """K experts in every MoE layer: the expert weights one token uses."""
   k = config.moe.top_k if config.moe.enabled else 0
   return k * params_per_expert(config) * num_moe_layers(config)
 
@@ -192,7 +193,7 @@ def active_params_per_token(config: ModelConfig, *,
                             share_target_embedding: bool = False) -> int:
   """Parameters a (source, target) token pair touches.
 
-  All but the experts, plus k of the E experts in every MoE layer; embedding
+  All but the experts, plus K of the E experts in every MoE layer; embedding
   tables are counted whole.
   """
   breakdown = param_breakdown(config,
@@ -205,7 +206,7 @@ class FlopsPerToken:
   """Forward FLOPs per (source token, target token); see the module doc.
 
   Attributes:
-    source_length, target_length: L_s, L_t used for the attention terms.
+    source_length, target_length: Ls, Lt used for the attention terms.
     matmul: 2 x active weight-matmul parameters (embeddings excluded).
     attention: QK^T and AV over the full key lengths, all layers.
     einsum_dispatch: one-hot dispatch + combine einsums (2 x 2 E C M per MoE
@@ -231,7 +232,7 @@ class FlopsPerToken:
 
 def _attention_flops(config: ModelConfig, *, source_length: int,
                      target_length: int) -> int:
-  # Per query and layer: QK^T and AV each cost 2 * N * K * keys.
+  # Per query and layer: QK^T and AV each cost 2 * A * D * keys.
   per_key = 4 * config.num_heads * config.d_kv
   encoder_keys = config.num_encoder_layers * source_length
   decoder_keys = config.num_decoder_layers * (target_length + source_length)
@@ -243,7 +244,7 @@ def flops_per_token(config: ModelConfig, *, source_length: int | None = None,
   """Forward FLOPs per token pair; lengths default to ``config.max_length``."""
   source_length = source_length or config.max_length
   target_length = target_length or config.max_length
-  # The softmax matmul <M, V_t> costs the same whether tied or not.
+  # The softmax matmul <M, Vt> costs the same whether tied or not.
   breakdown = param_breakdown(config)
   matmul_params = (breakdown.attention + breakdown.ffn + breakdown.router +
                    breakdown.output + _active_expert_params(config))
@@ -328,12 +329,12 @@ def _activations_per_token(config: ModelConfig, *, source_length: int,
                            target_length: int) -> int:
   """Activation values stored per token pair for the backward pass.
 
-  Per attention block: its layer-norm input M, q/k/v/context 4 N K and the
-  probabilities N x keys. Per dense FFN: M + F. Per MoE layer: M, the gates
-  E, and for each of the capacity_factor x k buffer slots a token fills on
+  Per attention block: its layer-norm input M, q/k/v/context 4 A D and the
+  probabilities A x keys. Per dense FFN: M + F. Per MoE layer: M, the gates
+  E, and for each of the capacity_factor x K buffer slots a token fills on
   average the dispatched input M and hidden H; with ``--dispatch=einsum``
   also the one-hot dispatch_mask and combine_weights <[G, S, E, C]>, i.e.
-  2 E C per token (C for the configured group size S). Plus the logits V_t.
+  2 E C per token (C for the configured group size S). Plus the logits Vt.
   """
   m, nk = config.d_model, config.num_heads * config.d_kv
 
@@ -470,7 +471,7 @@ def expert_scaling_row(name: str, config: ModelConfig, *,
       config's ``group_size`` (the zoo's gshard rows set it to Table 3's
       batch / cores). Given, it also becomes the group size, so the einsum
       dispatch costs stay those of one group per device.
-    sequence_length: L_s = L_t; default ``config.max_length``.
+    sequence_length: Ls = Lt; default ``config.max_length``.
 
   Raises:
     ValueError: a dense config, or ``tokens_per_device`` < 1.

@@ -4,18 +4,18 @@ The search is written once against a *step function*
 
   ``step_fn(token_ids, cache, step, live) -> (logits, cache)``
 
-  token_ids: <int32>[B*K]   the previous token of every beam (batch-major:
-                             row ``b * K + k`` is beam k of sentence b).
+  token_ids: <int32>[B*W]   the previous token of every beam (batch-major:
+                             row ``b * W + k`` is beam k of sentence b).
   cache:     any tf.nest structure whose tensor leaves of rank >= 1 have the
-             beam-flattened batch axis B*K first (rank-0 leaves, e.g. a step
+             beam-flattened batch axis B*W first (rank-0 leaves, e.g. a step
              counter, are carried unchanged).
   step:      <int32>[]      0 for the first target position.
-  live:      <bool>[B*K]    False for dead beams (no hypothesis: beams 1..K-1
+  live:      <bool>[B*W]    False for dead beams (no hypothesis: beams 1..W-1
                              at step 0, or any beam whose log-probability is
                              <= NEG_INF / 2); their logits are never used
                              for a real hypothesis, so the model may treat
                              them as padding (no MoE capacity).
-  logits:    <float32>[B*K, V] scores of the next token.
+  logits:    <float32>[B*W, V] scores of the next token.
 
 so it serves the Transformer's incremental decoder (see
 :func:`transformer_step_fn`) and hand-made step functions in tests alike.
@@ -23,15 +23,15 @@ so it serves the Transformer's incremental decoder (see
 Scoring follows GNMT (Wu et al. 2016): a hypothesis Y is ranked by
 ``log P(Y) / lp(Y)`` with ``lp(Y) = ((5 + |Y|) / 6) ** alpha``, where |Y|
 counts the generated tokens including the final EOS. Finished hypotheses are
-kept in a separate top-K list; the loop stops early once no alive beam can
-still beat the worst of K finished hypotheses (log-probabilities only fall
+kept in a separate top-W list; the loop stops early once no alive beam can
+still beat the worst of W finished hypotheses (log-probabilities only fall
 and ``lp`` only grows, so ``alive_log_prob / lp(max_length)`` bounds every
 continuation). With ``beam_size=1`` and ``alpha=0`` this is exactly greedy
 decoding (:func:`greedy_search`); with ``alpha > 0`` a single beam may keep
 extending past the greedy EOS when a longer hypothesis can still win.
 
 Everything is a ``tf.while_loop`` over tensors with static shapes
-(``[B, K, max_length + 1]`` sequence buffers), so it runs eagerly and inside
+(``[B, W, max_length + 1]`` sequence buffers), so it runs eagerly and inside
 ``tf.function`` unchanged.
 
 Batch invariance: the search itself treats sentences independently, so a
@@ -43,7 +43,10 @@ same hypotheses and scores alone, beside others or repeated, and the cached
 and uncached searches agree. Finished hypotheses are never decoded further
 (they leave the alive beams), and dead beams are passed as ``live=False``.
 
-Dimensions: B sentences, K beams, V target vocabulary, T = max_decode_length.
+Dimensions (letters of the glossary in :mod:`m4moe`):
+
+  B: sentences; W: beams; V: target vocabulary size;
+  Ld: max_decode_length, tokens generated at most.
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
-# A large finite negative score: -inf would turn 0 * -inf into NaN.
-NEG_INF = -1.0e9
+from m4moe import interfaces
+# A large finite negative score (-inf would turn 0 * -inf into NaN).
+from m4moe.numerics import NEG_INF
 
 StepFn = Callable[[tf.Tensor, Any, tf.Tensor, tf.Tensor],
                   tuple[tf.Tensor, Any]]
@@ -65,9 +69,9 @@ class BeamSearchConfig:
   """Beam search settings.
 
   Attributes:
-    beam_size: K, hypotheses kept per sentence; 1 with alpha=0 is greedy.
+    beam_size: W, hypotheses kept per sentence; 1 with alpha=0 is greedy.
     alpha: GNMT length-normalisation exponent (0 = raw log-probability).
-    max_decode_length: T, most target tokens generated (EOS included).
+    max_decode_length: Ld, most target tokens generated (EOS included).
     eos_id: end-of-sentence id (the project's convention: 1).
     start_id: decoder start token (0, T5-style shift-right).
     forbidden_ids: ids never generated (padding 0 by default).
@@ -99,12 +103,12 @@ class BeamSearchOutput:
   """Hypotheses per sentence, best first.
 
   Attributes:
-    sequences: <int32>[B, K, T] generated ids (no start token), EOS included,
+    sequences: <int32>[B, W, Ld] generated ids (no start token), EOS included,
       zeros after it.
-    scores: <float32>[B, K] length-normalised scores log P / lp.
-    log_probs: <float32>[B, K] summed token log-probabilities.
-    lengths: <int32>[B, K] tokens generated, EOS included.
-    finished: <bool>[B, K] whether the hypothesis ended with EOS (False for
+    scores: <float32>[B, W] length-normalised scores log P / lp.
+    log_probs: <float32>[B, W] summed token log-probabilities.
+    lengths: <int32>[B, W] tokens generated, EOS included.
+    finished: <bool>[B, W] whether the hypothesis ended with EOS (False for
       a beam truncated at max_decode_length).
   """
 
@@ -126,12 +130,12 @@ class BeamSearchOutput:
 
 class _State(NamedTuple):
   step: tf.Tensor               # <int32>[]
-  alive_seqs: tf.Tensor         # <int32>[B, K, T+1]
-  alive_log_probs: tf.Tensor    # <float32>[B, K]
-  finished_seqs: tf.Tensor      # <int32>[B, K, T+1]
-  finished_scores: tf.Tensor    # <float32>[B, K]
-  finished_log_probs: tf.Tensor  # <float32>[B, K]
-  finished_flags: tf.Tensor     # <bool>[B, K]
+  alive_seqs: tf.Tensor         # <int32>[B, W, Ld+1]
+  alive_log_probs: tf.Tensor    # <float32>[B, W]
+  finished_seqs: tf.Tensor      # <int32>[B, W, Ld+1]
+  finished_scores: tf.Tensor    # <float32>[B, W]
+  finished_log_probs: tf.Tensor  # <float32>[B, W]
+  finished_flags: tf.Tensor     # <bool>[B, W]
   cache: Any
 
 
@@ -141,9 +145,9 @@ def length_penalty(length: tf.Tensor, alpha: float) -> tf.Tensor:
 
 
 def tile_beams(tree: Any, beam_size: int) -> Any:
-  """Repeats every leaf of rank >= 1 K times on axis 0: [B, ...] -> [B*K, ...].
+  """Repeats every leaf of rank >= 1 W times on axis 0: [B, ...] -> [B*W, ...].
 
-  Row ``b * K + k`` is a copy of row b, the layout the step function sees.
+  Row ``b * W + k`` is a copy of row b, the layout the step function sees.
   """
   def tile(t):
     t = tf.convert_to_tensor(t)
@@ -156,12 +160,12 @@ def gather_beams(tree: Any, beam_indices: tf.Tensor, *,
   """Selects beams of a beam-flattened structure.
 
   Args:
-    tree: leaves <any>[B*K, ...] (rank-0 leaves pass through).
-    beam_indices: <int32>[B, K'] source beam in [0, K) for every new beam.
-    beam_size: K, beams per sentence in ``tree``.
+    tree: leaves <any>[B*W, ...] (rank-0 leaves pass through).
+    beam_indices: <int32>[B, W'] source beam in [0, W) for every new beam.
+    beam_size: W, beams per sentence in ``tree``.
 
   Returns:
-    The structure with leaves <any>[B*K', ...].
+    The structure with leaves <any>[B*W', ...].
   """
   batch = tf.shape(beam_indices)[0]
   offsets = tf.range(batch, dtype=tf.int32)[:, None] * beam_size
@@ -176,7 +180,7 @@ def _initial_state(*, batch_size: int, cache: Any,
   k, t = config.beam_size, config.max_decode_length
   seqs = tf.fill([batch_size, k, t + 1], tf.constant(config.start_id, tf.int32))
   seqs = tf.concat([seqs[:, :, :1], tf.zeros_like(seqs[:, :, 1:])], axis=2)
-  # Only beam 0 is alive at first, so the K beams do not duplicate it.
+  # Only beam 0 is alive at first, so the W beams do not duplicate it.
   alive = tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch_size, 1])
   return _State(
       step=tf.constant(0, tf.int32),
@@ -190,16 +194,16 @@ def _initial_state(*, batch_size: int, cache: Any,
 
 
 def _top_candidates(state: _State, log_probs: tf.Tensor, *, k: int):
-  """Top 2K continuations of the alive beams.
+  """Top 2W continuations of the alive beams.
 
   Args:
     state: the loop state.
-    log_probs: <float32>[B, K, V] next-token log-probabilities.
-    k: K.
+    log_probs: <float32>[B, W, V] next-token log-probabilities.
+    k: W.
 
   Returns:
-    (log_probs <float32>[B, 2K], source beam <int32>[B, 2K],
-     token <int32>[B, 2K], sequences <int32>[B, 2K, T+1]).
+    (log_probs <float32>[B, 2W], source beam <int32>[B, 2W],
+     token <int32>[B, 2W], sequences <int32>[B, 2W, Ld+1]).
   """
   vocab = tf.shape(log_probs)[2]
   total = state.alive_log_probs[:, :, None] + log_probs
@@ -215,9 +219,9 @@ def _top_candidates(state: _State, log_probs: tf.Tensor, *, k: int):
 
 def _merge_finished(state: _State, *, top_lp, top_seqs, is_eos,
                     config: BeamSearchConfig):
-  """Keeps the K best finished hypotheses among old ones and new EOS ends.
+  """Keeps the W best finished hypotheses among old ones and new EOS ends.
 
-  Only an EOS candidate ranked within the top K of the 2K candidates ends a
+  Only an EOS candidate ranked within the top W of the 2W candidates ends a
   hypothesis (one that would survive pruning), so one beam is greedy.
   """
   in_beam = tf.range(2 * config.beam_size) < config.beam_size
@@ -285,7 +289,7 @@ def _make_cond(config: BeamSearchConfig):
 
 
 def _lengths(seqs: tf.Tensor, *, eos_id: int) -> tf.Tensor:
-  """<int32>[B, K] tokens up to and including the first EOS (else T)."""
+  """<int32>[B, W] tokens up to and including the first EOS (else Ld)."""
   is_eos = tf.cast(tf.equal(seqs, eos_id), tf.int32)
   seen_before = tf.cumsum(is_eos, axis=2, exclusive=True)
   return tf.reduce_sum(tf.cast(seen_before == 0, tf.int32), axis=2)
@@ -296,16 +300,16 @@ def beam_search(step_fn: StepFn, *, initial_cache: Any, batch_size: int,
   """Runs beam search.
 
   Args:
-    step_fn: ``(token_ids <int32>[B*K], cache, step <int32>[],
-      live <bool>[B*K]) -> (logits <float32>[B*K, V], cache)``; see the
+    step_fn: ``(token_ids <int32>[B*W], cache, step <int32>[],
+      live <bool>[B*W]) -> (logits <float32>[B*W, V], cache)``; see the
       module docstring.
-    initial_cache: cache for B*K rows (use :func:`tile_beams` on a [B, ...]
-      cache, or build it directly with batch B*K).
+    initial_cache: cache for B*W rows (use :func:`tile_beams` on a [B, ...]
+      cache, or build it directly with batch B*W).
     batch_size: B (a Python int or a <int32>[] tensor).
     config: beam size, alpha, max length and special ids.
 
   Returns:
-    A :class:`BeamSearchOutput` with K hypotheses per sentence, best first.
+    A :class:`BeamSearchOutput` with W hypotheses per sentence, best first.
     When the search runs to max_decode_length, the alive (unfinished) beams
     compete with the finished ones, scored with lp(max_decode_length) and
     marked ``finished=False``; slots with no hypothesis at all (tiny
@@ -321,7 +325,7 @@ def beam_search(step_fn: StepFn, *, initial_cache: Any, batch_size: int,
 
 def _final_hypotheses(state: _State, *,
                       config: BeamSearchConfig) -> BeamSearchOutput:
-  """Best K of the finished hypotheses and, if max length was reached, of
+  """Best W of the finished hypotheses and, if max length was reached, of
   the alive (truncated) beams scored with lp(max_decode_length)."""
   reached_max = state.step >= config.max_decode_length
   alive_scores = tf.where(
@@ -356,12 +360,14 @@ def greedy_search(step_fn: StepFn, *, initial_cache: Any, batch_size: int,
                      batch_size=batch_size, config=config)
 
 
-def transformer_step_fn(model: Any, encoder_output: Any) -> StepFn:
+def transformer_step_fn(model: interfaces.TranslationModel,
+                        encoder_output: interfaces.Nest) -> StepFn:
   """Adapts ``Transformer.decode_step`` to the step-function signature.
 
   Args:
-    model: an ``m4moe.model.Transformer`` (anything with ``decode_step``).
-    encoder_output: its EncoderOutput, already tiled to B*K rows.
+    model: an ``m4moe.model.Transformer`` (any
+      :class:`~m4moe.interfaces.TranslationModel`).
+    encoder_output: its EncoderOutput, already tiled to B*W rows.
   """
   def step_fn(token_ids, cache, step, live):
     return model.decode_step(encoder_output=encoder_output,
@@ -370,12 +376,12 @@ def transformer_step_fn(model: Any, encoder_output: Any) -> StepFn:
   return step_fn
 
 
-def translate_ids(model: Any, inputs: tf.Tensor, *,
+def translate_ids(model: interfaces.TranslationModel, inputs: tf.Tensor, *,
                   config: BeamSearchConfig) -> BeamSearchOutput:
   """Encodes a source batch once and beam-searches the targets.
 
   The encoder output (including the cross-attention keys/values) is computed
-  once per sentence and tiled to the K beams; the decoder runs one token per
+  once per sentence and tiled to the W beams; the decoder runs one token per
   step against its self-attention cache, so the prefix is never recomputed.
 
   Args:
@@ -385,7 +391,7 @@ def translate_ids(model: Any, inputs: tf.Tensor, *,
       model's ``max_length``.
 
   Returns:
-    BeamSearchOutput with <int32>[B, K, T] sequences.
+    BeamSearchOutput with <int32>[B, W, Ld] sequences.
   """
   inputs = tf.convert_to_tensor(inputs, tf.int32)
   batch = tf.shape(inputs)[0]
@@ -396,7 +402,8 @@ def translate_ids(model: Any, inputs: tf.Tensor, *,
                      initial_cache=cache, batch_size=batch, config=config)
 
 
-def teacher_forced_log_probs(model: Any, inputs: tf.Tensor,
+def teacher_forced_log_probs(model: interfaces.TranslationModel,
+                             inputs: tf.Tensor,
                              targets: tf.Tensor) -> tf.Tensor:
   """Summed log P(targets | inputs) from the uncached forward pass.
 
@@ -419,19 +426,20 @@ def teacher_forced_log_probs(model: Any, inputs: tf.Tensor,
   return tf.reduce_sum(picked * tf.cast(targets > 0, tf.float32), axis=1)
 
 
-def uncached_step_fn(model: Any, inputs: tf.Tensor) -> StepFn:
+def uncached_step_fn(model: interfaces.TranslationModel,
+                     inputs: tf.Tensor) -> StepFn:
   """Reference step function that recomputes everything at every step.
 
-  Runs the full teacher-forced forward pass (encoder and decoder over all T
+  Runs the full teacher-forced forward pass (encoder and decoder over all Ld
   target positions, static shapes, MoE layers routed as in decoding:
   ``per_sentence_routing``) and reads the logits at ``step``; the
-  "cache" is only the decoded prefix, ``{"targets": <int32>[B*K, T]}``
+  "cache" is only the decoded prefix, ``{"targets": <int32>[B*W, Ld]}``
   (start it with zeros). Used as the oracle for the incremental decoder and
   as the slow baseline in speed measurements.
 
   Args:
     model: an ``m4moe.model.Transformer``.
-    inputs: <int32>[B*K, Ls] source ids, already tiled to the beams.
+    inputs: <int32>[B*W, Ls] source ids, already tiled to the beams.
   """
   def step_fn(token_ids, cache, step, live):
     # Dead beams' rows are computed like live ones; with one routing group
@@ -449,7 +457,8 @@ def uncached_step_fn(model: Any, inputs: tf.Tensor) -> StepFn:
   return step_fn
 
 
-def translate_ids_uncached(model: Any, inputs: tf.Tensor, *,
+def translate_ids_uncached(model: interfaces.TranslationModel,
+                           inputs: tf.Tensor, *,
                            config: BeamSearchConfig) -> BeamSearchOutput:
   """:func:`translate_ids` without any cache (see :func:`uncached_step_fn`)."""
   inputs = tf.convert_to_tensor(inputs, tf.int32)

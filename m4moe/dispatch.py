@@ -1,60 +1,73 @@
 """Dispatch tokens to expert buffers and combine the expert outputs.
 
-Dimensions cheat sheet:
+Dimensions (letters of the glossary in :mod:`m4moe`):
 
-  G: groups, S: group size, E: experts, C: expert capacity,
-  M: model width, H: expert hidden width.
+  G: groups; S: group size; E: experts; C: expert capacity; M: model width;
+  H: expert hidden width; K: expert choices per token; T = G*S*K: choices;
+  X: expert-homogeneous blocks; R: rows per block; P: rows of a gathered
+  table (E*G*C buffer rows, or T sorted rows).
 
-Four implementations with identical outputs and gradients (the first three
-selected by ``--dispatch``, the fourth by the layer for no-drop decoding with
-``index``):
+Four dispatch paths with identical outputs and gradients, registered by name
+in :data:`DISPATCH_PATHS` with one signature (:class:`DispatchPath`:
+``path(x, routing, experts, *, training, seed)``). ``--dispatch`` requests
+``einsum``, ``index`` or ``sorted``; :func:`resolve_dispatch` decides, in one
+place, which path a layer call runs (backend x router x training x config x
+static sizes), and may pick ``block`` for no-drop decoding with ``index``:
 
-* :func:`einsum_dispatch_combine` -- GShard Algorithm 2 as written: one-hot
-  ``dispatch_mask`` and ``combine_weights`` ``<[G, S, E, C]>`` and the einsums
-  ``GSEC,GSM->EGCM`` (dispatch), ``EGCM,EMH->EGCH`` and ``EGCH,EHM->GECM``
-  (the experts) and ``GSEC,GECM->GSM`` (combine). Memory O(G*S*E*C*M)
-  intermediates; the form the paper's sharding annotations are written for.
-* :func:`index_dispatch_combine` -- row gathers driven by the two views of
-  the routing, slot -> token (``RoutingResult.slots()``, ``[G, E, C]``) and
-  token -> slots (``expert_index``/``buffer_position``, ``[G, S, K]``): the
-  dispatch gathers token rows into the buffers and the combine gathers each
-  token's K expert-output rows; custom gradients use the inverse map, so the
-  backward pass is gathers too, never a scatter. No ``[G, S, E, C]`` tensor
-  is built; memory is O(G*E*C*M) = O(capacity_factor * k * G*S*M). Static
-  shapes and int32 indices only, so it compiles under XLA
-  (``jit_compile=True``).
+* :func:`einsum_dispatch_combine` (``einsum``) -- GShard Algorithm 2 as
+  written: one-hot ``dispatch_mask`` and ``combine_weights``
+  ``<[G, S, E, C]>`` and the einsums ``GSEC,GSM->EGCM`` (dispatch),
+  ``EGCM,EMH->EGCH`` and ``EGCH,EHM->GECM`` (the experts) and
+  ``GSEC,GECM->GSM`` (combine). Memory O(G*S*E*C*M) intermediates; the form
+  the paper's sharding annotations are written for.
 
-* :func:`sorted_dispatch_combine` -- no capacity padding in the expert
-  matmuls: the T = G*S*K choices of all groups are sorted by expert into one
-  ``[T, M]`` table (the dispatched choices first, expert by expert, then the
-  dropped ones), and each expert multiplies only its own rows, whose count
-  is known only at run time (a :class:`RowsFn`). The gathers are those of
-  the index path with the sorted table in place of the buffers, so the
-  backward pass is gathers too. Same capacity and drops as the buffers
-  (the router decides them); useful rows only, so the expert FLOPs are the
-  dense FFN's. Dynamic shapes: for graph/eager execution, not
+* :func:`index_dispatch_combine` (``index``) -- row gathers driven by the
+  two views of the routing, slot -> token (``RoutingResult.slots()``,
+  ``[G, E, C]``) and token -> slots (``expert_index``/``buffer_position``,
+  ``[G, S, K]``): the dispatch gathers token rows into the buffers and the
+  combine gathers each token's K expert-output rows; custom gradients use
+  the inverse map, so the backward pass is gathers too, never a scatter. No
+  ``[G, S, E, C]`` tensor is built; memory is O(G*E*C*M) =
+  O(capacity_factor * K * G*S*M). Static shapes and int32 indices only, so
+  it compiles under XLA (``jit_compile=True``).
+
+* :func:`sorted_dispatch_combine` (``sorted``) -- no capacity padding in
+  the expert matmuls: the T = G*S*K choices of all groups are sorted by
+  expert into one ``[T, M]`` table (the dispatched choices first, expert by
+  expert, then the dropped ones), and each expert multiplies only its own
+  rows, whose count is known only at run time (a :class:`RowsFn`). The
+  gathers are those of the index path with the sorted table in place of the
+  buffers, so the backward pass is gathers too. Same capacity and drops as
+  the buffers (the router decides them); useful rows only, so the expert
+  FLOPs are the dense FFN's. Dynamic shapes: for graph/eager execution, not
   ``jit_compile`` (XLA needs static shapes; use ``index`` there).
 
-* :func:`block_dispatch_combine` -- for a small token count with a large
-  capacity (the no-drop eval capacity C = S makes the buffers E*S rows per
-  group, E/K times the useful rows -- the decoding case). The T = G*S*K
-  choices are sorted by expert into rows padded per expert to a multiple of
-  a block size b; each block of b rows belongs to one expert, whose weights
-  are gathered per block (``block_fn``). Rows: at most T + E*(b-1), so the
-  cost grows with S*K, not E*C. Same outputs as the buffer paths (each row
-  meets the same weights). Static shapes, int32 only.
+* :func:`block_dispatch_combine` (``block``) -- for a small token count with
+  a large capacity (the no-drop eval capacity C = S makes the buffers E*S
+  rows per group, E/K times the useful rows -- the decoding case). The
+  T = G*S*K choices are sorted by expert into rows padded per expert to a
+  multiple of a block size R; each of the X blocks of R rows belongs to one
+  expert, whose weights are gathered per block (a :class:`BlockFn`). Rows:
+  at most T + E*(R-1), so the cost grows with S*K, not E*C. Same outputs as
+  the buffer paths (each row meets the same weights). Static shapes, int32
+  only; no expert dropout.
 
 The first two call an :class:`ExpertFn` on the dispatched buffers
-``<activation dtype>[E, G, C, M]``. Empty slots hold zero rows; experts
-without biases map them to zero, and they are never combined anyway.
+``<activation dtype>[E, G, C, M]``, ``sorted`` a :class:`RowsFn` and
+``block`` a :class:`BlockFn`: the three entry points of :class:`Experts`.
+Empty slots hold zero rows; experts without biases map them to zero, and
+they are never combined anyway.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+import dataclasses
+import functools
+from typing import Protocol
 
 import tensorflow as tf
 
+from m4moe.config import DISPATCH_IMPLEMENTATIONS
 from m4moe.routing import RoutingResult
 
 
@@ -126,7 +139,7 @@ def _token_slots(routing: RoutingResult, *,
 
 
 def _with_zero_row(rows: tf.Tensor) -> tf.Tensor:
-  """<dtype>[R + 1, M]: ``rows`` <dtype>[R, M] and a zero row at index R."""
+  """<dtype>[P + 1, M]: ``rows`` <dtype>[P, M] and a zero row at index P."""
   return tf.concat([rows, tf.zeros_like(rows[:1])], axis=0)
 
 
@@ -137,12 +150,12 @@ def _gather_dispatch(tokens: tf.Tensor, slot_rows: tf.Tensor,
 
   Args:
     tokens: <dtype>[N, M] token rows (N = G*S).
-    slot_rows: <int32>[R] token row each buffer row reads (N: zero row).
-    token_slots: <int32>[N, K] buffer rows of each token (R: dropped), the
+    slot_rows: <int32>[P] token row each buffer row reads (N: zero row).
+    token_slots: <int32>[N, K] buffer rows of each token (P: dropped), the
       inverse map.
 
   Returns:
-    <dtype>[R, M] buffer rows.
+    <dtype>[P, M] buffer rows.
   """
   def grad(d_rows):
     # Each token receives the gradients of its (at most K) buffer rows.
@@ -159,11 +172,11 @@ def _gather_combine(expert_rows: tf.Tensor, weights: tf.Tensor,
   """Weighted sum of each token's K expert-output rows; gather-only gradient.
 
   Args:
-    expert_rows: <dtype>[R, M] flattened expert outputs.
+    expert_rows: <dtype>[P, M] flattened expert outputs.
     weights: <dtype>[N, K] combine weights (differentiable: router grads).
-    token_slots: <int32>[N, K] buffer row of each choice (R: dropped).
-    slot_rows: <int32>[R] token of each buffer row (N: empty), the inverse.
-    slot_weights: <dtype>[R] ``weights`` of each buffer row's choice (0 for
+    token_slots: <int32>[N, K] buffer row of each choice (P: dropped).
+    slot_rows: <int32>[P] token of each buffer row (N: empty), the inverse.
+    slot_weights: <dtype>[P] ``weights`` of each buffer row's choice (0 for
       empty rows); a constant view of ``weights`` used by the gradient.
 
   Returns:
@@ -320,14 +333,14 @@ class BlockFn(Protocol):
   """The experts on expert-homogeneous blocks of rows."""
 
   def __call__(self, blocks: tf.Tensor, block_expert: tf.Tensor) -> tf.Tensor:
-    """<dtype>[NB, b, M] rows, <int32>[NB] expert of each block -> outputs."""
+    """<dtype>[X, R, M] rows, <int32>[X] expert of each block -> outputs."""
 
 
 def block_layout(*, num_choices: int, num_experts: int) -> tuple[int, int]:
-  """(block size b, number of blocks NB) for T = ``num_choices`` choices.
+  """(block size R, number of blocks X) for T = ``num_choices`` choices.
 
-  b = ceil(T / (2E)) balances the padding rows (at most E*(b-1)) against the
-  number of per-block weight gathers; NB = ceil((T + E*(b-1)) / b) blocks
+  R = ceil(T / (2E)) balances the padding rows (at most E*(R-1)) against the
+  number of per-block weight gathers; X = ceil((T + E*(R-1)) / R) blocks
   hold any assignment of the T choices.
   """
   block = max(1, -(-num_choices // (2 * num_experts)))
@@ -349,11 +362,11 @@ def _sorted_rows(expert: tf.Tensor, kept: tf.Tensor, *, num_experts: int,
 
   Args:
     expert: <int32>[T] expert of each choice; kept: <bool>[T] dispatched.
-    num_experts: E; block: b; num_rows: NB*b.
+    num_experts: E; block: R; num_rows: X*R.
 
   Returns:
     (row <int32>[T] (``num_rows`` for choices not dispatched),
-     block_expert <int32>[NB] expert of each block (E-1 past the last one)).
+     block_expert <int32>[X] expert of each block (E-1 past the last one)).
   """
   one_hot = tf.one_hot(tf.where(kept, expert, num_experts), num_experts + 1,
                        dtype=tf.int32)[:, :num_experts]  # [T, E]
@@ -410,17 +423,175 @@ def block_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
                                                model_dim]), axis=2)
 
 
-DISPATCHERS: dict[str, Callable[[tf.Tensor, RoutingResult, ExpertFn],
-                                tf.Tensor]] = {
-    "einsum": einsum_dispatch_combine,
-    "index": index_dispatch_combine,
+class Experts(Protocol):
+  """The experts as the dispatch paths run them: one entry point per layout.
+
+  :class:`m4moe.moe_layer.FeedForwardExperts` implements it. Each entry
+  applies the same weights (and, with ``training``, the same expert-dropout
+  masks, drawn over the ``[E, G, C, H]`` buffers from ``seed``).
+  """
+
+  def __call__(self, dispatched: tf.Tensor, *, output_layout: str,
+               training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+    """<dtype>[E, G, C, M] buffers -> outputs in ``output_layout``."""
+
+  def rows(self, rows: tf.Tensor, counts: tf.Tensor, *,
+           row_slots: tf.Tensor | None, buffer_shape: tf.Tensor | None,
+           training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+    """<dtype>[T, M] expert-sorted rows, <int32>[E] counts -> <dtype>[T, M]."""
+
+  def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor, *,
+             training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+    """<dtype>[X, R, M] blocks, <int32>[X] experts -> <dtype>[X, R, M]."""
+
+
+class DispatchPath(Protocol):
+  """One dispatch implementation, as registered in :data:`DISPATCH_PATHS`."""
+
+  def __call__(self, x: tf.Tensor, routing: RoutingResult, experts: Experts,
+               *, training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+    """Dispatches ``x`` to ``experts`` and combines their outputs.
+
+    Args:
+      x: <dtype>[G, S, M] tokens (dtype = activation dtype).
+      routing: the router's result for these groups.
+      experts: the experts (their dropout applies when ``training``).
+      training: training mode (expert dropout).
+      seed: <int32>[2] for expert dropout, or None.
+
+    Returns:
+      <dtype>[G, S, M] combined expert outputs (0 for tokens with no slot).
+    """
+
+
+def _einsum_path(x: tf.Tensor, routing: RoutingResult, experts: Experts, *,
+                 training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+  return einsum_dispatch_combine(
+      x, routing, functools.partial(experts, training=training, seed=seed))
+
+
+def _index_path(x: tf.Tensor, routing: RoutingResult, experts: Experts, *,
+                training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+  return index_dispatch_combine(
+      x, routing, functools.partial(experts, training=training, seed=seed))
+
+
+def _sorted_path(x: tf.Tensor, routing: RoutingResult, experts: Experts, *,
+                 training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+  return sorted_dispatch_combine(
+      x, routing,
+      functools.partial(experts.rows, training=training, seed=seed))
+
+
+def _block_path(x: tf.Tensor, routing: RoutingResult, experts: Experts, *,
+                training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+  return block_dispatch_combine(
+      x, routing,
+      functools.partial(experts.blocks, training=training, seed=seed))
+
+
+# Every dispatch implementation, by name. The first three are the values of
+# ``--dispatch`` (:data:`m4moe.config.DISPATCH_IMPLEMENTATIONS`); "block" is
+# chosen by :func:`resolve_dispatch` only.
+DISPATCH_PATHS: dict[str, DispatchPath] = {
+    "einsum": _einsum_path,
+    "index": _index_path,
+    "sorted": _sorted_path,
+    "block": _block_path,
 }
 
 
-def dispatch_combine(x: tf.Tensor, routing: RoutingResult,
-                     expert_fn: ExpertFn, *, implementation: str) -> tf.Tensor:
-  """Runs ``DISPATCHERS[implementation]`` ("einsum" or "index")."""
-  if implementation not in DISPATCHERS:
+@dataclasses.dataclass(frozen=True)
+class BufferLayout:
+  """Static sizes of one layer call, for the block-vs-buffers decision.
+
+  Attributes:
+    num_groups: G, or None when it is only known at run time.
+    group_size: S.
+    num_selected: K, choices per token; None for a router without the
+      per-token view (expert choice).
+    num_experts: E.
+    capacity: C.
+  """
+
+  num_groups: int | None
+  group_size: int
+  num_selected: int | None
+  num_experts: int
+  capacity: int
+
+  def __post_init__(self):
+    for name, least in (("group_size", 1), ("num_experts", 1),
+                        ("capacity", 0)):
+      if getattr(self, name) < least:
+        raise ValueError(f"BufferLayout.{name}={getattr(self, name)} must be "
+                         f">= {least}; pass the call's static sizes")
+
+
+def resolve_dispatch(*, requested: str, backend: str, router: str,
+                     training: bool, expert_dropout_rate: float,
+                     layout: BufferLayout | None = None) -> str:
+  """The dispatch path (a key of :data:`DISPATCH_PATHS`) a layer runs.
+
+  The one place the choice is made, in this order:
+
+  1. DTensor backend: ``einsum``, whatever was requested. DTensor (TF 2.21)
+     cannot partition the index path: its ``[G, E, C] -> [E, G, C]``
+     transpose of the slot tables fails ("TransposeOp SPMD needs
+     communication"), and with the tables pinned to G-split the gather and
+     scatter gradients fail shape checks. GShard Algorithm 2's one-hot
+     einsums partition cleanly (same values, more memory).
+  2. ``sorted`` becomes its static-shape equivalent ``index`` under the XLA
+     backend (dynamic per-expert row counts do not compile) and with the
+     expert-choice router (no per-token view to sort).
+  3. ``index`` becomes ``block`` when ``layout`` is given and the block
+     layout computes fewer rows than the ``E*G*C`` buffers (a large capacity
+     for few tokens: the no-drop eval capacity C = S while decoding), on one
+     device (blocks gather weights across experts), with the per-token view,
+     a static G and no expert dropout (blocks draw none).
+  4. Otherwise ``requested``.
+
+  Args:
+    requested: ``--dispatch``, one of
+      :data:`m4moe.config.DISPATCH_IMPLEMENTATIONS`.
+    backend: the sharding backend (:data:`m4moe.sharding.BACKENDS`).
+    router: ``--router`` (top2, top1, noisy_topk, expert_choice).
+    training: training mode.
+    expert_dropout_rate: ``--expert_dropout_rate``.
+    layout: the call's static sizes; None decides without them (never
+      ``block``).
+
+  Returns:
+    "einsum", "index", "sorted" or "block".
+
+  Raises:
+    ValueError: ``requested`` is not a ``--dispatch`` value.
+  """
+  if requested not in DISPATCH_IMPLEMENTATIONS:
+    raise ValueError(f"dispatch implementation {requested!r} unknown; use "
+                     f"--dispatch={' or '.join(DISPATCH_IMPLEMENTATIONS)}")
+  if backend == "dtensor":
+    return "einsum"
+  if requested == "sorted" and (backend == "xla" or router == "expert_choice"):
+    return "index"
+  if (requested != "index" or layout is None or backend != "none" or
+      layout.num_selected is None or layout.num_groups is None or
+      (training and expert_dropout_rate > 0)):
+    return requested
+  if block_rows_are_fewer(
+      num_choices=layout.num_groups * layout.group_size * layout.num_selected,
+      num_experts=layout.num_experts,
+      buffer_rows=layout.num_experts * layout.num_groups * layout.capacity):
+    return "block"
+  return "index"
+
+
+def dispatch_combine(x: tf.Tensor, routing: RoutingResult, experts: Experts,
+                     *, implementation: str, training: bool = False,
+                     seed: tf.Tensor | None = None) -> tf.Tensor:
+  """Runs ``DISPATCH_PATHS[implementation]``."""
+  if implementation not in DISPATCH_PATHS:
     raise ValueError(f"dispatch implementation {implementation!r} unknown; "
-                     f"use --dispatch={' or '.join(DISPATCHERS)}")
-  return DISPATCHERS[implementation](x, routing, expert_fn)
+                     f"use --dispatch={' or '.join(DISPATCH_IMPLEMENTATIONS)}")
+  return DISPATCH_PATHS[implementation](x, routing, experts,
+                                        training=training, seed=seed)

@@ -1,22 +1,19 @@
 """Transformer building blocks as ``tf.Module``s with plain ``tf.Variable``s.
 
-Dimensions cheat sheet (used in shapes and einsum strings):
+Dimensions (glossary letters, :mod:`m4moe`; also the einsum letters):
 
-  B  batch size (rows)
-  T  query length (decoder/target side, or the encoder's own length)
-  S  key/memory length
-  M  d_model
-  N  attention heads
-  D  d_kv, key/value width per head
-  F  hidden width of a dense feed-forward layer (d_ff)
-  V  vocabulary size
+  B: batch rows; L: sequence length; Q: query length; U: key (memory)
+  length; Ld: decoding length (the self-attention cache); M: model width
+  (d_model); A: attention heads; D: key/value width per head (d_kv);
+  F: dense feed-forward hidden width (d_ff); V: vocabulary size.
 
 Precision: every weight is a float32 ``tf.Variable`` and is cast to the
 activation dtype (``float32`` or ``bfloat16``) where it is used. Layer norm
 statistics, attention softmax and output logits are computed in float32.
 
 Randomness is stateless: every call that may drop units takes
-``seed: <int32>[2] | None`` and derives sub-seeds with :func:`fold_seed`.
+``seed: <int32>[2] | None`` and derives sub-seeds with
+:func:`m4moe.numerics.fold_seed`.
 """
 
 from __future__ import annotations
@@ -28,25 +25,9 @@ import tensorflow as tf
 
 from m4moe import sharding as sharding_lib
 from m4moe.initializers import init_variable
-
-# Additive attention bias for disallowed (query, key) pairs; finite so that a
-# fully masked row (a padding query) gives a uniform softmax instead of NaN.
-NEG_INF = -1e9
-
-
-def fold_seed(seed: tf.Tensor | None, key: int) -> tf.Tensor | None:
-  """Sub-seed number ``key`` of ``seed`` (None stays None).
-
-  Args:
-    seed: <int32>[2] or None.
-    key: a small integer naming the consumer of the sub-seed.
-
-  Returns:
-    <int32>[2] = stateless_fold_in(seed, key), or None.
-  """
-  if seed is None:
-    return None
-  return tf.random.experimental.stateless_fold_in(seed, key)
+# NEG_INF is the additive attention bias of disallowed (query, key) pairs;
+# fold_seed is re-exported for the layers' callers (model.py).
+from m4moe.numerics import NEG_INF, fold_seed  # pylint: disable=unused-import
 
 
 def dropout(x: tf.Tensor, *, rate: float, training: bool,
@@ -122,12 +103,12 @@ def attention_bias(query_segment_ids: tf.Tensor, key_segment_ids: tf.Tensor,
   (queries and keys then index the same sequence).
 
   Args:
-    query_segment_ids: <int32>[B, T].
-    key_segment_ids: <int32>[B, S].
-    causal: add the causal mask (requires T == S).
+    query_segment_ids: <int32>[B, Q].
+    key_segment_ids: <int32>[B, U].
+    causal: add the causal mask (requires Q == U).
 
   Returns:
-    <float32>[B, 1, T, S]: 0 where allowed, ``NEG_INF`` elsewhere.
+    <float32>[B, 1, Q, U]: 0 where allowed, ``NEG_INF`` elsewhere.
   """
   allowed = tf.logical_and(
       tf.equal(query_segment_ids[:, :, None], key_segment_ids[:, None, :]),
@@ -217,8 +198,8 @@ class LayerNorm(tf.Module):
 class MultiHeadAttention(tf.Module):
   """Multi-head dot-product attention with a per-head key/value width D.
 
-  Weights: ``wq``, ``wk``, ``wv`` <float32>[M, N, D] and ``wo``
-  <float32>[N, D, M].
+  Weights: ``wq``, ``wk``, ``wv`` <float32>[M, A, D] and ``wo``
+  <float32>[A, D, M].
   Queries are scaled by D^-0.5. Keys/values can be projected once
   (:meth:`project_kv`) and reused, which is how cross-attention memories and
   the decoder's incremental self-attention cache work.
@@ -242,14 +223,14 @@ class MultiHeadAttention(tf.Module):
                               name="wo")
 
   def project_query(self, x: tf.Tensor) -> tf.Tensor:
-    """<dtype>[B, T, M] -> scaled queries <dtype>[B, T, N, D]."""
-    q = tf.einsum("BTM,MND->BTND", x, tf.cast(self.wq, x.dtype))
+    """<dtype>[B, Q, M] -> scaled queries <dtype>[B, Q, A, D]."""
+    q = tf.einsum("BQM,MAD->BQAD", x, tf.cast(self.wq, x.dtype))
     return q * tf.cast(self.d_kv ** -0.5, x.dtype)
 
   def project_kv(self, memory: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """<dtype>[B, S, M] -> (keys, values), each <dtype>[B, S, N, D]."""
-    k = tf.einsum("BSM,MND->BSND", memory, tf.cast(self.wk, memory.dtype))
-    v = tf.einsum("BSM,MND->BSND", memory, tf.cast(self.wv, memory.dtype))
+    """<dtype>[B, U, M] -> (keys, values), each <dtype>[B, U, A, D]."""
+    k = tf.einsum("BUM,MAD->BUAD", memory, tf.cast(self.wk, memory.dtype))
+    v = tf.einsum("BUM,MAD->BUAD", memory, tf.cast(self.wv, memory.dtype))
     return k, v
 
   def attend(self, x: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, *,
@@ -258,28 +239,28 @@ class MultiHeadAttention(tf.Module):
     """Attention of queries from ``x`` over projected keys/values.
 
     Args:
-      x: <dtype>[B, T, M] query inputs.
-      keys, values: <dtype>[B, S, N, D] (from :meth:`project_kv`).
-      bias: <float32>[B, 1 or N, T, S] additive mask (0 or ``NEG_INF``).
+      x: <dtype>[B, Q, M] query inputs.
+      keys, values: <dtype>[B, U, A, D] (from :meth:`project_kv`).
+      bias: <float32>[B, 1 or A, Q, U] additive mask (0 or ``NEG_INF``).
       training: apply attention dropout.
       seed: <int32>[2] for attention dropout.
 
     Returns:
-      <dtype>[B, T, M].
+      <dtype>[B, Q, M].
     """
     q = self.project_query(x)
-    scores = tf.einsum("BTND,BSND->BNTS", q, keys)
+    scores = tf.einsum("BQAD,BUAD->BAQU", q, keys)
     probs = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
     probs = dropout(probs, rate=self.dropout_rate, training=training, seed=seed,
                     sharding=self.sharding)
-    context = tf.einsum("BNTS,BSND->BTND", tf.cast(probs, x.dtype), values)
-    return tf.einsum("BTND,NDM->BTM", context, tf.cast(self.wo, x.dtype))
+    context = tf.einsum("BAQU,BUAD->BQAD", tf.cast(probs, x.dtype), values)
+    return tf.einsum("BQAD,ADM->BQM", context, tf.cast(self.wo, x.dtype))
 
   def __call__(self, x: tf.Tensor, memory: tf.Tensor, *, bias: tf.Tensor,
                training: bool, seed: tf.Tensor | None = None) -> tf.Tensor:
-    """Attention of ``x`` <dtype>[B, T, M] over ``memory`` <dtype>[B, S, M].
+    """Attention of ``x`` <dtype>[B, Q, M] over ``memory`` <dtype>[B, U, M].
 
-    ``bias`` is <float32>[B, 1 or N, T, S]; returns <dtype>[B, T, M].
+    ``bias`` is <float32>[B, 1 or A, Q, U]; returns <dtype>[B, Q, M].
     """
     keys, values = self.project_kv(memory)
     return self.attend(x, keys, values, bias=bias, training=training,
@@ -295,8 +276,8 @@ class MultiHeadAttention(tf.Module):
 
     Args:
       x: <dtype>[B, 1, M] the token at position ``step``.
-      keys, values: <dtype>[B, L, N, D] cache; slots ``>= step`` unused.
-      step: <int32>[] current position, 0 <= step < L.
+      keys, values: <dtype>[B, Ld, A, D] cache; slots ``>= step`` unused.
+      step: <int32>[] current position, 0 <= step < Ld.
 
     Returns:
       (output <dtype>[B, 1, M], updated keys, updated values).

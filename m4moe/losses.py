@@ -5,7 +5,9 @@ distribution is ``q = (1 - eps) * onehot(y) + eps / V``, so the per-token loss
 is ``(1 - eps) * (-log p_y) + eps * mean_v(-log p_v)``. It is not shifted by
 the entropy of ``q``, so a perfect model does not reach 0 when ``eps > 0``.
 
-Dimensions: B batch, L target length, V vocabulary.
+Dimensions (letters of the glossary in :mod:`m4moe`):
+
+  B: batch rows; L: target length; V: vocabulary size.
 """
 
 from __future__ import annotations

@@ -22,13 +22,26 @@ Recipes:
 * ``smoke``: the same stages on a small generated catalog tree (no
   downloads), with a micro model and a few steps: it checks the plumbing in
   about two minutes and is what the tests run.
+
+Each stage runs as a child process through :func:`run_stage_process`, which
+never leaves it behind as an orphan: SIGTERM, SIGINT and SIGHUP sent to the
+job are forwarded to the stage (a training stage then saves and stops), and
+on Linux the stage gets SIGTERM from the kernel if the job dies without
+being able to forward anything (``kill -9``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import os
 import pathlib
+import signal
+import subprocess
 import sys
+import threading
+from typing import Callable, Sequence
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -350,3 +363,83 @@ def plan(recipe: Recipe, *, run_dir: pathlib.Path,
             f"--title=m4moe {recipe.name}: {recipe.description}",
             *recipe.report_flags)))
   return stages
+
+
+# Linux prctl(2) option: the signal the calling process gets when its parent
+# dies.
+_PR_SET_PDEATHSIG = 1
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageExit:
+  """How a stage's process ended.
+
+  Attributes:
+    returncode: its exit code (negative: killed by that signal).
+    interrupted_by: the signal this job received and forwarded to it while
+      it ran (None: none); the job must stop after such a stage.
+  """
+  returncode: int
+  interrupted_by: int | None
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+  """A ``preexec_fn`` giving the child SIGTERM when this process dies.
+
+  libc is loaded here, in the parent: loading libraries between fork and
+  exec is unsafe. The child also checks that its parent is still the one
+  that forked it, since a parent killed before ``prctl`` ran would never
+  signal it. None off Linux (no PR_SET_PDEATHSIG there).
+  """
+  if not sys.platform.startswith("linux"):
+    return None
+  libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
+                     use_errno=True)
+  parent = os.getpid()
+
+  def preexec() -> None:
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+      os.write(2, b"m4moe-run: prctl(PR_SET_PDEATHSIG) failed\n")
+      os._exit(125)  # pylint: disable=protected-access
+    if os.getppid() != parent:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  return preexec
+
+
+def run_stage_process(command: Sequence[str]) -> StageExit:
+  """Runs ``command`` as a child and waits for it, without leaving orphans.
+
+  While the child runs, SIGTERM, SIGINT and SIGHUP received by this process
+  are forwarded to it (the same signal) instead of ending this process, and
+  this process waits for the child to exit; the caller must then stop (see
+  :attr:`StageExit.interrupted_by`). On Linux the child is also set up to
+  receive SIGTERM when this process dies, so ``kill -9`` of this process
+  does not orphan it (``m4moe-train`` saves a checkpoint and exits on
+  SIGTERM). Signal forwarding needs the main thread; elsewhere only the
+  parent-death signal applies.
+  """
+  received: list[int] = []
+  child: list[subprocess.Popen] = []
+
+  def forward(signum, frame) -> None:  # pylint: disable=unused-argument
+    received.append(signum)
+    if child and child[0].poll() is None:
+      child[0].send_signal(signum)
+
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    for sig in FORWARDED_SIGNALS:
+      previous[sig] = signal.signal(sig, forward)
+  try:
+    child.append(subprocess.Popen(list(command),
+                                  preexec_fn=_die_with_parent()))
+    if received:  # arrived between installing the handlers and the fork
+      child[0].send_signal(received[0])
+    returncode = child[0].wait()
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+  return StageExit(returncode=returncode,
+                   interrupted_by=received[0] if received else None)

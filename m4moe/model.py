@@ -10,18 +10,18 @@ cross-attention to the encoder, then a feed-forward layer. Feed-forward layer
 branch and after the final layer norm; ``config.attention_dropout_rate`` to
 attention probabilities.
 
-Dimensions cheat sheet:
+Dimensions (letters of the glossary in :mod:`m4moe`):
 
-  B  batch size          Ls source length      Lt target length
-  M  d_model             N  attention heads     D  d_kv per head
-  V  target vocabulary   L  decoding cache length (max decode length)
+  B: batch rows; Ls: source length; Lt: target length; M: d_model;
+  A: attention heads; D: d_kv per head; V: target vocabulary size;
+  Ld: decoding cache length (max decode length).
 
-Batches (see the team contract): ``inputs`` <int32>[B, Ls] and ``targets``
-<int32>[B, Lt] with 0 = padding; for packed rows also ``inputs_segment_ids``,
-``inputs_positions``, ``targets_segment_ids``, ``targets_positions``
-(segment id 0 = padding). Tokens attend only within their own segment; the
-decoder input is the target shifted right within each segment, with start
-token 0 (T5 style).
+Batches (:class:`m4moe.interfaces.ModelBatch`): ``inputs`` <int32>[B, Ls]
+and ``targets`` <int32>[B, Lt] with 0 = padding; for packed rows also
+``inputs_segment_ids``, ``inputs_positions``, ``targets_segment_ids``,
+``targets_positions`` (segment id 0 = padding). Tokens attend only within
+their own segment; the decoder input is the target shifted right within each
+segment, with start token 0 (T5 style).
 
 Incremental decoding: :meth:`Transformer.encode` once, then
 :meth:`Transformer.decode_step` per position with a :class:`DecoderCache`
@@ -64,6 +64,7 @@ from m4moe import layers
 from m4moe import sharding as sharding_lib
 from m4moe.config import ModelConfig
 from m4moe.moe_layer import MoeLayer
+from m4moe.training import remat as remat_lib
 
 _DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 _PACKING_KEYS = ("segment_ids", "positions")
@@ -75,7 +76,7 @@ class EncoderOutput(NamedTuple):
   Attributes:
     encoded: <activation dtype>[B, Ls, M] final encoder states.
     segment_ids: <int32>[B, Ls] source segment ids (0 = padding).
-    cross_keys: per decoder layer, <activation dtype>[B, Ls, N, D] projected
+    cross_keys: per decoder layer, <activation dtype>[B, Ls, A, D] projected
       cross-attention keys (computed once, reused at every decode step).
     cross_values: per decoder layer, like ``cross_keys``.
   """
@@ -89,7 +90,7 @@ class DecoderCache(NamedTuple):
   """Self-attention keys/values of the decoded prefix, per decoder layer.
 
   Attributes:
-    keys: per decoder layer, <activation dtype>[B, L, N, D]; slot ``t`` holds
+    keys: per decoder layer, <activation dtype>[B, Ld, A, D]; slot ``t`` holds
       position ``t`` once :meth:`Transformer.decode_step` has run at step t.
     values: like ``keys``.
   """
@@ -244,8 +245,11 @@ class _Layer(tf.Module):
   """Shared pieces of encoder and decoder layers."""
 
   def __init__(self, *, config: ModelConfig, index: int, causal: bool,
-               name: str, sharding: sharding_lib.Sharding):
+               name: str, sharding: sharding_lib.Sharding, remat: bool):
     super().__init__(name=name)
+    # Recompute this layer's activations in the backward pass
+    # (:mod:`m4moe.training.remat`).
+    self.remat = remat
     self.dropout_rate = config.dropout_rate
     self.sharding = sharding
     with self.name_scope:
@@ -290,10 +294,12 @@ class EncoderLayer(_Layer):
 
   def __init__(self, *, config: ModelConfig, index: int,
                name: str = "encoder_layer",
-               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
+               remat: bool = False):
     super().__init__(config=config, index=index, causal=False, name=name,
-                     sharding=sharding)
+                     sharding=sharding, remat=remat)
 
+  @remat_lib.rematerializable
   def __call__(self, x: tf.Tensor, *, bias: tf.Tensor,
                padding_mask: tf.Tensor, training: bool,
                seed: tf.Tensor | None = None,
@@ -322,15 +328,17 @@ class DecoderLayer(_Layer):
 
   def __init__(self, *, config: ModelConfig, index: int,
                name: str = "decoder_layer",
-               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
+               remat: bool = False):
     super().__init__(config=config, index=index, causal=True, name=name,
-                     sharding=sharding)
+                     sharding=sharding, remat=remat)
     with self.name_scope:
       self.cross_attention_norm = layers.LayerNorm(
           d_model=config.d_model, name="cross_attention_norm")
       self.cross_attention = _attention(config, "cross_attention",
                                         self.sharding)
 
+  @remat_lib.rematerializable
   def __call__(self, x: tf.Tensor, *, self_bias: tf.Tensor,
                cross_keys: tf.Tensor, cross_values: tf.Tensor,
                cross_bias: tf.Tensor, padding_mask: tf.Tensor, training: bool,
@@ -341,7 +349,7 @@ class DecoderLayer(_Layer):
     Args:
       x: <dtype>[B, Lt, M].
       self_bias: <float32>[B, 1, Lt, Lt] causal + segment bias.
-      cross_keys, cross_values: <dtype>[B, Ls, N, D].
+      cross_keys, cross_values: <dtype>[B, Ls, A, D].
       cross_bias: <float32>[B, 1, Lt, Ls].
       padding_mask: <float32>[B, Lt], 1 for real target tokens.
       training: enables dropout and training-time routing.
@@ -370,9 +378,9 @@ class DecoderLayer(_Layer):
 
     Args:
       x: <dtype>[B, 1, M].
-      keys, values: <dtype>[B, L, N, D] this layer's self-attention cache.
+      keys, values: <dtype>[B, Ld, A, D] this layer's self-attention cache.
       step: <int32>[].
-      cross_keys, cross_values: <dtype>[B, Ls, N, D].
+      cross_keys, cross_values: <dtype>[B, Ls, A, D].
       cross_bias: <float32>[B, 1, 1, Ls].
       live: <float32>[B, 1] 1 for rows that hold a real hypothesis.
 
@@ -409,11 +417,15 @@ class Transformer(tf.Module):
     share_target_embedding: reuse the target embedding table as the softmax
       weights (tied); otherwise a separate [M, V] projection is learned.
     name: module name.
+    sharding: GShard annotations for the layers (default: none).
+    remat: recompute each encoder/decoder layer's activations in the
+      backward pass (:mod:`m4moe.training.remat`).
   """
 
   def __init__(self, *, config: ModelConfig, name: str = "transformer",
                share_target_embedding: bool = False,
-               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
+               remat: bool = False):
     super().__init__(name=name)
     self.config = config
     self.dtype = _DTYPES[config.activation_dtype]
@@ -429,11 +441,11 @@ class Transformer(tf.Module):
           init_scale=c.init_scale, name="target_embedding")
       self.encoder_layers = [
           EncoderLayer(config=c, index=i, name=f"encoder_layer_{i}",
-                       sharding=sharding)
+                       sharding=sharding, remat=remat)
           for i in range(c.num_encoder_layers)]
       self.decoder_layers = [
           DecoderLayer(config=c, index=i, name=f"decoder_layer_{i}",
-                       sharding=sharding)
+                       sharding=sharding, remat=remat)
           for i in range(c.num_decoder_layers)]
       self.encoder_norm = layers.LayerNorm(d_model=c.d_model,
                                            name="encoder_norm")
@@ -622,7 +634,7 @@ class Transformer(tf.Module):
     """An empty self-attention cache for decoding up to ``max_length`` tokens.
 
     Returns:
-      DecoderCache of zeros, each tensor <activation dtype>[B, L, N, D].
+      DecoderCache of zeros, each tensor <activation dtype>[B, Ld, A, D].
     """
     if not 1 <= max_length <= self.config.max_length:
       raise ValueError(
@@ -651,7 +663,7 @@ class Transformer(tf.Module):
       token_ids: <int32>[B] the token at position ``step - 1`` (0, the start
         token, at step 0).
       cache: the DecoderCache after steps 0..step-1.
-      step: <int32>[] current position, in [0, L).
+      step: <int32>[] current position, in [0, Ld).
       live: <bool>[B] rows holding a real hypothesis (None: all). A dead
         row's MoE outputs are 0, so its logits are not meaningful.
 

@@ -1,18 +1,21 @@
 """The position-wise Mixture-of-Experts feed-forward layer (GShard §2).
 
-Dimensions cheat sheet:
+Dimensions (letters of the glossary in :mod:`m4moe`):
 
-  B: batch, L: sequence length, N = B*L tokens
-  G: groups, S: group size, E: experts, C: expert capacity
-  M: model width, H: expert hidden width
-  X: expert-homogeneous blocks, R: rows per block (block dispatch)
+  B: batch rows; L: sequence length; N = B*L: tokens; G: groups;
+  S: group size; E: experts; C: expert capacity; M: model width;
+  H: expert hidden width; K: expert choices per token; T = G*S*K: choices;
+  X: expert-homogeneous blocks; R: rows per block (block dispatch).
 
 ``MoeLayer`` turns ``<dtype>[B, L, M]`` into N tokens, moves the real tokens
 to the front (keeping their order) so that adding padding never changes
 which real tokens share a group, pads to G*S with masked tokens, routes each
 group (router in float32), dispatches to the experts
 ``FFN_e(x) = wo_e . ReLU(wi_e . x)`` (activation dtype) and scatters the
-combined outputs back to ``[B, L, M]``; padding positions get exactly 0.
+combined outputs back to ``[B, L, M]``; padding positions get exactly 0. The
+dispatch path is :func:`m4moe.dispatch.resolve_dispatch`'s choice, run from
+:data:`m4moe.dispatch.DISPATCH_PATHS`; :class:`FeedForwardExperts` serves
+the paths' three layouts (buffers, expert-sorted rows, blocks).
 
 Group size: S = ``moe.group_size``, or N when the (static) token count is
 smaller, so small batches are one group of their real size (with an
@@ -43,7 +46,6 @@ tokens: not on the other rows, nor on how much padding the batch adds.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import tensorflow as tf
@@ -53,6 +55,7 @@ from m4moe import initializers
 from m4moe import routing
 from m4moe import sharding as sharding_lib
 from m4moe.config import ConfigError, ModelConfig
+from m4moe.numerics import fold_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,15 +219,30 @@ class FeedForwardExperts(tf.Module):
     outputs.append(tf.zeros_like(pieces[num_experts]))
     return tf.concat(outputs, axis=0)
 
-  def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor) -> tf.Tensor:
-    """Applies expert ``block_expert[x]`` to block x (no dropout).
+  def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor, *,
+             training: bool = False,
+             seed: tf.Tensor | None = None) -> tf.Tensor:
+    """Applies expert ``block_expert[x]`` to block x (no expert dropout).
 
     Args:
       blocks: <dtype>[X, R, M] rows; block_expert: <int32>[X].
+      training: training mode; with a nonzero dropout rate it is an error.
+      seed: unused (blocks draw no randomness).
 
     Returns:
       <dtype>[X, R, M] expert outputs.
+
+    Raises:
+      ValueError: ``training`` with a nonzero dropout rate, which the block
+        layout cannot apply (:func:`m4moe.dispatch.resolve_dispatch` never
+        picks it then).
     """
+    del seed  # no randomness
+    if training and self.dropout_rate > 0:
+      raise ValueError(
+          f"the block dispatch has no expert dropout (rate "
+          f"{self.dropout_rate}); use --dispatch=index, sorted or einsum "
+          "when training with --expert_dropout_rate")
     dtype = blocks.dtype
     wi = tf.cast(tf.gather(self.wi, block_expert), dtype)  # [X, M, H]
     wo = tf.cast(tf.gather(self.wo, block_expert), dtype)  # [X, H, M]
@@ -287,6 +305,47 @@ def _check_config(config: ModelConfig, *, causal: bool) -> None:
                       "--nono_token_left_behind or a token-choice --router")
 
 
+_ROUTER_CLASSES = {
+    "top2": routing.Top2Router, "top1": routing.SwitchRouter,
+    "noisy_topk": routing.NoisyTopKRouter,
+    "expert_choice": routing.ExpertChoiceRouter}
+
+
+def _check_parts(config: ModelConfig, *, router: routing.Router,
+                 experts: FeedForwardExperts) -> None:
+  """Rejects a router or experts that disagree with ``config``."""
+  moe = config.moe
+  kind = _ROUTER_CLASSES[moe.router]
+  if not isinstance(router, kind):
+    raise ConfigError(
+        f"MoeLayer got a {type(router).__name__} but --router={moe.router} "
+        f"needs a {kind.__name__}; pass a matching router or leave it None")
+  sizes = {
+      "router weights wg [M, E]": (tuple(router.wg.shape),
+                                   (config.d_model, moe.num_experts)),
+      "expert weights wi [E, M, H]": (tuple(experts.wi.shape),
+                                 (moe.num_experts, config.d_model,
+                                  moe.expert_hidden_dim)),
+  }
+  for what, (got, want) in sizes.items():
+    if got != want:
+      raise ConfigError(
+          f"MoeLayer {what} have shape {list(got)}, the config says "
+          f"{list(want)} (--d_model={config.d_model}, --num_experts="
+          f"{moe.num_experts}, --expert_hidden_dim={moe.expert_hidden_dim}); "
+          "build them from the same config or leave them None")
+
+
+def _buffer_layout(grouped: tf.Tensor,
+                   result: routing.RoutingResult) -> dispatch_lib.BufferLayout:
+  """The static sizes of a call: grouped <dtype>[G, S, M] and its routing."""
+  return dispatch_lib.BufferLayout(
+      num_groups=grouped.shape[0], group_size=grouped.shape[1],
+      num_selected=(None if result.expert_index is None else
+                    result.expert_index.shape[-1]),
+      num_experts=result.num_experts, capacity=result.capacity)
+
+
 def _compaction_permutation(mask: tf.Tensor) -> tf.Tensor:
   """<int32>[N] new position of each token: real tokens first, in order."""
   real = tf.cast(mask > 0, tf.int32)
@@ -296,11 +355,21 @@ def _compaction_permutation(mask: tf.Tensor) -> tf.Tensor:
 
 
 class MoeLayer(tf.Module):
-  """GShard/Switch MoE layer replacing a Transformer feed-forward layer."""
+  """GShard/Switch MoE layer replacing a Transformer feed-forward layer.
+
+  Holds a router and the experts (Model Garden's ``MoeLayer(experts,
+  router)``): pass them in, or leave them None to build both from
+  ``config``. The dispatch path of each call is decided by
+  :func:`m4moe.dispatch.resolve_dispatch` and run from
+  :data:`m4moe.dispatch.DISPATCH_PATHS`.
+  """
 
   def __init__(self, *, config: ModelConfig, causal: bool, name: str = "moe",
-               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
-    """Builds the router and the experts.
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
+               router: routing.Router | None = None,
+               experts: FeedForwardExperts | None = None,
+               allow_block_dispatch: bool = True):
+    """Takes or builds the router and the experts.
 
     Args:
       config: the model config; ``config.moe`` must have experts.
@@ -308,52 +377,59 @@ class MoeLayer(tf.Module):
       name: module name.
       sharding: GShard annotations (groups split on ``data``, experts on
         ``expert``); the default annotates nothing.
+      router: the router; None builds ``routing.make_router(config)``.
+      experts: the experts; None builds them from ``config.moe``.
+      allow_block_dispatch: False keeps ``--dispatch=index`` on its buffers
+        where the block layout would be cheaper (for benchmarks).
 
     Raises:
-      ConfigError: for a config this layer cannot run.
+      ConfigError: for a config this layer cannot run, a router of another
+        kind than ``--router``, or a router/experts whose sizes disagree
+        with the config.
     """
     super().__init__(name=name)
     _check_config(config, causal=causal)
     self.config = config
     self.causal = causal
     self.sharding = sharding
+    self.allow_block_dispatch = allow_block_dispatch
     moe = config.moe
     with self.name_scope:
-      self.router = routing.make_router(config, name="router",
-                                        sharding=sharding)
-      self.experts = FeedForwardExperts(
-          num_experts=moe.num_experts, model_dim=config.d_model,
-          hidden_dim=moe.expert_hidden_dim, init_scale=config.init_scale,
-          dropout_rate=moe.expert_dropout_rate, sharding=sharding,
-          name="experts")
+      if router is None:
+        router = routing.make_router(config, name="router", sharding=sharding)
+      if experts is None:
+        experts = FeedForwardExperts(
+            num_experts=moe.num_experts, model_dim=config.d_model,
+            hidden_dim=moe.expert_hidden_dim, init_scale=config.init_scale,
+            dropout_rate=moe.expert_dropout_rate, sharding=sharding,
+            name="experts")
+    _check_parts(config, router=router, experts=experts)
+    self.router = router
+    self.experts = experts
 
   @property
   def dispatch(self) -> str:
-    """The dispatch implementation used: ``moe.dispatch``, but ``"einsum"``
-    under the DTensor backend.
+    """The dispatch path before any call's sizes are known.
 
-    DTensor (TF 2.21) cannot partition the index path: its ``[G, E, C] ->
-    [E, G, C]`` transpose of the slot tables fails ("TransposeOp SPMD needs
-    communication") from a replicated or G-split table into the E-split
-    buffers, and with the tables pinned to G-split the gather/scatter
-    gradients fail shape checks (ReluGrad, Mul). The one-hot einsums of
-    GShard Algorithm 2 partition cleanly (same outputs and gradients, more
-    memory). The XLA backend keeps ``moe.dispatch``, but ``"sorted"``
-    (dynamic per-expert row counts, which XLA cannot compile) becomes its
-    static-shape equivalent ``"index"``, as it does for the expert-choice
-    router (no per-token view to sort).
+    :func:`m4moe.dispatch.resolve_dispatch` without a layout: ``moe.dispatch``,
+    ``einsum`` under DTensor, ``index`` for ``sorted`` under XLA or with the
+    expert-choice router. A call may still run ``block`` for ``index``.
     """
+    return self.resolve_dispatch(training=False, layout=None)
+
+  def resolve_dispatch(self, *, training: bool,
+                       layout: dispatch_lib.BufferLayout | None) -> str:
+    """:func:`m4moe.dispatch.resolve_dispatch` for this layer's config."""
     moe = self.config.moe
-    if self.sharding.backend == "dtensor":
-      return "einsum"
-    if moe.dispatch == "sorted" and (self.sharding.backend == "xla" or
-                                     moe.router == "expert_choice"):
-      return "index"
-    return moe.dispatch
+    return dispatch_lib.resolve_dispatch(
+        requested=moe.dispatch, backend=self.sharding.backend,
+        router=moe.router, training=training,
+        expert_dropout_rate=self.experts.dropout_rate,
+        layout=layout if self.allow_block_dispatch else None)
 
   def uses_randomness(self, *, training: bool) -> bool:
     return (self.router.uses_randomness(training=training) or
-            (training and self.config.moe.expert_dropout_rate > 0))
+            (training and self.experts.dropout_rate > 0))
 
   def group_size(self, num_tokens: int | None) -> int:
     """S for a call with ``num_tokens`` tokens (None: unknown statically)."""
@@ -384,10 +460,6 @@ class MoeLayer(tf.Module):
           f"MoeLayer {self.name!r} is random when training=True (router "
           f"{self.config.moe.router!r} / expert dropout); pass "
           "seed=<int32>[2], e.g. fold_in(base_seed, step)")
-    router_seed = expert_seed = None
-    if seed is not None:
-      router_seed = tf.random.experimental.stateless_fold_in(seed, 0)
-      expert_seed = tf.random.experimental.stateless_fold_in(seed, 1)
     model_dim = x.shape[-1]
     tokens = tf.reshape(x, [-1, model_dim])
     mask = tf.reshape(tf.cast(padding_mask, tf.float32), [-1])
@@ -404,19 +476,13 @@ class MoeLayer(tf.Module):
                                         training=training)
     result = self.router(grouped, padding_mask=grouped_mask,
                          capacity=capacity, training=training,
-                         seed=router_seed, group_capacity=group_capacity)
-    if self.dispatch == "sorted":
-      combined = dispatch_lib.sorted_dispatch_combine(
-          grouped, result, functools.partial(
-              self.experts.rows, training=training, seed=expert_seed))
-    elif self._use_blocks(grouped, result, training=training):
-      combined = dispatch_lib.block_dispatch_combine(grouped, result,
-                                                     self.experts.blocks)
-    else:
-      expert_fn = functools.partial(self.experts, training=training,
-                                    seed=expert_seed)
-      combined = dispatch_lib.dispatch_combine(
-          grouped, result, expert_fn, implementation=self.dispatch)
+                         seed=fold_seed(seed, 0),
+                         group_capacity=group_capacity)
+    path = self.resolve_dispatch(
+        training=training, layout=_buffer_layout(grouped, result))
+    combined = dispatch_lib.DISPATCH_PATHS[path](
+        grouped, result, self.experts, training=training,
+        seed=fold_seed(seed, 1))
     combined = _split_groups(self.sharding, combined, dim=0, name="combined")
     outputs = tf.gather(tf.reshape(combined, [-1, model_dim]), position)
     moe = self.config.moe
@@ -426,27 +492,6 @@ class MoeLayer(tf.Module):
         weighted_loss=(moe.aux_loss_weight * result.aux_loss +
                        moe.z_loss_weight * result.z_loss),
         stats=result.stats)
-
-  def _use_blocks(self, grouped: tf.Tensor, result: routing.RoutingResult, *,
-                  training: bool) -> bool:
-    """Block dispatch for ``--dispatch=index`` when it computes fewer rows.
-
-    That is a large capacity for few tokens (the no-drop eval capacity C = S
-    at decoding: E*C buffer rows per group vs at most S*K + E*(b-1) block
-    rows). Needs the per-token routing view, a static G and no expert
-    dropout.
-    """
-    moe = self.config.moe
-    if (self.dispatch != "index" or result.expert_index is None or
-        self.sharding.enabled or  # blocks gather weights across experts
-        grouped.shape[0] is None or
-        (training and moe.expert_dropout_rate > 0)):
-      return False
-    num_groups, group_size = grouped.shape[0], grouped.shape[1]
-    return dispatch_lib.block_rows_are_fewer(
-        num_choices=num_groups * group_size * result.expert_index.shape[-1],
-        num_experts=moe.num_experts,
-        buffer_rows=moe.num_experts * num_groups * result.capacity)
 
   def _group_rows(self, x: tf.Tensor, padding_mask: tf.Tensor, *,
                   training: bool):

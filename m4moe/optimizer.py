@@ -34,27 +34,24 @@ we multiply ``g`` by the row and column factors instead (equal up to rounding).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Sequence
 
 import tensorflow as tf
 from absl import flags
 
+from m4moe import errors
 from m4moe import flagutil
 
 SCHEDULES = ("rsqrt", "constant")
-# Flag names that differ from the AdafactorConfig field names.
-_RENAME = {"schedule": "lr_schedule"}
-_ENUMS = {"schedule": SCHEDULES}
 
 
-class OptimizerConfigError(ValueError):
+class OptimizerConfigError(errors.ConfigError):
   """An optimiser setting is invalid; the message names the flag and the fix."""
 
 
-def _require(condition: bool, flag: str, value: object, fix: str) -> None:
-  if not condition:
-    raise OptimizerConfigError(f"--{flag}={value!r} is invalid: {fix}")
+_require = functools.partial(errors.require, error=OptimizerConfigError)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,7 +78,9 @@ class AdafactorConfig:
 
   learning_rate: float = 1.0
   warmup_steps: int = 10000
-  schedule: str = "rsqrt"
+  schedule: str = dataclasses.field(
+      default="rsqrt",
+      metadata=flagutil.metadata(flag="lr_schedule", enum=SCHEDULES))
   decay_exponent: float = 0.8
   beta1: float = 0.0
   clipping_threshold: float = 1.0
@@ -127,19 +126,18 @@ class AdafactorConfig:
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """One absl flag per :class:`AdafactorConfig` field (``schedule`` is
   ``--lr_schedule``), defaulting to the paper's values."""
-  flagutil.define_flags(AdafactorConfig, flag_values, rename=_RENAME,
-                        enums=_ENUMS)
+  flagutil.define_flags(AdafactorConfig, flag_values)
 
 
 def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS
                       ) -> AdafactorConfig:
   """The validated config from flags defined by :func:`define_flags`."""
-  return flagutil.from_flags(AdafactorConfig, flag_values, rename=_RENAME)
+  return flagutil.from_flags(AdafactorConfig, flag_values)
 
 
 def present_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """The optimiser flags given explicitly on the command line, serialised."""
-  return flagutil.present_flags(AdafactorConfig, flag_values, rename=_RENAME)
+  return flagutil.present_flags(AdafactorConfig, flag_values)
 
 
 def load_config(name_or_path: str | os.PathLike[str],
@@ -162,7 +160,7 @@ def load_config(name_or_path: str | os.PathLike[str],
   try:
     flag_values(["m4moe", f"--flagfile={path}", *extra_flags])
     return config_from_flags(flag_values)
-  except (flags.Error, OptimizerConfigError) as e:
+  except (flags.Error, errors.ConfigError) as e:
     raise config_lib.ConfigError(f"{path}: {e}") from e
 
 

@@ -1,14 +1,12 @@
 """Routers: which token goes to which slot of which expert's buffer.
 
-Dimensions cheat sheet (the letters of GShard Algorithm 2):
+Dimensions (letters of the glossary in :mod:`m4moe`; GShard Algorithm 2's):
 
-  G: number of groups (local group dispatching; groups route independently)
-  S: group size, tokens per group
-  E: number of experts
-  C: expert capacity, buffer slots per expert per group
-  M: model width (d_model)
-  H: expert hidden width
-  K: expert choices per token (top2: 2, top1: 1, noisy_topk: k)
+  G: number of groups (local group dispatching: groups route independently);
+  S: group size, tokens per group; E: number of experts;
+  C: expert capacity, buffer slots per expert per group;
+  M: model width (d_model); H: expert hidden width;
+  K: expert choices per token (top2: 2, top1: 1, noisy_topk: k).
 
 Every router maps ``<float32>[G, S, M]`` token inputs and a
 ``<float32>[G, S]`` padding mask (1 real, 0 pad) to a :class:`RoutingResult`.
@@ -63,8 +61,7 @@ import tensorflow as tf
 from m4moe import initializers
 from m4moe import sharding as sharding_lib
 from m4moe.config import ModelConfig
-
-_NEG_INF = -1e9
+from m4moe.numerics import NEG_INF as _NEG_INF
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,8 +371,9 @@ def _no_token_left_behind(expert, position, kept, pending, counts, *,
   Args:
     expert, position: <int32>[G, S] this choice; kept, pending: <bool>[G, S].
     counts: <int32>[G, E] positions handed out so far.
-    taken: <int32>[G, S, J] experts the token already uses (J >= 1).
-    candidates: <int32>[G, S, R] from :func:`_reroute_candidates`.
+    taken: <int32>[G, S, j+1] experts of the token's choices 0..j (this
+      choice j's own expert is full).
+    candidates: <int32>[G, S, E-K] from :func:`_reroute_candidates`.
     capacity: C, or <int32>[G, 1] per-group caps.
 
   Returns:

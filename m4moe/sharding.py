@@ -28,13 +28,17 @@ Backends (``Sharding.backend``):
   (``sharding={devices=[...]}`` in the HLO) inside ``jit_compile`` functions,
   the input of XLA's SPMD partitioner (TPU). Outside XLA they are identities.
 
-Dimensions cheat sheet for the MoE annotation points (GShard Algorithm 2):
-  G groups, S group size, E experts, C capacity, M d_model, H expert hidden.
-  inputs <[G, S, M]>: split(dim=0, axis="data"); router weight <[M, E]>:
-  replicate; dispatched <[E, G, C, M]>: split(dim=0, axis="expert") (the
-  AllToAll); expert weights <[E, M, H]>, <[E, H, M]>: split(dim=0,
-  axis="expert"); expert outputs <[E, G, C, M]>: split(dim=0,
-  axis="expert"); combined outputs <[G, S, M]>: split(dim=0, axis="data").
+Dimensions of the MoE annotation points (glossary letters, :mod:`m4moe`):
+
+  G: groups; S: group size; E: experts; C: capacity; M: d_model;
+  H: expert hidden.
+
+Annotations (GShard Algorithm 2): inputs <[G, S, M]>: split(dim=0,
+axis="data"); router weight <[M, E]>: replicate; dispatched <[E, G, C, M]>:
+split(dim=0, axis="expert") (the AllToAll); expert weights <[E, M, H]>,
+<[E, H, M]>: split(dim=0, axis="expert"); expert outputs <[E, G, C, M]>:
+split(dim=0, axis="expert"); combined outputs <[G, S, M]>: split(dim=0,
+axis="data").
 
 Where the model calls it (``MoeLayer(..., sharding=s)``, threaded from
 ``Transformer(..., sharding=s)``): after grouping, ``grouped`` and its mask

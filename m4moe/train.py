@@ -15,7 +15,16 @@ What a run guarantees:
   op determinism on, N steps straight equal N/2 + restart + N/2 bitwise.
 * SIGTERM: finish the current step, save, return with ``preempted=True``.
 * ``kill -9`` at any time: the ``checkpoint`` index only ever names complete
-  checkpoints (see :mod:`m4moe.training.checkpointing`).
+  checkpoints (see :mod:`m4moe.training.checkpointing`); the next start
+  removes the killed save's ``ckpt-<step>_temp/`` directory.
+* Damaged checkpoints (truncated, missing or altered files, a missing or
+  garbage ``checkpoint`` state file): the start verifies the newest
+  checkpoint's checksums, moves damaged ones into ``model_dir/damaged/`` and
+  resumes from the newest intact one; it never silently starts over a run
+  that had checkpoints (see
+  :func:`m4moe.training.checkpointing.recover_checkpoints`).
+* One writer per ``model_dir`` (:mod:`m4moe.training.run_lock`): a second
+  trainer stops with an error naming the first one's pid.
 * A non-finite loss or gradient skips the update (counted, logged with the
   offending tensors); ``max_consecutive_nonfinite`` skips in a row raise
   :class:`NonFiniteError` without saving, so the last good checkpoint stays.
@@ -33,6 +42,7 @@ not train further when its command is repeated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import time
 from typing import Any, Callable, Mapping
@@ -42,12 +52,15 @@ import tensorflow as tf
 from absl import logging
 
 from m4moe import config as config_lib
+from m4moe import errors
+from m4moe import flagutil
 from m4moe import optimizer as optimizer_lib
 from m4moe import sharding as sharding_lib
 from m4moe.training import checkpointing
 from m4moe.training import distribute
 from m4moe.training import metrics as metrics_lib
 from m4moe.training import remat as remat_lib
+from m4moe.training import run_lock
 from m4moe.training import step as step_lib
 
 
@@ -55,24 +68,24 @@ class NonFiniteError(RuntimeError):
   """Too many consecutive non-finite steps; the message names the step."""
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(errors.ConfigError):
   """A training setting is invalid; the message names the flag and the fix."""
 
 
-def _require(condition: bool, flag: str, value: Any, fix: str) -> None:
-  if not condition:
-    raise TrainConfigError(f"--{flag}={value!r} is invalid: {fix}")
+_require = functools.partial(errors.require, error=TrainConfigError)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-  """Settings of a training run (each is an ``m4moe-train`` flag).
+  """Settings of a training run (each is an ``m4moe-train`` flag,
+  :mod:`m4moe.flagutil`; ``batch_tokens`` is copied from the data config).
 
   Attributes:
     model_dir: checkpoints, config.json, metrics.jsonl, TensorBoard events.
     train_steps: stop after this many steps (a step is one optimiser update
       attempt over ``grad_accum_steps`` micro-batches).
-    seed: base seed: model init (tf.random.set_seed) and per-step seeds.
+    seed: base seed: model init (tf.random.set_seed) and per-step seeds
+      (m4moe-train's data config shares it as its shuffling seed).
     label_smoothing: epsilon of the training cross-entropy (0.1, as in
       Vaswani et al. 2017 and the small-model recipe).
     grad_accum_steps: micro-batches per update (k).
@@ -81,7 +94,7 @@ class TrainConfig:
     checkpoint_every: save every N steps (and at the end).
     keep_checkpoints: K, checkpoints kept.
     eval_every: per-language dev cross-entropy every N steps (0: at the end
-      only).
+      only; a run always evaluates at its end).
     log_every: console / TensorBoard / JSONL train record every N steps.
     max_consecutive_nonfinite: stop after this many skipped steps in a row.
     max_train_seconds: stop once the training loop has run this long (wall
@@ -100,21 +113,22 @@ class TrainConfig:
   """
 
   model_dir: str
-  train_steps: int
+  train_steps: int = 10000
   seed: int = 0
   label_smoothing: float = 0.1
   grad_accum_steps: int = 1
   remat: bool = False
   checkpoint_every: int = 1000
   keep_checkpoints: int = 5
-  eval_every: int = 0
+  eval_every: int = 1000
   log_every: int = 100
   max_consecutive_nonfinite: int = 10
   max_train_seconds: float = 0.0
   early_stopping_patience: int = 0
   early_stopping_min_delta: float = 0.0
   checkpoint_input: bool = True
-  batch_tokens: int = 0
+  batch_tokens: int = dataclasses.field(default=0, metadata=flagutil.metadata(
+      not_a_flag="m4moe-train copies the data config's --batch_tokens"))
   optimizer: optimizer_lib.AdafactorConfig = dataclasses.field(
       default_factory=optimizer_lib.AdafactorConfig)
 
@@ -383,9 +397,8 @@ def _restore(keeper: checkpointing.CheckpointKeeper, *, config: TrainConfig,
   return path, iterator
 
 
-def _latest_has_iterator(model_dir: pathlib.Path) -> bool | None:
-  """Whether the latest checkpoint holds input iterator state (None: none)."""
-  latest = tf.train.latest_checkpoint(str(model_dir))
+def _has_iterator(latest: str | None) -> bool | None:
+  """Whether checkpoint ``latest`` holds input iterator state (None: none)."""
   if latest is None:
     return None
   keys = tf.train.load_checkpoint(latest).get_variable_to_shape_map()
@@ -450,55 +463,76 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
 
   Returns:
     TrainResult.
+
+  Raises:
+    checkpointing.ModelDirError: ``config.model_dir`` is a file or cannot be
+      created.
+    run_lock.RunLockedError: another process is training in ``model_dir``.
+    checkpointing.CheckpointError: the run had checkpoints (or checkpointed
+      metrics) but no intact checkpoint is left; nothing was changed except
+      moving the damaged files into ``model_dir/damaged/``.
   """
   strategy = strategy or tf.distribute.get_strategy()
-  model_dir = pathlib.Path(config.model_dir)
-  model_dir.mkdir(parents=True, exist_ok=True)
-  if model_config is not None:
-    checkpointing.write_run_config(
-        model_dir, model_config=model_config,
-        sections={"train": config.to_dict(), **(run_sections or {})})
   if sharding.enabled and strategy.num_replicas_in_sync > 1:
     raise TrainConfigError(
         f"a device mesh (--mesh={sharding.mesh}) replaces the "
         f"{type(strategy).__name__}'s {strategy.num_replicas_in_sync} "
         "replicas; train on a mesh with the default strategy")
-  model, optimizer, counters, runner = _build(
-      model_fn, strategy=strategy, config=config, sharding=sharding)
-  # A DTensor checkpoint cannot hold the (host) iterator state; on a mesh a
-  # resumed run skips the consumed batches instead (as checkpoint_input=False),
-  # and so does a run resuming a mesh run's checkpoint without a mesh.
-  with_iterator = (config.checkpoint_input and not sharding.enabled and
-                   _latest_has_iterator(model_dir) is not False)
-  iterator = iter(train_dataset) if with_iterator else None
-  trackables = dict(model=model, optimizer=optimizer, **counters.trackables())
-  if iterator is not None:
-    trackables["iterator"] = iterator
-  keeper = checkpointing.CheckpointKeeper(
-      str(model_dir), max_to_keep=config.keep_checkpoints, **trackables)
-  resumed, iterator = _restore(keeper, config=config, dataset=train_dataset,
-                               counters=counters, iterator=iterator)
-  log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
-                               resume_step=int(counters.step.numpy()))
-  loop = _Loop(config=config, strategy=strategy, model=model, runner=runner,
-               counters=counters, keeper=keeper, iterator=iterator,
-               dev_datasets=dev_datasets, metrics_log=log)
-  log.write({"kind": "start", "step": loop.step, "time": time.time(),
-             "devices": strategy.num_replicas_in_sync,
-             "mesh": str(sharding.mesh) if sharding.enabled else None,
-             "device_kind": distribute.device_kind(strategy),
-             "num_params": int(sum(np.prod(v.shape) for v in runner.variables)),
-             "resumed_from": resumed})
-  try:
-    stopped_by = _run_loop(loop, after_step=after_step)
-  finally:
-    log.close()
-  return TrainResult(
-      step=loop.step, preempted=stopped_by == "preempted",
-      last_checkpoint=keeper.latest,
-      train_ce=loop.last_train_ce, dev_ce=loop.last_dev_ce,
-      nonfinite_skipped=int(counters.nonfinite_skipped.numpy()),
-      stopped_by=stopped_by)
+  model_dir = checkpointing.prepare_model_dir(config.model_dir)
+  with run_lock.RunLock(model_dir):
+    # Under the lock: nobody else is saving, so temp directories are stale.
+    recovery = checkpointing.recover_checkpoints(model_dir)
+    if recovery.latest is None:
+      checkpointing.check_fresh_start(
+          model_dir, checkpoint_every=config.checkpoint_every)
+    if model_config is not None:
+      checkpointing.write_run_config(
+          model_dir, model_config=model_config,
+          sections={"train": config.to_dict(), **(run_sections or {})})
+    model, optimizer, counters, runner = _build(
+        model_fn, strategy=strategy, config=config, sharding=sharding)
+    # A DTensor checkpoint cannot hold the (host) iterator state; on a mesh
+    # a resumed run skips the consumed batches instead (as
+    # checkpoint_input=False), and so does a run resuming a mesh run's
+    # checkpoint without a mesh.
+    with_iterator = (config.checkpoint_input and not sharding.enabled and
+                     _has_iterator(recovery.latest) is not False)
+    iterator = iter(train_dataset) if with_iterator else None
+    trackables = dict(model=model, optimizer=optimizer,
+                      **counters.trackables())
+    if iterator is not None:
+      trackables["iterator"] = iterator
+    keeper = checkpointing.CheckpointKeeper(
+        str(model_dir), max_to_keep=config.keep_checkpoints, **trackables)
+    resumed, iterator = _restore(keeper, config=config,
+                                 dataset=train_dataset, counters=counters,
+                                 iterator=iterator)
+    log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
+                                 resume_step=int(counters.step.numpy()))
+    loop = _Loop(config=config, strategy=strategy, model=model,
+                 runner=runner, counters=counters, keeper=keeper,
+                 iterator=iterator, dev_datasets=dev_datasets,
+                 metrics_log=log)
+    log.write({"kind": "start", "step": loop.step, "time": time.time(),
+               "devices": strategy.num_replicas_in_sync,
+               "mesh": str(sharding.mesh) if sharding.enabled else None,
+               "device_kind": distribute.device_kind(strategy),
+               "num_params": int(sum(np.prod(v.shape)
+                                     for v in runner.variables)),
+               "resumed_from": resumed,
+               "damaged_checkpoints": [
+                   {"path": d.path, "reason": d.reason,
+                    "moved_to": d.moved_to} for d in recovery.damaged]})
+    try:
+      stopped_by = _run_loop(loop, after_step=after_step)
+    finally:
+      log.close()
+    return TrainResult(
+        step=loop.step, preempted=stopped_by == "preempted",
+        last_checkpoint=keeper.latest,
+        train_ce=loop.last_train_ce, dev_ce=loop.last_dev_ce,
+        nonfinite_skipped=int(counters.nonfinite_skipped.numpy()),
+        stopped_by=stopped_by)
 
 
 def _run_loop(loop: _Loop, *, after_step) -> str:

@@ -6,9 +6,11 @@ import json
 import math
 
 import pytest
+import tensorflow as tf
 
 from m4moe import config as config_lib
 from m4moe.benchmarks import decode
+from m4moe.benchmarks import input_pipeline
 from m4moe.benchmarks import moe_layer
 from m4moe.benchmarks import timing
 from m4moe.benchmarks import train_step
@@ -122,3 +124,24 @@ def test_cli_rejects_unknown_dispatch():
       bench.main(["m4moe-bench", "moe_layer"])
   finally:
     flag_values["dispatches"].unparse()
+
+
+def test_pipeline_measure_counts_tokens_and_packed_examples():
+  # Row 1 packs 2 pairs, row 2 three; 0 is padding.
+  batch = {"inputs_segment_ids": tf.constant([[1, 2, 2, 0], [1, 1, 2, 3]]),
+           "targets_segment_ids": tf.constant([[1, 1, 2, 0], [1, 2, 3, 3]])}
+  dataset = tf.data.Dataset.from_tensors(batch).repeat()
+  rates = input_pipeline.measure(dataset, num_batches=3, warmup=2)
+  seconds = rates["seconds"]
+  assert rates["batches_per_s"] * seconds == pytest.approx(3)
+  assert rates["tokens_per_s"] * seconds == pytest.approx(3 * (7 + 7))
+  assert rates["examples_per_s"] * seconds == pytest.approx(3 * (2 + 3))
+  finite = tf.data.Dataset.from_tensors(batch).repeat(4)
+  with pytest.raises(StopIteration):
+    input_pipeline.measure(finite, num_batches=3, warmup=2)
+
+
+def test_cli_uses_the_shared_flag_names():
+  names = set(bench.flags.FLAGS)
+  assert {"sequence_length", "batch_tokens", "vocab_size"} <= names
+  assert not {"length", "batch_size_tokens", "seq_len"} & names

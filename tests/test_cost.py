@@ -9,6 +9,8 @@ import pytest
 
 from m4moe import config as config_lib
 from m4moe import cost
+from m4moe import cost_tables
+from m4moe import mesh as mesh_lib
 
 
 def _micro(**moe_overrides) -> config_lib.ModelConfig:
@@ -282,3 +284,42 @@ def test_info_table1_text_states_the_verdict():
   assert any("12L: roughly constant (x1.022" in line for line in text)
   paper = _info_table1()
   assert "12L: NOT constant (x0.320)" in paper
+
+
+def test_cost_tables_table1_rows_ratios_and_verdict():
+  names = ("gshard/moe_128e_12l", "gshard/moe_2048e_12l")
+  info = cost_tables.table1(tokens_per_device=2048, sequence_length=64,
+                            names=names)
+  small, large = info["rows"]
+  assert (small["config"], large["config"]) == names
+  assert (small["devices"], large["devices"]) == (128, 2048)
+  assert small["seq_len"] == large["seq_len"] == 64
+  for row, name in zip(info["rows"], names):
+    expected = cost.expert_scaling_row(
+        name, config_lib.load_model_config(name), tokens_per_device=2048,
+        sequence_length=64)
+    assert row["total_bytes"] == expected.device.total_bytes
+    assert row["train_flops"] == expected.device.train_flops
+  ratio = info["ratios"]["12L"]
+  assert ratio["total_bytes"] == pytest.approx(
+      large["total_bytes"] / small["total_bytes"])
+  sentence = cost_tables.verdict(layers="12L", ratio=ratio, large_row=large,
+                                 small_row=small)
+  assert "12L: roughly constant" in sentence
+  doubled = {**ratio, "total_bytes": cost_tables.ROUGHLY_CONSTANT * 1.01}
+  assert "NOT constant" in cost_tables.verdict(
+      layers="12L", ratio=doubled, large_row=large, small_row=small)
+
+
+def test_cost_tables_collect_compares_paper_rows_only():
+  paper = config_lib.load_model_config("gshard/moe_128e_12l")
+  info = cost_tables.collect(paper, source="x", sequence_length=32)
+  assert info["num_params"] == cost.num_params(paper)
+  assert info["paper"]["paper_weights"] == 12.5e9
+  assert info["paper"]["weights_vs_paper"] == pytest.approx(
+      cost.num_params(paper) / 12.5e9 - 1)
+  assert "device" not in info
+  assert cost_tables.collect(_micro(), source="m")["paper"] is None
+  with pytest.raises(ValueError, match="drop the model axis"):
+    cost_tables.collect(_micro(), source="m", batch_tokens=8,
+                        mesh=mesh_lib.MeshShape.parse("model:2"))

@@ -1,12 +1,15 @@
 """Einsum (Algorithm 2), index, sorted and block dispatch: same values, same
-gradients."""
+gradients; the resolver's decisions; the registry holds every path."""
+
+import dataclasses
+import inspect
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from m4moe import dispatch, routing
-from m4moe.config import ModelConfig, MoeConfig
+from m4moe.config import DISPATCH_IMPLEMENTATIONS, ModelConfig, MoeConfig
 from m4moe.moe_layer import FeedForwardExperts, MoeLayer
 
 SEED = tf.constant([5, 11], tf.int32)
@@ -77,8 +80,9 @@ def test_einsum_and_index_agree_in_values_and_gradients(name, capacity):
   assert (y_index.numpy()[mask.numpy() == 0] == 0).all()
 
 
-def _scale_by_expert(dispatched, *, output_layout):
+def _scale_by_expert(dispatched, *, output_layout, training=False, seed=None):
   """Expert e multiplies its buffer by e + 1."""
+  del training, seed
   scale = tf.reshape(tf.range(1, E + 1, dtype=dispatched.dtype), [E, 1, 1, 1])
   out = dispatched * scale
   return out if output_layout == "EGCM" else tf.transpose(out, [1, 0, 2, 3])
@@ -190,30 +194,13 @@ def test_layers_with_either_dispatch_agree_with_dropout_and_drops(router):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def _run_with(combine, router, experts, x, mask, capacity):
-  """``combine(x, routing)`` outputs and grads (x, wg, wi, wo), training."""
-  with tf.GradientTape() as tape:
-    tape.watch(x)
-    result = router(x, padding_mask=mask, capacity=capacity, training=True,
-                    seed=SEED)
-    y = combine(x, result)
-    loss = tf.reduce_sum(y * tf.sin(tf.range(M, dtype=tf.float32)))
-  grads = tape.gradient(loss, [x, router.wg, experts.wi, experts.wo])
-  return y, grads
-
-
-def _run_blocks(router, experts, x, mask, capacity):
-  combine = lambda x, r: dispatch.block_dispatch_combine(x, r, experts.blocks)
-  return _run_with(combine, router, experts, x, mask, capacity)
-
-
 @pytest.mark.parametrize("name", [n for n in ROUTERS if n != "expert_choice"])
 @pytest.mark.parametrize("capacity", [10, 2])  # no-drop (C = S) and drops
 def test_block_dispatch_matches_index_in_values_and_gradients(name, capacity):
   x, mask = _inputs()
   experts = _experts()
   y_index, g_index = _run("index", ROUTERS[name], experts, x, mask, capacity)
-  y_block, g_block = _run_blocks(ROUTERS[name], experts, x, mask, capacity)
+  y_block, g_block = _run("block", ROUTERS[name], experts, x, mask, capacity)
   np.testing.assert_allclose(y_block, y_index, rtol=1e-5, atol=1e-6)
   for a, b in zip(g_block, g_index):
     np.testing.assert_allclose(tf.convert_to_tensor(a),
@@ -244,7 +231,11 @@ def test_no_drop_layer_uses_blocks_and_equals_buffer_path():
                                           tf.reshape(mask, [-1]))
   result = layer.router(grouped, padding_mask=grouped_mask,
                         capacity=grouped.shape[1], training=False)
-  assert layer._use_blocks(grouped, result, training=False)
+  layout = dispatch.BufferLayout(
+      num_groups=grouped.shape[0], group_size=grouped.shape[1],
+      num_selected=result.expert_index.shape[-1], num_experts=E,
+      capacity=result.capacity)
+  assert layer.resolve_dispatch(training=False, layout=layout) == "block"
   out = layer(x, padding_mask=mask, training=False).outputs
   buffers = dispatch.index_dispatch_combine(grouped, result, layer.experts)
   position = layer._group(tf.reshape(x, [-1, M]), tf.reshape(mask, [-1]))[2]
@@ -257,9 +248,25 @@ def test_no_drop_layer_uses_blocks_and_equals_buffer_path():
   np.testing.assert_allclose(compiled(x), expected, rtol=1e-5, atol=1e-6)
 
 
-def _run_sorted(router, experts, x, mask, capacity):
-  combine = lambda x, r: dispatch.sorted_dispatch_combine(x, r, experts.rows)
-  return _run_with(combine, router, experts, x, mask, capacity)
+def test_layer_without_block_dispatch_keeps_the_buffers():
+  config = ModelConfig(d_model=M, moe=MoeConfig(
+      num_experts=E, expert_hidden_dim=H, group_size=16,
+      eval_capacity_factor=0.0, dispatch="index"))
+  tf.random.set_seed(5)
+  blocks = MoeLayer(config=config, causal=True)
+  buffers = MoeLayer(config=config, causal=True, router=blocks.router,
+                     experts=blocks.experts, allow_block_dispatch=False)
+  layout = dispatch.BufferLayout(num_groups=1, group_size=15, num_selected=2,
+                                 num_experts=E, capacity=15)
+  assert blocks.resolve_dispatch(training=False, layout=layout) == "block"
+  assert buffers.resolve_dispatch(training=False, layout=layout) == "index"
+  rng = np.random.default_rng(6)
+  x = tf.constant(rng.normal(size=(3, 5, M)), tf.float32)
+  mask = tf.ones([3, 5])
+  np.testing.assert_allclose(
+      buffers(x, padding_mask=mask, training=False).outputs,
+      blocks(x, padding_mask=mask, training=False).outputs,
+      rtol=1e-5, atol=1e-6)
 
 
 def test_expert_sorted_order_by_hand():
@@ -289,7 +296,8 @@ def test_sorted_dispatch_matches_index_in_values_and_gradients(name, capacity):
   x, mask = _inputs()
   experts = _experts()
   y_index, g_index = _run("index", ROUTERS[name], experts, x, mask, capacity)
-  y_sorted, g_sorted = _run_sorted(ROUTERS[name], experts, x, mask, capacity)
+  y_sorted, g_sorted = _run("sorted", ROUTERS[name], experts, x, mask,
+                           capacity)
   np.testing.assert_allclose(y_sorted, y_index, rtol=1e-5, atol=1e-6)
   for label, a, b in zip(("x", "wg", "wi", "wo"), g_sorted, g_index):
     np.testing.assert_allclose(tf.convert_to_tensor(a),
@@ -338,3 +346,87 @@ def test_sorted_dispatch_falls_back_where_it_cannot_run():
       num_experts=E, expert_hidden_dim=H, router="expert_choice",
       dispatch="sorted"))
   assert MoeLayer(config=config, causal=False).dispatch == "index"
+
+
+def test_registry_holds_every_path_with_one_signature():
+  assert sorted(dispatch.DISPATCH_PATHS) == sorted(
+      (*DISPATCH_IMPLEMENTATIONS, "block"))
+  protocol = list(inspect.signature(
+      dispatch.DispatchPath.__call__).parameters.values())[1:]  # no self
+  for name, path in dispatch.DISPATCH_PATHS.items():
+    params = list(inspect.signature(path).parameters.values())
+    assert [(p.name, p.kind) for p in params] == [
+        (p.name, p.kind) for p in protocol], name
+  x, mask = _inputs()
+  result = ROUTERS["top2-random"](x, padding_mask=mask, capacity=10,
+                                  training=False)
+  outputs = {name: path(x, result, _experts(), training=False, seed=None)
+             for name, path in dispatch.DISPATCH_PATHS.items()}
+  for name, y in outputs.items():
+    np.testing.assert_allclose(y, outputs["einsum"], rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+
+
+_NO_DROP = dispatch.BufferLayout(num_groups=2, group_size=64, num_selected=2,
+                                 num_experts=8, capacity=64)
+_TRAIN_CAPACITY = dispatch.BufferLayout(num_groups=2, group_size=64,
+                                        num_selected=2, num_experts=32,
+                                        capacity=5)
+_DYNAMIC_G = dataclasses.replace(_NO_DROP, num_groups=None)
+_EXPERT_CHOICE = dataclasses.replace(_NO_DROP, num_selected=None)
+
+
+@pytest.mark.parametrize(
+    "requested, backend, router, training, dropout, layout, expected", [
+        # No sizes yet (MoeLayer.dispatch): the configured path, corrected.
+        ("sorted", "none", "top2", True, 0.0, None, "sorted"),
+        ("index", "none", "top1", True, 0.0, None, "index"),
+        ("einsum", "none", "top2", True, 0.0, None, "einsum"),
+        ("sorted", "xla", "top2", True, 0.0, None, "index"),
+        ("sorted", "none", "expert_choice", False, 0.0, None, "index"),
+        ("sorted", "dtensor", "top2", True, 0.0, None, "einsum"),
+        ("index", "dtensor", "top1", False, 0.0, _NO_DROP, "einsum"),
+        # Blocks: index, one device, per-token view, static G, no dropout,
+        # and fewer rows than the buffers.
+        ("index", "none", "top2", False, 0.0, _NO_DROP, "block"),
+        ("index", "none", "top2", True, 0.0, _NO_DROP, "block"),
+        ("index", "none", "top2", True, 0.3, _NO_DROP, "index"),
+        ("index", "none", "top2", False, 0.3, _NO_DROP, "block"),
+        ("index", "xla", "top2", False, 0.0, _NO_DROP, "index"),
+        ("index", "none", "expert_choice", False, 0.0, _EXPERT_CHOICE,
+         "index"),
+        ("index", "none", "top2", False, 0.0, _DYNAMIC_G, "index"),
+        ("index", "none", "top2", True, 0.0, _TRAIN_CAPACITY, "index"),
+        ("sorted", "none", "top2", False, 0.0, _NO_DROP, "sorted"),
+        ("einsum", "none", "top2", False, 0.0, _NO_DROP, "einsum"),
+    ])
+def test_resolver_decisions(requested, backend, router, training, dropout,
+                            layout, expected):
+  assert dispatch.resolve_dispatch(
+      requested=requested, backend=backend, router=router, training=training,
+      expert_dropout_rate=dropout, layout=layout) == expected
+
+
+def test_resolver_and_layout_reject_bad_values():
+  with pytest.raises(ValueError, match="--dispatch=einsum or index or sorted"):
+    dispatch.resolve_dispatch(requested="block", backend="none",
+                              router="top2", training=False,
+                              expert_dropout_rate=0.0)
+  with pytest.raises(ValueError, match="group_size=0 must be >= 1"):
+    dataclasses.replace(_NO_DROP, group_size=0)
+
+
+def test_block_path_refuses_expert_dropout_when_training():
+  x, mask = _inputs()
+  result = ROUTERS["top1-ntlb"](x, padding_mask=mask, capacity=10,
+                                training=False)
+  experts = FeedForwardExperts(num_experts=E, model_dim=M, hidden_dim=H,
+                               init_scale=1.0, dropout_rate=0.2)
+  with pytest.raises(ValueError, match="no expert dropout"):
+    dispatch.dispatch_combine(x, result, experts, implementation="block",
+                              training=True, seed=SEED)
+  # At eval the rate does not apply: blocks equal the buffers.
+  np.testing.assert_allclose(
+      dispatch.dispatch_combine(x, result, experts, implementation="block"),
+      dispatch.dispatch_combine(x, result, experts, implementation="index"),
+      rtol=1e-5, atol=1e-6)

@@ -291,7 +291,12 @@ def test_bfloat16_activations_stay_close_to_float32(moe):
       encoder_output=enc, token_ids=tf.zeros([3], tf.int32),
       cache=bf16.init_cache(batch_size=3, max_length=4), step=tf.constant(0))
   assert logits.dtype == tf.float32 and cache.keys[0].dtype == tf.bfloat16
-  np.testing.assert_allclose(logits.numpy(), got[:, 0], rtol=1e-2, atol=1e-2)
+  # The cached single step and the full-sequence pass sum in other orders:
+  # both are bfloat16 (8 significant bits), so they agree to bfloat16
+  # precision, the bound of the float32 comparison above (oneDNN's bfloat16
+  # kernels differ between CPUs: 0.033 of max |logit| 2.0 was seen on one).
+  step_error = np.abs(logits.numpy() - got[:, 0]).max()
+  assert step_error < 0.05 * np.abs(got[:, 0]).max(), step_error
 
 
 def test_bad_batches_and_arguments_fail_clearly():

@@ -280,3 +280,32 @@ def test_unknown_static_shapes_use_full_groups():
     eager = layer(x, padding_mask=mask, training=False).outputs
     np.testing.assert_allclose(fn(x, mask).numpy(), eager.numpy(),
                                atol=1e-6)
+
+
+def test_layer_runs_a_router_and_experts_passed_in():
+  built = make_layer(router="top1", init_seed=3)
+  config = built.config
+  given = MoeLayer(config=config, causal=False, router=built.router,
+                   experts=built.experts, name="given")
+  assert given.router is built.router and given.experts is built.experts
+  assert ([v.name for v in given.trainable_variables] ==
+          [v.name for v in built.trainable_variables])
+  x, mask = random_batch((2, 5), pad_rows=[(1, 3)])
+  np.testing.assert_array_equal(
+      given(x, padding_mask=mask, training=False).outputs,
+      built(x, padding_mask=mask, training=False).outputs)
+
+
+def test_router_or_experts_that_disagree_with_the_config_are_rejected():
+  layer = make_layer(router="top1")
+  other = make_layer(router="top2", num_experts=8, expert_hidden_dim=6)
+  with pytest.raises(ConfigError, match="--router=top1 needs a SwitchRouter"):
+    MoeLayer(config=layer.config, causal=False, router=other.router)
+  with pytest.raises(ConfigError, match=r"expert weights wi \[E, M, H\] have "
+                     r"shape \[8, 8, 6\], the config says \[4, 8, 6\]"):
+    MoeLayer(config=layer.config, causal=False, experts=other.experts)
+  with pytest.raises(ConfigError, match=r"router weights wg \[M, E\] have "
+                     r"shape \[8, 4\], the config says \[8, 8\] "
+                     r"\(--d_model=8, --num_experts=8"):
+    MoeLayer(config=other.config, causal=False,
+             router=make_layer(router="top2").router)

@@ -82,12 +82,14 @@ def _one_step(mesh_text, *, extra_flags=(), remat=False):
   tokens = tf.constant(float(np.count_nonzero(_batch()["targets"])))
   grads, _, _ = runner._grads_fn(batch, seed, tokens, tf.constant(1.0))  # pylint: disable=protected-access
   grads = sharding.like_variables(grads, variables)
+  initial = [runner.host(v).tolist() for v in variables]
   result = runner.train_step([_batch()], seed=tf.constant([5, 6]))
   report = {
       "objective": result.objective, "ce_sum": result.ce_sum,
       "grad_norm": result.grad_norm, "applied": result.applied,
       "grads": [runner.host(g).tolist() for g in grads],
       "params": [runner.host(v).tolist() for v in variables],
+      "initial": initial,
       "names": [v.name for v in variables],
   }
   if sharding.enabled:
@@ -203,9 +205,12 @@ def test_remat_step_on_a_mesh_matches_one_device():
 def test_bfloat16_step_on_a_mesh_matches_one_device():
   # bfloat16 activations (8 significant bits): another summation order on
   # the mesh moves activations by bfloat16 ulps (measured: objective equal
-  # to 1e-7, every gradient within 2% relative L2); Adafactor's normalised
-  # update amplifies that on near-zero gradient entries, moving a few
-  # parameters by up to ~0.007 (one step is ~lr * RMS(w) = 0.1 * 0.06).
+  # to 1e-7, every gradient within 2% relative L2). Adafactor's normalised
+  # update amplifies that on near-zero gradient entries: where the two
+  # gradients' signs differ, the parameter moves the other way, so it may
+  # differ by up to twice that entry's step (0.022 against a typical 0.006
+  # was seen on one CPU's bfloat16 kernels). Such entries must be rare, and
+  # no entry may differ by more than two of the largest steps.
   report = _run_worker("bfloat16")
   ref, got = report["reference"], report[PART_MESH]
   assert got["applied"] and ref["applied"]
@@ -214,9 +219,20 @@ def test_bfloat16_step_on_a_mesh_matches_one_device():
     g_got, g_ref = np.asarray(g_got), np.asarray(g_ref)
     error = np.linalg.norm(g_got - g_ref) / np.linalg.norm(g_ref)
     assert error < 0.05, f"gradient of {name}: relative L2 error {error}"
-  for name, p_got, p_ref in zip(ref["names"], got["params"], ref["params"]):
-    np.testing.assert_allclose(p_got, p_ref, rtol=0, atol=1e-2,
-                               err_msg=f"updated {name}")
+  for name, p_got, p_ref, p_init, p_init_got in zip(
+      ref["names"], got["params"], ref["params"], ref["initial"],
+      got["initial"]):
+    p_got, p_ref, p_init = map(np.asarray, (p_got, p_ref, p_init))
+    np.testing.assert_array_equal(np.asarray(p_init_got), p_init,
+                                  err_msg=f"initial {name}")
+    step = np.abs(p_ref - p_init).max()
+    assert step > 0, f"{name} did not move"
+    diff = np.abs(p_got - p_ref)
+    assert diff.max() <= 2 * step + 1e-6, (
+        f"updated {name}: differs by {diff.max()}, over twice the largest "
+        f"step {step}")
+    far = np.mean(diff > 1e-2)
+    assert far <= 0.01, f"updated {name}: {far:.2%} of entries differ > 1e-2"
 
 
 if __name__ == "__main__":

@@ -11,13 +11,14 @@ import tensorflow as tf
 from m4moe import optimizer as optimizer_lib
 from m4moe import train as train_lib
 from m4moe.training import checkpointing
-from m4moe.training import fixtures
+from m4moe.training import synthetic
+from m4moe.training import toy_model
 from m4moe.training import metrics as metrics_lib
 
 tf.config.experimental.enable_op_determinism()
 
 VOCAB = 24
-PAIRS = fixtures.synthetic_pairs(num_pairs=512, vocab_size=VOCAB, max_length=9)
+PAIRS = synthetic.synthetic_pairs(num_pairs=512, vocab_size=VOCAB, max_length=9)
 
 
 def _config(tmp_path, name="run", **overrides):
@@ -29,10 +30,10 @@ def _config(tmp_path, name="run", **overrides):
 
 
 def _train(config, *, dataset=None, **kwargs):
-  kwargs.setdefault("model_fn", lambda: fixtures.ToyTranslator(
+  kwargs.setdefault("model_fn", lambda: toy_model.ToyTranslator(
       vocab_size=VOCAB + 1, poison_token=VOCAB))
   return train_lib.train(
-      train_dataset=dataset or fixtures.pairs_dataset(
+      train_dataset=dataset or synthetic.pairs_dataset(
           PAIRS, batch_size=8, length=10, shuffle_seed=1),
       config=config, **kwargs)
 
@@ -46,8 +47,8 @@ def _variables(model_dir, step):
 
 
 def _dev():
-  return {"xx": fixtures.pairs_dataset(PAIRS[:64], batch_size=16, length=10,
-                                       shuffle_seed=None, repeat=False)}
+  return {"xx": synthetic.pairs_dataset(PAIRS[:64], batch_size=16, length=10,
+                                        shuffle_seed=None, repeat=False)}
 
 
 def test_learns_below_unigram_and_writes_metrics(tmp_path):
@@ -55,7 +56,7 @@ def test_learns_below_unigram_and_writes_metrics(tmp_path):
                    checkpoint_every=100, eval_every=50,
                    optimizer=optimizer_lib.AdafactorConfig(warmup_steps=100))
   result = _train(config, dev_datasets=_dev())
-  unigram = fixtures.unigram_cross_entropy(PAIRS)
+  unigram = synthetic.unigram_cross_entropy(PAIRS)
   assert result.dev_ce["xx"] < 0.3 * unigram
   records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
   kinds = [r["kind"] for r in records]
@@ -115,11 +116,11 @@ def test_resume_without_iterator_state_skips_consumed_batches(tmp_path):
 def test_gradient_accumulation_gives_the_same_update(tmp_path):
   # No dropout (seeds differ per micro-batch) and no batch-level MoE loss
   # (a mean of per-micro-batch balancing losses is not the full batch's).
-  model_fn = lambda: fixtures.ToyTranslator(
+  model_fn = lambda: toy_model.ToyTranslator(
       vocab_size=VOCAB, dropout_rate=0.0, moe_loss_weight=0.0)
   def data(batch_size):
-    return fixtures.pairs_dataset(PAIRS, batch_size=batch_size, length=10,
-                                  shuffle_seed=None)
+    return synthetic.pairs_dataset(PAIRS, batch_size=batch_size, length=10,
+                                   shuffle_seed=None)
   full = _train(_config(tmp_path, "full", train_steps=3),
                 dataset=data(8), model_fn=model_fn)
   accum = _train(_config(tmp_path, "accum", train_steps=3,
@@ -144,8 +145,8 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path):
 
 def _poisoned_dataset(poison_steps):
   """Batches of 8 pairs; batch i (0-based) is poisoned if i in poison_steps."""
-  clean = fixtures.pairs_dataset(PAIRS, batch_size=8, length=10,
-                                 shuffle_seed=None)
+  clean = synthetic.pairs_dataset(PAIRS, batch_size=8, length=10,
+                                  shuffle_seed=None)
   def poison(i, batch):
     bad = tf.reduce_any(tf.equal(i, tf.constant(poison_steps, tf.int64)))
     inputs = tf.where(bad, tf.tensor_scatter_nd_update(
@@ -160,7 +161,7 @@ def test_nan_step_is_skipped_counted_and_training_continues(tmp_path):
     seen[step] = [v.numpy().copy() for v in model.trainable_variables]
   def model_fn():
     global model  # pylint: disable=global-variable-undefined
-    model = fixtures.ToyTranslator(vocab_size=VOCAB + 1, poison_token=VOCAB)
+    model = toy_model.ToyTranslator(vocab_size=VOCAB + 1, poison_token=VOCAB)
     return model
   config = _config(tmp_path, train_steps=6)
   result = _train(config, dataset=_poisoned_dataset([2]), model_fn=model_fn,
@@ -207,11 +208,11 @@ def test_bad_train_config_names_the_flag(tmp_path):
 
 def test_logged_cross_entropy_is_plain_under_label_smoothing():
   from m4moe.training import step as step_lib
-  batch = next(iter(fixtures.pairs_dataset(PAIRS, batch_size=8, length=10,
-                                           shuffle_seed=None)))
+  batch = next(iter(synthetic.pairs_dataset(PAIRS, batch_size=8, length=10,
+                                            shuffle_seed=None)))
   results = []
   for smoothing in (0.0, 0.2):
-    model = fixtures.ToyTranslator(vocab_size=VOCAB)
+    model = toy_model.ToyTranslator(vocab_size=VOCAB)
     variables = list(model.trainable_variables)
     optimizer = optimizer_lib.Adafactor()
     optimizer.build(variables)
@@ -228,7 +229,7 @@ def test_logged_cross_entropy_is_plain_under_label_smoothing():
   from m4moe import losses
   seed = tf.random.experimental.stateless_fold_in(
       tf.random.experimental.stateless_fold_in(tf.constant([1, 2]), 0), 0)
-  out = fixtures.ToyTranslator(vocab_size=VOCAB)(batch, training=True,
+  out = toy_model.ToyTranslator(vocab_size=VOCAB)(batch, training=True,
                                                  seed=seed)
   total, count = losses.token_cross_entropy(out.logits, batch["targets"],
                                             label_smoothing=0.2)
@@ -239,8 +240,8 @@ def test_logged_cross_entropy_is_plain_under_label_smoothing():
 
 def test_changed_input_pipeline_gives_a_clear_error_and_a_way_out(tmp_path):
   _train(_config(tmp_path, train_steps=2))
-  same = fixtures.pairs_dataset(PAIRS, batch_size=8, length=10,
-                                shuffle_seed=1)
+  same = synthetic.pairs_dataset(PAIRS, batch_size=8, length=10,
+                                 shuffle_seed=1)
   changed = tf.data.Dataset.zip((same, same)).map(lambda a, b: a)
   with pytest.raises(RuntimeError, match="--nocheckpoint_input"):
     _train(_config(tmp_path, train_steps=4), dataset=changed)
@@ -318,7 +319,7 @@ class _SourceBlind(tf.Module):
 
   def __init__(self):
     super().__init__()
-    self.inner = fixtures.ToyTranslator(vocab_size=VOCAB + 1)
+    self.inner = toy_model.ToyTranslator(vocab_size=VOCAB + 1)
 
   def __call__(self, batch, *, training, seed=None):
     blind = dict(batch, inputs=tf.where(batch["inputs"] > 0, 3, 0))
@@ -328,8 +329,8 @@ class _SourceBlind(tf.Module):
 def test_source_reliance_is_zero_for_a_model_that_ignores_its_source():
   from m4moe.training import step as step_lib  # pylint: disable=g-import-not-at-top
   pairs = [(s, t) for s, t in PAIRS if len(s) == 6][:32]  # equal lengths
-  dev = fixtures.pairs_dataset(pairs, batch_size=8, length=10,
-                               shuffle_seed=None, repeat=False)
+  dev = synthetic.pairs_dataset(pairs, batch_size=8, length=10,
+                                shuffle_seed=None, repeat=False)
   def gap(model):
     variables = list(model.trainable_variables)
     opt = optimizer_lib.Adafactor(optimizer_lib.AdafactorConfig())
@@ -343,4 +344,4 @@ def test_source_reliance_is_zero_for_a_model_that_ignores_its_source():
     assert (ce_sum, tokens) == pytest.approx((plain_sum, plain_tokens))
     return value
   assert gap(_SourceBlind()) == pytest.approx(0.0, abs=1e-6)
-  assert abs(gap(fixtures.ToyTranslator(vocab_size=VOCAB + 1))) > 1e-4
+  assert abs(gap(toy_model.ToyTranslator(vocab_size=VOCAB + 1))) > 1e-4

@@ -15,7 +15,8 @@ tf.config.experimental.enable_op_determinism()
 from tensorflow.python.checkpoint import checkpoint_management as cm
 from m4moe import optimizer as optimizer_lib
 from m4moe import train as train_lib
-from m4moe.training import fixtures
+from m4moe.training import synthetic
+from m4moe.training import toy_model
 
 model_dir, steps, every, kill_in_save_at = sys.argv[1:5]
 if int(kill_in_save_at):
@@ -31,15 +32,15 @@ if int(kill_in_save_at):
     return original(save_dir, *args, **kwargs)
   cm.update_checkpoint_state_internal = patched
 
-pairs = fixtures.synthetic_pairs(num_pairs=512, vocab_size=24, max_length=9)
+pairs = synthetic.synthetic_pairs(num_pairs=512, vocab_size=24, max_length=9)
 config = train_lib.TrainConfig(
     model_dir=model_dir, train_steps=int(steps), seed=3, log_every=2,
     checkpoint_every=int(every), keep_checkpoints=3,
     optimizer=optimizer_lib.AdafactorConfig(warmup_steps=20))
 train_lib.train(
-    model_fn=lambda: fixtures.ToyTranslator(vocab_size=24),
-    train_dataset=fixtures.pairs_dataset(pairs, batch_size=8, length=10,
-                                         shuffle_seed=1),
+    model_fn=lambda: toy_model.ToyTranslator(vocab_size=24),
+    train_dataset=synthetic.pairs_dataset(pairs, batch_size=8, length=10,
+                                          shuffle_seed=1),
     config=config, after_step=lambda s: print("STEP", s, flush=True))
 print("DONE", flush=True)
 '''

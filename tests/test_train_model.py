@@ -6,7 +6,7 @@ from m4moe import config as config_lib
 from m4moe import model as model_lib
 from m4moe import optimizer as optimizer_lib
 from m4moe import train as train_lib
-from m4moe.training import fixtures
+from m4moe.training import synthetic
 
 VOCAB = 48
 
@@ -23,14 +23,14 @@ def _config(**overrides):
 
 
 def test_small_moe_transformer_learns_well_below_unigram(tmp_path):
-  pairs = fixtures.synthetic_pairs(num_pairs=2048, vocab_size=VOCAB,
-                                   max_length=7, reverse=False)
+  pairs = synthetic.synthetic_pairs(num_pairs=2048, vocab_size=VOCAB,
+                                    max_length=7, reverse=False)
   config = _config(dropout_rate=0.0, attention_dropout_rate=0.0)
   result = train_lib.train(
       model_fn=lambda: model_lib.Transformer(config=config),
-      train_dataset=fixtures.pairs_dataset(pairs[128:], batch_size=32,
-                                           length=8, shuffle_seed=0),
-      dev_datasets={"syn": fixtures.pairs_dataset(
+      train_dataset=synthetic.pairs_dataset(pairs[128:], batch_size=32,
+                                            length=8, shuffle_seed=0),
+      dev_datasets={"syn": synthetic.pairs_dataset(
           pairs[:128], batch_size=64, length=8, shuffle_seed=None,
           repeat=False)},
       model_config=config,
@@ -39,5 +39,5 @@ def test_small_moe_transformer_learns_well_below_unigram(tmp_path):
           checkpoint_every=1000,
           # A constant rate of 1/sqrt(400) = 0.05 (relative step size).
           optimizer=optimizer_lib.AdafactorConfig(warmup_steps=400)))
-  unigram = fixtures.unigram_cross_entropy(pairs)
+  unigram = synthetic.unigram_cross_entropy(pairs)
   assert result.dev_ce["syn"] < 0.5 * unigram, (result.dev_ce, unigram)

@@ -11,15 +11,16 @@ CHILD = r'''
 import sys
 from m4moe import optimizer as optimizer_lib
 from m4moe import train as train_lib
-from m4moe.training import fixtures
+from m4moe.training import synthetic
+from m4moe.training import toy_model
 
-pairs = fixtures.synthetic_pairs(num_pairs=512, vocab_size=24, max_length=9)
+pairs = synthetic.synthetic_pairs(num_pairs=512, vocab_size=24, max_length=9)
 config = train_lib.TrainConfig(
     model_dir=sys.argv[1], train_steps=int(sys.argv[2]), seed=3, log_every=2,
     checkpoint_every=1000, optimizer=optimizer_lib.AdafactorConfig())
 result = train_lib.train(
-    model_fn=lambda: fixtures.ToyTranslator(vocab_size=24),
-    train_dataset=fixtures.pairs_dataset(pairs, batch_size=8, length=10),
+    model_fn=lambda: toy_model.ToyTranslator(vocab_size=24),
+    train_dataset=synthetic.pairs_dataset(pairs, batch_size=8, length=10),
     config=config, after_step=lambda s: print("STEP", s, flush=True))
 print("DONE", result.step, result.preempted, flush=True)
 '''

@@ -89,7 +89,7 @@ def _info(*args: str) -> subprocess.CompletedProcess:
 
 def test_info_json_for_a_flagfile():
   path = ZOO / "gshard" / "moe_2048e_36l.flags"
-  result = _info(f"--flagfile={path}", "--json", "--seq_len=128",
+  result = _info(f"--flagfile={path}", "--json", "--sequence_length=128",
                  "--batch_tokens=4194304", "--mesh=expert:2048")
   assert result.returncode == 0, result.stderr
   info = json.loads(result.stdout)

@@ -1,8 +1,11 @@
 """Cached incremental beam search vs re-running the decoder on the prefix.
 
-The same measurement as ``eval/decode_benchmark.py`` (random weights and
-source ids, both searches under ``tf.function``, identical hypotheses
-required), as importable functions: the two searches are
+Random weights and source ids (speed does not depend on training; a random
+model rarely emits EOS, so the search runs to max_decode_length, and the
+record gives the decoded length), both searches compiled with
+``tf.function`` and warmed up, identical hypotheses required
+(``m4moe-bench decode``; this replaced ``eval/decode_benchmark.py``). The
+two searches are
 :func:`m4moe.decoding.translate_ids` and
 :func:`m4moe.decoding.translate_ids_uncached`. Several configs (e.g.
 tiny/moe and tiny/dense) are timed interleaved in one process, so the MoE
@@ -60,7 +63,7 @@ def searches(config_name: str, point: DecodePoint
   if buffers:
     for layer in model.submodules:
       if isinstance(layer, moe_layer.MoeLayer):
-        layer._use_blocks = lambda *args, **kwargs: False  # pylint: disable=protected-access
+        layer.allow_block_dispatch = False
   beam = decoding.BeamSearchConfig(beam_size=point.beam_size, alpha=0.6,
                                    max_decode_length=point.max_decode_length)
   spec = [tf.TensorSpec([None, None], tf.int32)]

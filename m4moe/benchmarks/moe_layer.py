@@ -1,9 +1,9 @@
 """MoE layer forward+backward vs a dense FFN with the same useful FLOPs.
 
-Dimensions cheat sheet:
+Dimensions (letters of the glossary in :mod:`m4moe`):
 
-  N: tokens, G: groups, S: group size, E: experts, C: capacity,
-  K: experts per token, M: model width, H: expert hidden width
+  N: tokens; G: groups; S: group size; E: experts; C: capacity;
+  K: experts per token; M: model width; H: expert hidden width.
 
 The dense baseline is ``wo . ReLU(wi . x)`` with hidden width K*H on all N
 tokens: exactly the useful FLOPs of the MoE layer (each token through K

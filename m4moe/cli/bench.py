@@ -6,10 +6,12 @@ Usage:
       [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
       [--capacity_factor=1.25] [--matmul_size=2048]
       [--profile_dir=DIR [--profile_top=10]]
-  m4moe-bench train_step [--batch_size=64] [--length=32]
+  m4moe-bench train_step [--batch_size=64] [--sequence_length=32]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
-      [--max_decode_length=64] [--decode_configs=tiny/moe,tiny/dense]
+      [--max_decode_length=64] [--source_length=16] [--vocab_size=8000]
+      [--decode_configs=tiny/moe,tiny/dense]
   m4moe-bench input_pipeline [--corpus_dir=DIR --vocab_dir=DIR]
+      [--batch_tokens=4096] [--batches_per_rep=20]
   common: [--reps=R] [--warmup=W]
 
 Every sub-benchmark times the cases it compares interleaved in one process
@@ -65,12 +67,16 @@ _PROFILE_TOP = flags.DEFINE_integer(
 _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", None, "train_step: rows (default 64); decode: sentences "
     "(default 32).")
-_LENGTH = flags.DEFINE_integer("length", 32, "train_step: tokens per row.")
+_SEQUENCE_LENGTH = flags.DEFINE_integer(
+    "sequence_length", 32, "train_step: tokens per row (each side).")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "decode: beam.")
 _MAX_DECODE_LENGTH = flags.DEFINE_integer("max_decode_length", 64,
                                           "decode: max target tokens.")
 _SOURCE_LENGTH = flags.DEFINE_integer("source_length", 16,
                                       "decode: source tokens.")
+_VOCAB_SIZE = flags.DEFINE_integer(
+    "vocab_size", 8000, "decode: source and target vocabulary of the random "
+    "model.")
 _DECODE_CONFIGS = flags.DEFINE_list(
     "decode_configs", ["tiny/moe", "tiny/dense"], "decode: zoo configs.")
 _STEP_CONFIGS = flags.DEFINE_list(
@@ -81,7 +87,7 @@ _CORPUS_DIR = flags.DEFINE_string(
     "fixture corpus in a temporary directory).")
 _VOCAB_DIR = flags.DEFINE_string("vocab_dir", None,
                                  "input_pipeline: m4moe-vocab output.")
-_BATCH_TOKENS = flags.DEFINE_integer("batch_size_tokens", 4096,
+_BATCH_TOKENS = flags.DEFINE_integer("batch_tokens", 4096,
                                      "input_pipeline: tokens per batch side.")
 _BATCHES_PER_REP = flags.DEFINE_integer(
     "batches_per_rep", 20, "input_pipeline: batches per timed repetition.")
@@ -156,7 +162,7 @@ def _train_step() -> None:
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import train_step  # pylint: disable=g-import-not-at-top
   point = train_step.StepPoint(batch_size=_BATCH_SIZE.value or 64,
-                               length=_LENGTH.value)
+                               length=_SEQUENCE_LENGTH.value)
   if len(_STEP_CONFIGS.value) != 2:
     raise app.UsageError("--step_configs takes exactly two configs")
   for record in train_step.run(point, configs=tuple(_STEP_CONFIGS.value),
@@ -170,7 +176,7 @@ def _decode() -> None:
   point = decode.DecodePoint(
       batch_size=_BATCH_SIZE.value or 32, beam_size=_BEAM_SIZE.value,
       max_decode_length=_MAX_DECODE_LENGTH.value,
-      source_length=_SOURCE_LENGTH.value)
+      source_length=_SOURCE_LENGTH.value, vocab_size=_VOCAB_SIZE.value)
   for record in decode.run(point, configs=tuple(_DECODE_CONFIGS.value),
                            reps=_REPS.value, warmup=_WARMUP.value):
     timing.emit(record)

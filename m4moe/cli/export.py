@@ -46,7 +46,7 @@ def main(argv):
                 "checkpoint": files.checkpoint,
                 "config": files.config.to_dict()})
   print(f"Wrote SavedModel to {path} (signature 'translate': sentences "
-        "<string>[N], source_lang <string>[N] -> translations, truncated)")
+        "<string>[B], source_lang <string>[B] -> translations, truncated)")
 
 
 def run():

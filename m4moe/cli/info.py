@@ -4,9 +4,10 @@ Usage:
   m4moe-info --flagfile=configs/gshard/moe_2048e_36l.flags [--json]
   m4moe-info --config=gshard/moe_2048e_36l [--json]
   m4moe-info --config=tiny/moe --batch_tokens=4096 --mesh=data:2,expert:8
-  m4moe-info --table1 [--tokens_per_device=2048] [--seq_len=N] [--json]
+  m4moe-info --table1 [--tokens_per_device=2048] [--sequence_length=N] [--json]
 
-Counts come from :mod:`m4moe.cost` and never build a variable, so the 1T
+Counts come from :mod:`m4moe.cost` through :mod:`m4moe.cost_tables` (this
+tool only parses flags and prints) and never build a variable, so the 1T
 model is instant. With ``--batch_tokens`` a per-device memory/FLOPs estimate
 for a (data, expert) mesh is added. For GShard Table 1 configurations the
 paper's rounded weight count and the relative difference are shown too.
@@ -20,7 +21,6 @@ and training FLOPs per step, then per depth the 2048E / 128E ratios.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import sys
@@ -30,7 +30,7 @@ from absl import app
 from absl import flags
 
 from m4moe import config as config_lib
-from m4moe import cost
+from m4moe import cost_tables
 from m4moe import mesh as mesh_lib
 
 config_lib.define_model_flags()
@@ -40,9 +40,9 @@ _CONFIG = flags.DEFINE_string(
     "alternative to --flagfile. Model flags given on the command line "
     "override the entry's values (e.g. --config=tiny/moe --num_experts=32).")
 _JSON = flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
-_SEQ_LEN = flags.DEFINE_integer(
-    "seq_len", 0, "Source and target length for the attention FLOPs and the "
-    "activation estimate; 0 uses --max_length.")
+_SEQUENCE_LENGTH = flags.DEFINE_integer(
+    "sequence_length", 0, "Source and target length for the attention FLOPs "
+    "and the activation estimate; 0 uses --max_length.")
 _BATCH_TOKENS = flags.DEFINE_integer(
     "batch_tokens", 0, "Source tokens per global batch for the per-device "
     "estimate; 0 skips the estimate.")
@@ -62,88 +62,7 @@ _SHARE_TARGET_EMBEDDING = flags.DEFINE_bool(
     "share_target_embedding", False, "Count the Transformer with the target "
     "embedding tied to the softmax weights (default: untied projection).")
 
-# GShard Table 1 (E, L) -> (total experts, weights as the paper rounds them).
-PAPER_TABLE1: dict[tuple[int, int], tuple[int, float]] = {
-    (2048, 36): (36_864, 600e9), (2048, 12): (12_288, 200e9),
-    (512, 36): (9_216, 150e9), (512, 12): (3_072, 50e9),
-    (128, 36): (2_304, 37e9), (128, 12): (768, 12.5e9),
-    (2048, 60): (61_440, 1e12),
-}
-
-
-# Zoo rows of Table 1, grouped by depth, smallest E first.
-TABLE1_CONFIGS = ("gshard/moe_128e_12l", "gshard/moe_512e_12l",
-                  "gshard/moe_2048e_12l", "gshard/moe_128e_36l",
-                  "gshard/moe_512e_36l", "gshard/moe_2048e_36l",
-                  "gshard/moe_2048e_60l")
 _GIB = 2**30
-# "roughly constant": per-device memory within this factor either way.
-_ROUGHLY_CONSTANT = 1.25
-
-
-def table1(*, tokens_per_device: int = 0, seq_len: int = 0,
-           names: Sequence[str] = TABLE1_CONFIGS) -> dict[str, Any]:
-  """The ``--table1`` report as a JSON-ready dict.
-
-  Args:
-    tokens_per_device: S per device; 0 keeps each config's group size.
-    seq_len: source = target length; 0 uses each config's --max_length.
-    names: zoo entries, one row each.
-
-  Returns:
-    ``rows`` (one per name, bytes and FLOPs per device) and ``ratios``
-    (per depth L with both a 128E and a 2048E row: 2048E / 128E).
-  """
-  configs = [config_lib.load_model_config(name) for name in names]
-  rows = [cost.expert_scaling_row(name, config,
-                                  tokens_per_device=tokens_per_device or None,
-                                  sequence_length=seq_len or None)
-          for name, config in zip(names, configs)]
-  by_key = {(row.num_experts, row.num_layers): row for row in rows}
-  ratios = {}
-  for layers in sorted({row.num_layers for row in rows}):
-    if (128, layers) in by_key and (2048, layers) in by_key:
-      ratios[f"{layers}L"] = cost.scaling_ratios(by_key[128, layers],
-                                                 by_key[2048, layers])
-  return {
-      "mesh": "expert:E (one device per expert, one dispatch group each)",
-      "tokens_per_device": tokens_per_device or "config group_size",
-      "rows": [{
-          "config": row.name,
-          "model": f"MoE({row.num_experts}E, {row.num_layers}L)",
-          "devices": row.device.num_devices,
-          "tokens_per_device": row.device.tokens_per_device,
-          "seq_len": seq_len or config.max_length,
-          "num_params": row.num_params,
-          "params_per_expert": row.params_per_expert,
-          "experts_per_device": row.experts_per_device,
-          "replicated_bytes": row.replicated_bytes,
-          "expert_bytes": row.expert_bytes,
-          "gradient_bytes": row.device.gradient_bytes,
-          "optimizer_bytes": row.device.optimizer_bytes,
-          "activation_bytes": row.device.activation_bytes,
-          "state_bytes": row.state_bytes,
-          "total_bytes": row.device.total_bytes,
-          "train_flops": row.device.train_flops,
-      } for row, config in zip(rows, configs)],
-      "ratios": ratios,
-  }
-
-
-def _verdict(layers: str, ratio: dict[str, float], large_row: dict[str, Any],
-             small_row: dict[str, Any]) -> str:
-  """One sentence saying whether the numbers show a constant memory."""
-  total = ratio["total_bytes"]
-  share = large_row["activation_bytes"] / large_row["total_bytes"]
-  if 1 / _ROUGHLY_CONSTANT <= total <= _ROUGHLY_CONSTANT:
-    return (f"  {layers}: roughly constant (x{total:.3f} for a "
-            f"x{ratio['num_params']:.1f} model); activations are "
-            f"{share:.0%} of the 2048E total")
-  return (f"  {layers}: NOT constant (x{total:.3f}): tokens per device differ "
-          f"({small_row['tokens_per_device']} on 128E vs "
-          f"{large_row['tokens_per_device']} on 2048E) and activations, "
-          f"{share:.0%} of the 2048E total, scale with them; "
-          "--tokens_per_device=2048 holds them fixed as section 5 assumes")
 
 
 def format_table1(info: dict[str, Any]) -> str:
@@ -201,71 +120,10 @@ def format_table1(info: dict[str, Any]) -> str:
         f"activations x{ratio['activation_bytes']:.3f}, "
         f"total x{ratio['total_bytes']:.3f}, "
         f"FLOPs x{ratio['train_flops']:.3f}")
-    lines.append(_verdict(layers, ratio, rows[f"MoE(2048E, {layers})"],
-                          rows[f"MoE(128E, {layers})"]))
+    lines.append(cost_tables.verdict(
+        layers=layers, ratio=ratio, large_row=rows[f"MoE(2048E, {layers})"],
+        small_row=rows[f"MoE(128E, {layers})"]))
   return "\n".join(lines)
-
-
-def _paper_row(config: config_lib.ModelConfig,
-               model_cost: cost.ModelCost) -> dict[str, Any] | None:
-  """The Table 1 comparison if ``config`` has the paper's dimensions."""
-  key = (config.moe.num_experts, config.num_layers)
-  if (key not in PAPER_TABLE1 or config.d_model != 1024 or
-      config.moe.expert_hidden_dim != 8192):
-    return None
-  experts, weights = PAPER_TABLE1[key]
-  return {
-      "model": f"MoE({key[0]}E, {key[1]}L)",
-      "paper_total_experts": experts,
-      "paper_weights": weights,
-      "weights_vs_paper": model_cost.num_params / weights - 1.0,
-  }
-
-
-def collect(config: config_lib.ModelConfig, *, source: str, seq_len: int = 0,
-            batch_tokens: int = 0, mesh: mesh_lib.MeshShape | None = None,
-            share_target_embedding: bool = False) -> dict[str, Any]:
-  """Everything m4moe-info reports, as a JSON-ready dict.
-
-  Raises:
-    ValueError: the mesh has a ``model`` axis (not estimated) or does not
-      fit the config (see :func:`m4moe.cost.estimate_device`).
-  """
-  model_cost = cost.model_cost(config, source_length=seq_len or None,
-                               target_length=seq_len or None,
-                               share_target_embedding=share_target_embedding)
-  flops = model_cost.flops
-  info: dict[str, Any] = {
-      "config": source,
-      "num_params": model_cost.num_params,
-      "num_moe_layers": model_cost.num_moe_layers,
-      "num_experts_total": model_cost.num_experts_total,
-      "params_per_expert": model_cost.params_per_expert,
-      "expert_params": model_cost.expert_params,
-      "active_params_per_token": model_cost.active_params_per_token,
-      "flops_per_token": model_cost.flops_per_token,
-      "train_flops_per_token": flops.train,
-      "flops": {**dataclasses.asdict(flops), "forward": flops.forward},
-      "params": {**dataclasses.asdict(model_cost.params),
-                 "non_expert": model_cost.params.non_expert},
-      "paper": _paper_row(config, model_cost),
-  }
-  if batch_tokens:
-    mesh = mesh or mesh_lib.MeshShape.single_device()
-    if mesh.axis_size("model") != 1:
-      raise ValueError(f"--mesh={mesh}: the estimate covers data and expert "
-                       "axes only; drop the model axis")
-    device = cost.estimate_device(
-        config, data_axis=mesh.axis_size("data"),
-        expert_axis=mesh.axis_size("expert"), batch_tokens=batch_tokens,
-        sequence_length=seq_len or None,
-        share_target_embedding=share_target_embedding)
-    info["mesh"] = str(mesh)
-    info["device"] = {**dataclasses.asdict(device),
-                      "num_devices": device.num_devices,
-                      "params_per_device": device.params_per_device,
-                      "total_bytes": device.total_bytes}
-  return info
 
 
 def _number(value: float) -> str:
@@ -333,10 +191,11 @@ def main(argv: Sequence[str]) -> None:
     return
   try:
     config, source = _load_config(sys.argv)
-    info = collect(config, source=source, seq_len=_SEQ_LEN.value,
-                   batch_tokens=_BATCH_TOKENS.value,
-                   mesh=mesh_lib.MeshShape.parse(_MESH.value),
-                   share_target_embedding=_SHARE_TARGET_EMBEDDING.value)
+    info = cost_tables.collect(
+        config, source=source, sequence_length=_SEQUENCE_LENGTH.value,
+        batch_tokens=_BATCH_TOKENS.value,
+        mesh=mesh_lib.MeshShape.parse(_MESH.value),
+        share_target_embedding=_SHARE_TARGET_EMBEDDING.value)
   except (config_lib.ConfigError, ValueError) as e:
     print(f"m4moe-info: error: {e}", file=sys.stderr)
     sys.exit(1)
@@ -349,8 +208,8 @@ def _main_table1() -> None:
       raise ValueError("--table1 fixes the mesh (expert:E) and the batch "
                        "(E x tokens per device); drop --mesh/--batch_tokens "
                        "and use --tokens_per_device")
-    info = table1(tokens_per_device=_TOKENS_PER_DEVICE.value,
-                  seq_len=_SEQ_LEN.value)
+    info = cost_tables.table1(tokens_per_device=_TOKENS_PER_DEVICE.value,
+                              sequence_length=_SEQUENCE_LENGTH.value)
   except (config_lib.ConfigError, ValueError) as e:
     print(f"m4moe-info: error: {e}", file=sys.stderr)
     sys.exit(1)

@@ -14,6 +14,12 @@ Examples:
 
 A finished stage is recorded in <run_dir>/stages/<stage>.json and skipped on
 the next run; --restart_from=<stage> forgets it and every later stage.
+
+Stopping the job (Ctrl-C, SIGTERM, SIGHUP) stops the running stage with the
+same signal (a training stage saves a checkpoint on SIGTERM) and exits with
+128 + the signal number without recording the stage; if the job itself is
+killed with kill -9, the kernel sends the stage SIGTERM (Linux), so no stage
+keeps running on its own.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
+import sys
 import time
 
 from absl import app
@@ -173,7 +181,14 @@ def main(argv: list[str]) -> None:
       _prepare_fixtures(recipe, run_dir)
       _ensure_apt_lists(recipe)
     stage_start = time.monotonic()
-    result = subprocess.run(stage.command(), check=False)
+    result = main_job.run_stage_process(stage.command())
+    if result.interrupted_by is not None:
+      name = signal.Signals(result.interrupted_by).name
+      print(f"m4moe-run: stopped by {name} during stage {stage.name!r} (it "
+            f"exited with {result.returncode}); re-run the same command to "
+            "resume: finished stages are skipped and training resumes from "
+            "its last checkpoint", file=sys.stderr, flush=True)
+      sys.exit(128 + result.interrupted_by)
     if result.returncode != 0:
       raise SystemExit(
           f"m4moe-run: stage {stage.name!r} failed (exit {result.returncode})"

@@ -16,6 +16,12 @@ it, and flags no one sets keep the paper's defaults. The
 vocabulary sizes come from the SentencePiece models in ``--vocab_dir``.
 Running again with the same ``--model_dir`` resumes from the last complete
 checkpoint (exactly, see m4moe.train). SIGTERM saves and exits with code 0.
+A damaged newest checkpoint is moved into ``--model_dir``/damaged/ and the
+run resumes from the newest intact one; if none is left, or the metrics show
+progress whose checkpoints are gone, it stops with exit code 1 rather than
+start over. Only one m4moe-train may use a ``--model_dir`` at a time (a
+second one exits with code 1 naming the first one's pid); a ``--model_dir``
+that is a file or cannot be created exits with code 2.
 
 Writes to ``--model_dir``: config.json (effective config; decode/eval rebuild
 the model with m4moe.training.checkpointing.model_config_from_run),
@@ -51,64 +57,23 @@ from absl import flags
 from absl import logging
 
 from m4moe import config as config_lib
+from m4moe import flagutil
 from m4moe import optimizer as optimizer_lib
+from m4moe import train as train_lib
+from m4moe.training import inputs
 
 config_lib.define_model_flags()
 
 _CONFIG = flags.DEFINE_string(
     "config", None, "Zoo entry (e.g. tiny/moe) or model flagfile; model "
     "flags on the command line override it. Alternatively use --flagfile.")
-# Data.
-_CORPUS_DIR = flags.DEFINE_string("corpus_dir", "", "Built corpus directory.")
-_VOCAB_DIR = flags.DEFINE_string("vocab_dir", "", "SentencePiece models dir.")
-_TFDS_NAME = flags.DEFINE_string(
-    "tfds_name", "", "Comma-separated TFDS translation datasets (offline).")
-_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", "", "TFDS data dir.")
-_SYNTHETIC = flags.DEFINE_bool("synthetic_data", False,
-                               "Train on the synthetic toy task (smoke runs).")
-_LANGUAGES = flags.DEFINE_list("languages", [], "Languages (empty: all).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 5.0,
-                                  "Language sampling temperature T.")
-_SEQUENCE_LENGTH = flags.DEFINE_integer(
-    "sequence_length", 64, "Tokens per packed row (each side).")
-_BATCH_TOKENS = flags.DEFINE_integer(
-    "batch_tokens", 4096, "Tokens per global batch (each side).")
-_PACK = flags.DEFINE_bool("pack", True, "Pack several pairs per row.")
-_DEV_SPLIT = flags.DEFINE_string("dev_split", "dev", "Split for dev CE.")
-_DEV_BATCH_SIZE = flags.DEFINE_integer("dev_batch_size", 64,
-                                       "Pairs per dev batch.")
-# Run.
-_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Run directory.")
-_TRAIN_STEPS = flags.DEFINE_integer("train_steps", 10000, "Total steps.")
-_SEED = flags.DEFINE_integer("seed", 0, "Init, data and per-step seed.")
-_LABEL_SMOOTHING = flags.DEFINE_float("label_smoothing", 0.1,
-                                      "Label smoothing epsilon.")
-_GRAD_ACCUM = flags.DEFINE_integer("grad_accum_steps", 1,
-                                   "Micro-batches per update.")
-_REMAT = flags.DEFINE_bool("remat", False,
-                           "Recompute layer activations in the backward pass.")
-_CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 1000,
-                                         "Save every N steps.")
-_KEEP = flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
-_EVAL_EVERY = flags.DEFINE_integer("eval_every", 1000,
-                                   "Dev CE every N steps (0: at the end).")
-_LOG_EVERY = flags.DEFINE_integer("log_every", 100, "Log every N steps.")
-_MAX_TRAIN_SECONDS = flags.DEFINE_float(
-    "max_train_seconds", 0.0,
-    "Stop (save, evaluate) once the training loop has run this many seconds "
-    "of wall-clock, summed over resumes (0: no budget).")
-_PATIENCE = flags.DEFINE_integer(
-    "early_stopping_patience", 0,
-    "Stop after this many dev evaluations (--eval_every) in a row without a "
-    "new best dev cross-entropy (0: off).")
-_MIN_DELTA = flags.DEFINE_float(
-    "early_stopping_min_delta", 0.0,
-    "A dev evaluation is a new best only if it improves on the best dev "
-    "cross-entropy by more than this many nats per token.")
-_MAX_NONFINITE = flags.DEFINE_integer(
-    "max_consecutive_nonfinite", 10, "Stop after this many skipped steps.")
-_CHECKPOINT_INPUT = flags.DEFINE_bool(
-    "checkpoint_input", True, "Save the input iterator in checkpoints.")
+# Run, optimiser and data settings: one flag per field of TrainConfig (its
+# AdafactorConfig included) and DataConfig, defaulting to the dataclass
+# defaults (m4moe.flagutil). A zoo entry given with --config may carry its own
+# optimiser recipe (configs/tiny/*: the small-model recipe), and explicit
+# flags win over it.
+flagutil.define_flags(train_lib.TrainConfig)
+flagutil.define_flags(inputs.DataConfig)
 _CHECK_CONFIG = flags.DEFINE_bool(
     "check_config", False, "Validate config, data and devices, then exit.")
 _DETERMINISTIC = flags.DEFINE_bool(
@@ -121,10 +86,6 @@ _MESH = flags.DEFINE_string(
     "mesh", "", "Device mesh, e.g. data:2,expert:4 (axes data, expert, "
     "model): GShard sharding over all devices (DTensor; XLA annotations "
     "with --tpu). Empty: no mesh.")
-# Optimiser: one flag per AdafactorConfig field (paper defaults); a zoo
-# entry given with --config may carry its own recipe (configs/tiny/*: the
-# small-model recipe), and explicit flags win over it.
-optimizer_lib.define_flags()
 
 
 def _model_config(overrides: dict[str, Any]) -> config_lib.ModelConfig:
@@ -145,31 +106,14 @@ def _optimizer_config() -> optimizer_lib.AdafactorConfig:
 
 def _configs():
   """(DataConfig, TrainConfig) from the flags; raises on invalid values."""
-  from m4moe import train as train_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
-  if not _MODEL_DIR.value:
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.model_dir:
     raise flags.ValidationError("--model_dir is required")
-  data = inputs.DataConfig(
-      corpus_dir=_CORPUS_DIR.value, vocab_dir=_VOCAB_DIR.value,
-      tfds_name=_TFDS_NAME.value, tfds_data_dir=_TFDS_DATA_DIR.value,
-      synthetic=_SYNTHETIC.value, languages=tuple(_LANGUAGES.value),
-      temperature=_TEMPERATURE.value, sequence_length=_SEQUENCE_LENGTH.value,
-      batch_tokens=_BATCH_TOKENS.value, pack=_PACK.value,
-      dev_split=_DEV_SPLIT.value, dev_batch_size=_DEV_BATCH_SIZE.value,
-      seed=_SEED.value)
-  train = train_lib.TrainConfig(
-      model_dir=_MODEL_DIR.value, train_steps=_TRAIN_STEPS.value,
-      seed=_SEED.value, label_smoothing=_LABEL_SMOOTHING.value,
-      grad_accum_steps=_GRAD_ACCUM.value, remat=_REMAT.value,
-      checkpoint_every=_CHECKPOINT_EVERY.value,
-      keep_checkpoints=_KEEP.value, eval_every=_EVAL_EVERY.value,
-      log_every=_LOG_EVERY.value,
-      max_train_seconds=_MAX_TRAIN_SECONDS.value,
-      early_stopping_patience=_PATIENCE.value,
-      early_stopping_min_delta=_MIN_DELTA.value,
-      max_consecutive_nonfinite=_MAX_NONFINITE.value,
-      checkpoint_input=_CHECKPOINT_INPUT.value,
-      batch_tokens=_BATCH_TOKENS.value, optimizer=_optimizer_config())
+  checkpointing.check_model_dir(flags.FLAGS.model_dir)
+  data = flagutil.from_flags(inputs.DataConfig, flags.FLAGS)
+  train = flagutil.from_flags(train_lib.TrainConfig, flags.FLAGS,
+                              batch_tokens=data.batch_tokens,
+                              optimizer=_optimizer_config())
   return data, train
 
 
@@ -211,7 +155,6 @@ def _make_sharding(mesh):
 def _check(data, strategy, model_config) -> list[str]:
   """Problems with data files and devices (config values are checked at
   construction already)."""
-  from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
   problems = inputs.check_data(data)
   replicas = strategy.num_replicas_in_sync
   if data.batch_rows % replicas:
@@ -231,8 +174,10 @@ def main(argv):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
   from m4moe import train as train_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
   from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
+  from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
   from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   try:
     mesh = mesh_lib.MeshShape.parse(_MESH.value) if _MESH.value else None
@@ -276,14 +221,20 @@ def main(argv):
     print(f"m4moe-train: config OK ({len(built.languages)} languages, "
           f"{devices} device(s))")
     return 0
-  result = train_lib.train(
-      model_fn=lambda: model_lib.Transformer(config=model_config,
-                                             sharding=sharding),
-      train_dataset=built.train, dev_datasets=built.dev, config=train,
-      model_config=model_config, strategy=strategy, sharding=sharding,
-      run_sections={"data": data.to_dict(),
-                    "languages": list(built.languages),
-                    "mesh": str(mesh) if mesh else None})
+  try:
+    result = train_lib.train(
+        model_fn=lambda: model_lib.Transformer(config=model_config,
+                                               sharding=sharding),
+        train_dataset=built.train, dev_datasets=built.dev, config=train,
+        model_config=model_config, strategy=strategy, sharding=sharding,
+        run_sections={"data": data.to_dict(),
+                      "languages": list(built.languages),
+                      "mesh": str(mesh) if mesh else None})
+  except (checkpointing.ModelDirError, checkpointing.CheckpointError,
+          run_lock.RunLockedError) as e:
+    logging.error("%s", e)
+    print(f"m4moe-train: {e}", file=sys.stderr)
+    return 1
   logging.info("Finished: %s", result)
   print(json.dumps({"step": result.step, "preempted": result.preempted,
                     "stopped_by": result.stopped_by,

@@ -17,6 +17,7 @@ import time
 from absl import app
 from absl import flags
 
+from m4moe import flagutil
 from m4moe.data import vocab
 
 _CORPUS_DIR = flags.DEFINE_string("corpus_dir", None,
@@ -24,31 +25,15 @@ _CORPUS_DIR = flags.DEFINE_string("corpus_dir", None,
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where models go.")
 _LANGUAGES = flags.DEFINE_list("languages", [],
                                "Languages to include (default: all).")
-_SOURCE_SIZE = flags.DEFINE_integer("source_vocab_size", 64000,
-                                    "Source (multilingual) pieces.")
-_TARGET_SIZE = flags.DEFINE_integer("target_vocab_size", 32000,
-                                    "Target (English) pieces.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 5.0,
-                                  "Language sampling temperature T.")
-_MAX_SENTENCES = flags.DEFINE_integer("max_sentences", 1_000_000,
-                                      "Sentences sampled for the source.")
-_COVERAGE = flags.DEFINE_float("character_coverage", 0.9995,
-                               "SentencePiece character coverage.")
-_MODEL_TYPE = flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"],
-                                "SentencePiece model type.")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+# One flag per VocabConfig field, with its defaults (m4moe.flagutil).
+flagutil.define_flags(vocab.VocabConfig)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    config = vocab.VocabConfig(
-        source_vocab_size=_SOURCE_SIZE.value,
-        target_vocab_size=_TARGET_SIZE.value, temperature=_TEMPERATURE.value,
-        max_sentences=_MAX_SENTENCES.value,
-        character_coverage=_COVERAGE.value, model_type=_MODEL_TYPE.value,
-        seed=_SEED.value)
+    config = flagutil.from_flags(vocab.VocabConfig, flags.FLAGS)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   start = time.time()

@@ -7,6 +7,8 @@
 * :mod:`m4moe.training.metrics` -- TensorBoard summaries, the JSONL metrics
   log and console lines.
 * :mod:`m4moe.training.distribute` -- single device / Mirrored / TPU strategy.
-* :mod:`m4moe.training.fixtures` -- a tiny stand-in model and a synthetic
-  parallel corpus for tests.
+* :mod:`m4moe.training.synthetic` -- the synthetic parallel data of
+  ``--synthetic_data`` (and of the tests).
+* :mod:`m4moe.training.toy_model` -- a tiny stand-in model for testing the
+  trainer.
 """

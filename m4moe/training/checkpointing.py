@@ -3,36 +3,79 @@
 Layout of a ``--model_dir``::
 
   config.json             effective config (model, training, data), atomic
-  checkpoint              TF's index file naming the latest complete ckpt
+  checkpoint              TF's state file naming the complete checkpoints
   ckpt-<step>.index/.data-*   model, optimiser slots, step, input iterator
   metrics.jsonl           see m4moe.training.metrics
   train/ eval/            TensorBoard event files
+  train.lock              the one writer's lock (m4moe.training.run_lock)
+  damaged/ckpt-<step>/    files of checkpoints found damaged (never deleted)
 
 Crash safety: ``tf.train.CheckpointManager.save`` writes the data and index
-files of ``ckpt-<step>`` first and only then (in a write callback) rewrites
-the ``checkpoint`` index file, atomically (temp file + rename). A ``kill -9``
-at any moment therefore leaves ``checkpoint`` naming the last *complete*
-checkpoint; a half-written ``ckpt-<step>`` is ignored and overwritten by the
-next save of that step. The tests verify this ordering with a subprocess
-killed inside the save.
+files of ``ckpt-<step>`` first (into ``ckpt-<step>_temp/``, then renamed)
+and only then (in a write callback) rewrites the ``checkpoint`` state file,
+atomically (temp file + rename). A ``kill -9`` at any moment therefore leaves
+``checkpoint`` naming the last *complete* checkpoint; a half-written
+``ckpt-<step>`` is ignored and overwritten by the next save of that step. The
+tests verify this ordering with a subprocess killed inside the save.
+
+Damage (a disk error, a copy cut short, a file deleted or edited by hand) is
+handled at start-up by :func:`recover_checkpoints`, before anything is
+restored: it removes the stale ``ckpt-<step>_temp/`` directories of killed
+saves, reads every tensor of the newest checkpoint (which checks the CRC32C
+checksums TF stores in the index) and, if that fails, moves the checkpoint's
+files into ``damaged/`` and tries the next older one. A missing or
+unparsable ``checkpoint`` state file is rebuilt from the ``ckpt-<step>``
+files on disk. A run that has no intact checkpoint left but had some is
+never restarted from step 0 (:class:`CheckpointError` says what to do), and
+neither is one whose ``metrics.jsonl`` shows checkpointed progress
+(:func:`check_fresh_start`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
+import re
+import shutil
 import signal
 import tempfile
 import threading
+import time
 from typing import Any, Mapping
 
 import tensorflow as tf
 from absl import logging
+from google.protobuf import text_format
+from tensorflow.python.checkpoint import checkpoint_management
 
 from m4moe import config as config_lib
+from m4moe.training import metrics as metrics_lib
 
 CONFIG_FILENAME = "config.json"
+STATE_FILENAME = "checkpoint"
+DAMAGED_DIRNAME = "damaged"
+PREFIX = "ckpt"
+
+# Exact names of what CheckpointManager.save writes for ckpt-<step>: the
+# index, the data shards, and (during the save) the temp directory of the
+# sharded writer with its part files; TF's atomic write of the state file
+# uses "<name>.tmp<uuid4 hex>".
+_CKPT_FILE = re.compile(
+    rf"^{PREFIX}-(\d+)\.(index|data-\d{{5}}-of-\d{{5}})$")
+_TEMP_DIR = re.compile(rf"^{PREFIX}-\d+_temp$")
+_TEMP_PART = re.compile(r"^part-\d{5}-of-\d{5}\.(index|data-\d{5}-of-\d{5})$")
+_STATE_TEMP = re.compile(rf"^{STATE_FILENAME}\.tmp[0-9a-f]{{32}}$")
+_DATA_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+
+
+class CheckpointError(RuntimeError):
+  """The run's checkpoints cannot be resumed; the message says what to do."""
+
+
+class ModelDirError(ValueError):
+  """``--model_dir`` cannot be used; the message names the path and the fix."""
 
 
 def write_json_atomic(path: str | os.PathLike[str], value: Any) -> None:
@@ -104,6 +147,353 @@ def _dict_diff(old: Mapping[str, Any], new: Mapping[str, Any],
   return out
 
 
+def check_model_dir(model_dir: str | os.PathLike[str]) -> None:
+  """Raises :class:`ModelDirError` unless ``model_dir`` is, or can become, a
+  writable directory. Creates nothing."""
+  path = pathlib.Path(model_dir)
+  flag = f"--model_dir={model_dir}"
+  if path.exists() and not path.is_dir():
+    raise ModelDirError(
+        f"{flag} is a file, not a directory: pass a directory (a new one, or "
+        "the --model_dir of the run to resume)")
+  existing = path
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  if existing != path and not existing.is_dir():
+    raise ModelDirError(f"{flag} cannot be created: {existing} is a file, not "
+                        "a directory; choose another --model_dir")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    where = ("is not writable" if existing == path else
+             f"cannot be created: {existing} is not writable")
+    raise ModelDirError(f"{flag} {where}; choose a directory you can write to "
+                        "or fix its permissions")
+
+
+def prepare_model_dir(model_dir: str | os.PathLike[str]) -> pathlib.Path:
+  """Checks ``model_dir`` (:func:`check_model_dir`) and creates it."""
+  check_model_dir(model_dir)
+  path = pathlib.Path(model_dir)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ModelDirError(
+        f"--model_dir={model_dir} cannot be created ({e.strerror}: "
+        f"{e.filename}); choose a directory you can write to") from e
+  return path
+
+
+@dataclasses.dataclass(frozen=True)
+class DamagedCheckpoint:
+  """A checkpoint that failed verification.
+
+  Attributes:
+    path: its prefix, ``MODEL_DIR/ckpt-<step>``.
+    reason: what was wrong with it.
+    moved_to: the directory its files were moved into (None: it had none).
+  """
+  path: str
+  reason: str
+  moved_to: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+  """What :func:`recover_checkpoints` found and did.
+
+  Attributes:
+    latest: prefix of the newest intact checkpoint (None: the run has none).
+    damaged: the checkpoints skipped because they are damaged, newest first.
+    removed: leftovers of killed saves that were removed.
+    state_rebuilt: why the state file was rewritten (None: it was not).
+  """
+  latest: str | None
+  damaged: tuple[DamagedCheckpoint, ...] = ()
+  removed: tuple[str, ...] = ()
+  state_rebuilt: str | None = None
+
+
+def remove_stale_temp(model_dir: str | os.PathLike[str]) -> list[str]:
+  """Removes what killed saves leave in ``model_dir``; returns their paths.
+
+  Only TF's own temp names are touched: ``ckpt-<step>_temp/`` directories
+  holding nothing but ``part-NNNNN-of-NNNNN.{index,data-*}`` files (the
+  sharded writer's), and ``checkpoint.tmp<32 hex>`` files (the state file's
+  atomic write). A temp-named directory holding anything else is left in
+  place with a warning. Call it only while holding the run's lock: a running
+  save's temp directory looks the same.
+  """
+  removed = []
+  for entry in sorted(pathlib.Path(model_dir).iterdir()):
+    if (_TEMP_DIR.match(entry.name) and entry.is_dir() and
+        not entry.is_symlink()):
+      others = sorted(p.name for p in entry.iterdir()
+                      if not (_TEMP_PART.match(p.name) and p.is_file()))
+      if others:
+        logging.warning(
+            "Leaving %s in place: it is named like the temp directory of a "
+            "killed checkpoint save but also holds %s, which the checkpoint "
+            "writer does not create", entry, ", ".join(others[:5]))
+        continue
+      shutil.rmtree(entry)
+      removed.append(str(entry))
+    elif _STATE_TEMP.match(entry.name) and entry.is_file():
+      entry.unlink()
+      removed.append(str(entry))
+  if removed:
+    logging.warning("Removed %d leftover(s) of killed checkpoint saves: %s",
+                    len(removed), ", ".join(removed))
+  return removed
+
+
+def _short_error(error: BaseException) -> str:
+  """A TF error's message without the op wrapper noise."""
+  text = getattr(error, "message", None) or str(error)
+  text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+  text = re.sub(r"\s*\[Op:\w+\]", "", text)
+  return f"{type(error).__name__}: {text.strip()}"
+
+
+def verify_checkpoint(prefix: str) -> str | None:
+  """None if checkpoint ``prefix`` is intact, else what is wrong with it.
+
+  Opens the index and reads every tensor back from the data files (one at a
+  time), so TF compares each tensor's bytes with the CRC32C stored in the
+  index: a truncated, missing or altered file is found. Costs one read of
+  the checkpoint.
+  """
+  index = f"{prefix}.index"
+  if not os.path.isfile(index):
+    return f"{os.path.basename(index)} is missing"
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    for name, dtype in sorted(reader.get_variable_to_dtype_map().items()):
+      tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
+                           shape_and_slices=[""], dtypes=[dtype])
+  except (tf.errors.OpError, ValueError, RuntimeError) as e:
+    return _short_error(e)
+  return None
+
+
+def _read_state(model_dir: pathlib.Path
+                ) -> tuple[list[int] | None, str | None, dict[int, float]]:
+  """(listed steps oldest first, problem, {step: save time}) of the state
+  file; steps is None if the file is missing or unusable."""
+  path = model_dir / STATE_FILENAME
+  if not path.exists():
+    return None, "missing", {}
+  try:
+    state = checkpoint_management.CheckpointState()
+    text_format.Merge(path.read_text(encoding="utf-8"), state)
+  except (OSError, UnicodeDecodeError, text_format.ParseError) as e:
+    return None, f"unreadable ({type(e).__name__}: {e})", {}
+  paths = list(state.all_model_checkpoint_paths)
+  if state.model_checkpoint_path and (
+      not paths or paths[-1] != state.model_checkpoint_path):
+    paths.append(state.model_checkpoint_path)
+  if not paths:
+    return None, "unreadable (it names no checkpoint)", {}
+  steps = []
+  for name in paths:
+    match = re.fullmatch(rf"{PREFIX}-(\d+)", os.path.basename(name))
+    if match is None:
+      return None, (f"unreadable (it names {name!r}, not a {PREFIX}-<step> "
+                    "checkpoint)"), {}
+    steps.append(int(match.group(1)))
+  times = list(state.all_model_checkpoint_timestamps)
+  stamps = dict(zip(steps, times)) if len(times) == len(steps) else {}
+  return sorted(set(steps)), None, stamps
+
+
+def _checkpoint_files(model_dir: pathlib.Path) -> dict[int, list[pathlib.Path]]:
+  """{step: its ckpt-<step>.index / .data-* files} on disk."""
+  out: dict[int, list[pathlib.Path]] = {}
+  for entry in sorted(model_dir.iterdir()):
+    match = _CKPT_FILE.match(entry.name)
+    if match and entry.is_file():
+      out.setdefault(int(match.group(1)), []).append(entry)
+  return out
+
+
+def _move_aside(model_dir: pathlib.Path, step: int,
+                files: list[pathlib.Path]) -> str | None:
+  """Moves a damaged checkpoint's files into ``damaged/ckpt-<step>[.n]/``."""
+  if not files:
+    return None
+  base = model_dir / DAMAGED_DIRNAME / f"{PREFIX}-{step}"
+  target, n = base, 1
+  while target.exists():
+    n += 1
+    target = base.with_name(f"{base.name}.{n}")
+  target.mkdir(parents=True)
+  for path in files:
+    os.replace(path, target / path.name)
+  return str(target)
+
+
+def _earlier_damaged(model_dir: pathlib.Path) -> list[str]:
+  damaged = model_dir / DAMAGED_DIRNAME
+  return sorted(str(p) for p in damaged.iterdir()) if damaged.is_dir() else []
+
+
+def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
+  """Makes ``model_dir``'s checkpoints safe to resume; see the module doc.
+
+  Removes leftovers of killed saves; takes the checkpoints the state file
+  lists (or, if it is missing or unparsable, every ``ckpt-<step>`` on disk)
+  and verifies them newest first until one is intact, moving each damaged
+  one's files into ``damaged/``; rewrites the state file if it was missing,
+  unparsable or named a damaged checkpoint. Checkpoints on disk that an
+  intact state file does not list are, if newer than its latest, saves
+  killed before their commit: they are left alone (the next save of that
+  step overwrites them); older ones (beyond ``max_to_keep`` of an earlier
+  run, or copied back from a backup) are tried only when every listed one
+  newer than them is damaged. Call it only while holding the run's lock
+  (:mod:`m4moe.training.run_lock`).
+
+  Returns:
+    Recovery; ``latest`` is None for a run without checkpoints.
+
+  Raises:
+    CheckpointError: the run had checkpoints but none is intact.
+  """
+  model_dir = pathlib.Path(model_dir)
+  removed = remove_stale_temp(model_dir)
+  on_disk = _checkpoint_files(model_dir)
+  listed, problem, stamps = _read_state(model_dir)
+  state_path = model_dir / STATE_FILENAME
+  if listed is None:
+    candidates = sorted(on_disk)
+  else:
+    candidates = sorted(set(listed) | {s for s in on_disk if s < listed[-1]})
+  rebuilt = None
+  if listed is None and candidates:
+    names = ", ".join(f"{PREFIX}-{s}" for s in candidates)
+    rebuilt = (f"{state_path} is {problem}; rebuilt it from the checkpoint "
+               f"files on disk ({names})")
+    logging.warning("%s", rebuilt)
+  damaged: list[DamagedCheckpoint] = []
+  latest = None
+  for step in reversed(candidates):
+    prefix = str(model_dir / f"{PREFIX}-{step}")
+    files = on_disk.get(step, [])
+    reason = (verify_checkpoint(prefix) if files else
+              f"the state file names it but no {PREFIX}-{step}.* file exists")
+    if reason is None:
+      latest = step
+      break
+    moved = _move_aside(model_dir, step, files)
+    damaged.append(DamagedCheckpoint(path=prefix, reason=reason,
+                                     moved_to=moved))
+    logging.warning("Skipping damaged checkpoint %s: %s.%s", prefix, reason,
+                    f" Its files were moved to {moved}." if moved else "")
+  if latest is None:
+    earlier = _earlier_damaged(model_dir)
+    if damaged or earlier or (listed is None and problem != "missing"):
+      raise CheckpointError(_no_intact_message(
+          model_dir, damaged=damaged, earlier=earlier,
+          state_problem=None if listed is not None else problem))
+    return Recovery(latest=None, removed=tuple(removed))
+  if damaged and rebuilt is None:
+    rebuilt = (f"{state_path} named damaged checkpoints "
+               f"({', '.join(d.path for d in damaged)}); rewrote it")
+  if rebuilt is not None:
+    # Listed (or, without a usable state file, found) and not damaged; an
+    # unlisted older checkpoint joins only as the one resumed from.
+    kept = sorted({s for s in (candidates if listed is None else listed)
+                   if s < latest} | {latest})
+    times = [_save_time(model_dir, s, stamps) for s in kept]
+    checkpoint_management.update_checkpoint_state_internal(
+        save_dir=str(model_dir), model_checkpoint_path=f"{PREFIX}-{latest}",
+        all_model_checkpoint_paths=[f"{PREFIX}-{s}" for s in kept],
+        save_relative_paths=True, all_model_checkpoint_timestamps=times,
+        last_preserved_timestamp=max(times))
+  path = str(model_dir / f"{PREFIX}-{latest}")
+  if damaged:
+    logging.warning("Resuming from %s, the newest intact checkpoint", path)
+  return Recovery(latest=path, damaged=tuple(damaged), removed=tuple(removed),
+                  state_rebuilt=rebuilt)
+
+
+def _save_time(model_dir: pathlib.Path, step: int,
+               stamps: Mapping[int, float]) -> float:
+  """When ``ckpt-<step>`` was saved: from the old state file, else its index."""
+  if step in stamps:
+    return stamps[step]
+  index = model_dir / f"{PREFIX}-{step}.index"
+  return os.path.getmtime(index) if index.exists() else time.time()
+
+
+def _no_intact_message(model_dir: pathlib.Path, *,
+                       damaged: list[DamagedCheckpoint], earlier: list[str],
+                       state_problem: str | None) -> str:
+  parts = []
+  if state_problem is not None:
+    parts.append(f"its state file {model_dir / STATE_FILENAME} is "
+                 f"{state_problem} and no {PREFIX}-<step> files are left")
+  for d in damaged:
+    parts.append(f"{d.path} is {'damaged' if d.moved_to else 'gone'} "
+                 f"({d.reason})" +
+                 (f", its files were moved to {d.moved_to}" if d.moved_to
+                  else ""))
+  earlier = [e for e in earlier if e not in {d.moved_to for d in damaged}]
+  if earlier:
+    parts.append(f"damaged checkpoints kept from earlier starts: "
+                 f"{', '.join(earlier)}")
+  return (f"--model_dir={model_dir} has no intact checkpoint left: "
+          f"{'; '.join(parts)}. Nothing was deleted, and training did not "
+          "start over (it would overwrite the run's metrics). To resume, "
+          f"copy an intact {PREFIX}-<step>.index and its .data-* files (e.g. "
+          "from a backup) into the directory and run again; to train from "
+          "step 0 instead, use a fresh --model_dir.")
+
+
+def check_fresh_start(model_dir: str | os.PathLike[str], *,
+                      checkpoint_every: int) -> None:
+  """Refuses to start from step 0 over a run that had checkpoints.
+
+  Called when :func:`recover_checkpoints` found none. A start from step 0
+  drops the records of every later step from ``metrics.jsonl``; that is
+  right for a run stopped before its first checkpoint (its steps are redone,
+  and the dropped records are logged) but would silently erase a run whose
+  checkpoints were lost: an ``end`` record, a resumed ``start`` or a step at
+  or past ``checkpoint_every`` (the smaller of this run's and the one in
+  ``config.json``) means a checkpoint was written.
+
+  Raises:
+    CheckpointError: the metrics show checkpointed progress.
+  """
+  model_dir = pathlib.Path(model_dir)
+  path = model_dir / metrics_lib.METRICS_FILENAME
+  if not path.is_file():
+    return
+  records = metrics_lib.read_metrics(path)
+  last = max((int(r.get("step") or 0) for r in records), default=0)
+  if last == 0:
+    return
+  every = checkpoint_every
+  try:
+    every = min(every, int(read_run_config(model_dir)["train"][
+        "checkpoint_every"]))
+  except (FileNotFoundError, KeyError, TypeError, ValueError):
+    pass
+  saved = (last >= every or any(
+      r.get("kind") == "end" or (r.get("kind") == "start" and r.get("step"))
+      for r in records))
+  if saved:
+    raise CheckpointError(
+        f"{path} records training up to step {last}, but --model_dir="
+        f"{model_dir} holds no checkpoint (no {PREFIX}-<step> files and no "
+        f"{STATE_FILENAME} state file), so that progress is lost or was "
+        "moved away. Not starting over: that would overwrite the metrics. "
+        f"Put the run's {STATE_FILENAME} and {PREFIX}-<step> files back to "
+        "resume, or use a fresh --model_dir (or move metrics.jsonl away) to "
+        "train from step 0.")
+  logging.warning(
+      "%s has records up to step %d of a run stopped before its first "
+      "checkpoint (every %d steps); starting from step 0 and dropping them",
+      path, last, every)
+
+
 class CheckpointKeeper:
   """``tf.train.Checkpoint`` + ``CheckpointManager`` numbered by step.
 
@@ -126,7 +516,12 @@ class CheckpointKeeper:
     return self.manager.latest_checkpoint
 
   def restore_latest(self) -> str | None:
-    """Restores the latest complete checkpoint; returns its path or None."""
+    """Restores the latest complete checkpoint; returns its path or None.
+
+    The state file is trusted here: run :func:`recover_checkpoints` on the
+    directory first (as :func:`m4moe.train.train` does), so that it names
+    only intact checkpoints.
+    """
     path = self.manager.latest_checkpoint
     if path is None:
       return None

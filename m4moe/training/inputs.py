@@ -11,34 +11,41 @@ Sources (exactly one):
   other language feature; loaded offline (``try_gcs=False``) from
   ``tfds_data_dir``.
 * ``synthetic``: the reverse-and-permute toy task of
-  :mod:`m4moe.training.fixtures` (no files; for smoke tests).
+  :mod:`m4moe.training.synthetic` (no files; for smoke tests).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 from typing import Any, Mapping
 
 import tensorflow as tf
 
-from m4moe.training import fixtures
+from m4moe import errors
+from m4moe import flagutil
+from m4moe.training import synthetic
 
 
-class DataConfigError(ValueError):
+class DataConfigError(errors.ConfigError):
   """A data setting is invalid; the message names the flag and the fix."""
+
+
+_require = functools.partial(errors.require, error=DataConfigError)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
-  """Input settings (each is an ``m4moe-train`` flag).
+  """Input settings (each is an ``m4moe-train`` flag, :mod:`m4moe.flagutil`;
+  ``synthetic`` is ``--synthetic_data``, ``seed`` the shared ``--seed``).
 
   Attributes:
     corpus_dir: built corpus directory.
     vocab_dir: directory with source.model / target.model.
     tfds_name: comma-separated TFDS translation dataset names.
     tfds_data_dir: TFDS data directory (offline).
-    synthetic: use the synthetic toy task.
+    synthetic: train on the synthetic toy task (no files; smoke runs).
     languages: languages to train on (empty: all of the corpus).
     temperature: T of the language sampling p_l ∝ n_l^(1/T).
     sequence_length: tokens per packed row and side.
@@ -53,7 +60,8 @@ class DataConfig:
   vocab_dir: str = ""
   tfds_name: str = ""
   tfds_data_dir: str = ""
-  synthetic: bool = False
+  synthetic: bool = dataclasses.field(
+      default=False, metadata=flagutil.metadata(flag="synthetic_data"))
   languages: tuple[str, ...] = ()
   temperature: float = 5.0
   sequence_length: int = 64
@@ -75,13 +83,11 @@ class DataConfig:
     if not self.synthetic and not self.vocab_dir:
       raise DataConfigError("--vocab_dir is required with --corpus_dir or "
                             "--tfds_name (run m4moe-vocab first)")
-    if self.batch_tokens < self.sequence_length:
-      raise DataConfigError(
-          f"--batch_tokens={self.batch_tokens} is invalid: use at least "
-          f"--sequence_length={self.sequence_length} (one row)")
-    if self.temperature <= 0:
-      raise DataConfigError(f"--temperature={self.temperature} is invalid: "
-                            "use a positive value (1 proportional, 5 M4)")
+    _require(self.batch_tokens >= self.sequence_length, "batch_tokens",
+             self.batch_tokens, f"use at least --sequence_length="
+             f"{self.sequence_length} (one row)")
+    _require(self.temperature > 0, "temperature", self.temperature,
+             "use a positive value (1 proportional, 5 M4)")
 
   @property
   def batch_rows(self) -> int:
@@ -114,13 +120,13 @@ SYNTHETIC_VOCAB = 64
 
 def _synthetic(config: DataConfig) -> Inputs:
   length = config.sequence_length
-  pairs = fixtures.synthetic_pairs(num_pairs=4096, vocab_size=SYNTHETIC_VOCAB,
-                                   max_length=min(length - 1, 16),
-                                   seed=config.seed)
-  train = fixtures.pairs_dataset(pairs[256:], batch_size=config.batch_rows,
-                                 length=length, shuffle_seed=config.seed)
-  dev = fixtures.pairs_dataset(pairs[:256], batch_size=config.dev_batch_size,
-                               length=length, shuffle_seed=None, repeat=False)
+  pairs = synthetic.synthetic_pairs(num_pairs=4096, vocab_size=SYNTHETIC_VOCAB,
+                                    max_length=min(length - 1, 16),
+                                    seed=config.seed)
+  train = synthetic.pairs_dataset(pairs[256:], batch_size=config.batch_rows,
+                                  length=length, shuffle_seed=config.seed)
+  dev = synthetic.pairs_dataset(pairs[:256], batch_size=config.dev_batch_size,
+                                length=length, shuffle_seed=None, repeat=False)
   return Inputs(train=train, dev={"syn": dev}, src_vocab_size=None,
                 tgt_vocab_size=None, languages=("syn",))
 

@@ -1,24 +1,28 @@
-"""Per-layer rematerialisation (``tf.recompute_grad``), model.py untouched.
+"""Per-layer rematerialisation (``tf.recompute_grad``) as a layer option.
 
-:func:`apply_remat` switches every layer in ``model.encoder_layers`` and
-``model.decoder_layers`` to a subclass whose ``__call__`` runs the original
-one under ``tf.recompute_grad``: the forward pass keeps only each layer's
-inputs and outputs, and the backward pass recomputes the activations inside
-the layer. The objects, their variables and the checkpoint layout stay the
-same (only ``__class__`` changes), and since all randomness is stateless
-(seed arguments), the recomputation repeats dropout and routing exactly.
+A layer whose ``__call__`` carries the :func:`rematerializable` decorator
+has a ``remat`` option (a constructor argument of the Transformer's encoder
+and decoder layers, ``Transformer(..., remat=True)``): with it on, the call
+runs under ``tf.recompute_grad``, so the forward pass keeps only the layer's
+inputs and outputs and the backward pass recomputes the activations inside
+the layer. Variables and the checkpoint layout do not change, and since all
+randomness is stateless (seed arguments), the recomputation repeats dropout
+and routing exactly. :func:`apply_remat` turns the option on for every layer
+of a built model (the trainer's ``--remat``, which gets its model from a
+``model_fn``).
 
 ``tf.recompute_grad`` differentiates only positional tensor arguments and
-returns nests of tensors, so the wrapper passes the float tensor keyword
-arguments (e.g. the decoder's cross-attention keys/values) positionally,
-flattens dataclass outputs (MoeOutput, RouterStats) to dicts of float
-tensors, and rebuilds them afterwards.
+returns nests of tensors, so :func:`remat_call` passes the float tensor
+keyword arguments (e.g. the decoder's cross-attention keys/values)
+positionally, flattens dataclass outputs (MoeOutput, RouterStats) to dicts
+of float tensors, and rebuilds them afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, TypeVar
 
 import tensorflow as tf
 
@@ -71,26 +75,45 @@ def remat_call(call: Callable[..., Any], x: tf.Tensor, **kwargs: Any) -> Any:
   return _unpack(template[0], packed)
 
 
-class _RematMixin:
-  """Runs the layer's ``__call__`` under ``tf.recompute_grad``."""
+_Call = TypeVar("_Call", bound=Callable[..., Any])
 
-  def __call__(self, x, **kwargs):
-    return remat_call(super().__call__, x, **kwargs)
+
+def rematerializable(call: _Call) -> _Call:
+  """Decorates a layer's ``__call__(self, x, **kwargs)`` with the remat option.
+
+  The decorated call runs as :func:`remat_call` when ``self.remat`` is true
+  and as itself otherwise; the layer sets ``self.remat`` in its constructor.
+  """
+  @functools.wraps(call)
+  def wrapper(self, x, **kwargs):
+    if not self.remat:
+      return call(self, x, **kwargs)
+    return remat_call(functools.partial(call, self), x, **kwargs)
+  wrapper.rematerializable = True
+  return wrapper  # type: ignore[return-value]
+
+
+def supports_remat(layer: Any) -> bool:
+  """True if ``layer``'s ``__call__`` honours a ``remat`` option."""
+  return getattr(type(layer).__call__, "rematerializable", False)
 
 
 def apply_remat(model: tf.Module) -> int:
-  """Enables per-layer remat on a Transformer in place; returns #layers.
+  """Turns the remat option on for every layer of a Transformer; #layers.
 
   Raises:
-    ValueError: the model has no ``encoder_layers``/``decoder_layers``.
+    ValueError: the model has no ``encoder_layers``/``decoder_layers``, or a
+      layer in them has no remat option.
   """
   count = 0
   for attr in _LAYER_LISTS:
     for layer in getattr(model, attr, ()):
-      cls = type(layer)
-      if issubclass(cls, _RematMixin):
-        continue
-      layer.__class__ = type(f"Remat{cls.__name__}", (_RematMixin, cls), {})
+      if not supports_remat(layer):
+        raise ValueError(
+            f"--remat: {type(layer).__name__} in {type(model).__name__}."
+            f"{attr} has no remat option; decorate its __call__ with "
+            "m4moe.training.remat.rematerializable and set self.remat")
+      layer.remat = True
       count += 1
   if not count:
     raise ValueError(

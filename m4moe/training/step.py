@@ -27,15 +27,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from m4moe import interfaces
 from m4moe import losses
 from m4moe import optimizer as optimizer_lib
 from m4moe import sharding as sharding_lib
 
-MODEL_KEYS = ("inputs", "targets", "inputs_segment_ids", "inputs_positions",
-              "targets_segment_ids", "targets_positions")
+MODEL_KEYS = interfaces.MODEL_KEYS
 
 
-def model_features(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+def model_features(batch: Mapping[str, tf.Tensor]) -> interfaces.ModelBatch:
   """The keys of ``batch`` the model consumes (drops e.g. ``lang``)."""
   return {k: v for k, v in batch.items() if k in MODEL_KEYS}
 
@@ -96,7 +96,7 @@ class StepRunner:
   """Builds and runs the compiled train and eval steps of one model.
 
   Args:
-    model: a contract ``Transformer``-like ``tf.Module`` (``model(batch,
+    model: a :class:`~m4moe.interfaces.TrainableModel` (``model(batch,
       training=..., seed=...)`` returns a ModelOutput).
     optimizer: a built :class:`m4moe.optimizer.Adafactor`.
     variables: the trained variables (given to ``optimizer.build``).
@@ -108,7 +108,7 @@ class StepRunner:
       variables before the update. Use it with the default strategy.
   """
 
-  def __init__(self, *, model: tf.Module, optimizer: optimizer_lib.Adafactor,
+  def __init__(self, *, model: interfaces.TrainableModel, optimizer: optimizer_lib.Adafactor,
                variables: Sequence[tf.Variable],
                strategy: tf.distribute.Strategy, label_smoothing: float,
                sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):

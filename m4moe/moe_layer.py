@@ -40,7 +40,10 @@ Per-row groups (``group_per_row=True``, used for decoding): each row of the
 and row b gets the capacity of its own real-token count n_b,
 ``moe.capacity(group_size=n_b)``, in buffers ``moe.capacity(group_size=L)``
 wide. Padding takes no slot, so a row's outputs depend only on its own real
-tokens: not on the other rows, nor on how much padding the batch adds.
+tokens: not on the other rows, nor on how much padding the batch adds. The
+dispatch path is resolved and run as for batch groups, from the per-row
+call's static sizes (G = B rows, S = L, C); the paths honour the per-row
+caps because they read the router's kept slots.
 """
 
 from __future__ import annotations

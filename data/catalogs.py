@@ -9,13 +9,40 @@ Catalogs are parsed with ``polib``. Each entry gives at most two pairs:
   something; "2" is the first count English writes in the plural). The rule
   is evaluated with the standard library's C-expression compiler
   (``gettext.c2py``). A catalog without a rule gets the Germanic one
-  (``n != 1``) and counts ``catalog:plural_header_missing``; an unparsable
-  rule skips that catalog's plural entries and counts
-  ``catalog:plural_header_broken`` with the file name.
+  (``n != 1``) and counts ``catalog:plural_header_missing``. A rule that does
+  not parse, fails when evaluated (``n/0``) or picks a form outside
+  ``0..nplurals-1`` for some n in 0..1000 skips that catalog's plural entries
+  and is a ``catalog:plural_header_broken`` problem.
 
 Entry-level rules counted here: ``entry:obsolete``, ``entry:fuzzy``,
 ``entry:empty_source`` (also the header entry is not a pair),
 ``entry:untranslated`` (empty translation), ``entry:plural_form_missing``.
+
+Damaged catalogs give only the entries that can be trusted; each damage is a
+:class:`Problem` naming the file (the build report lists them):
+
+* ``catalog:po_unterminated_string``: a ``.po`` line whose string literal
+  has no closing quote (polib would silently cut its last character). The
+  entries owning such lines are dropped (``entry:po_syntax``); a broken
+  header entry rejects the catalog (its charset and plural rule are
+  unknown).
+* ``catalog:mo_truncated``: a ``.mo`` whose string tables point past the end
+  of the file (or at strings without their NUL terminator). Every ``.mo``'s
+  tables are checked here; polib reads the intact ones, and a damaged one is
+  read here, keeping the entries whose table slots and strings lie inside
+  the file; the others count as ``entry:mo_out_of_bounds`` (and a
+  kept one its charset cannot decode as ``entry:undecodable``). Without
+  its header entry the catalog's plural entries are skipped
+  (``entry:plural_skipped_no_header``). A ``.mo`` too short for its 28-byte
+  header (empty) or with a wrong magic number is unreadable
+  (:class:`CatalogError`).
+* ``catalog:mojibake``: the catalog declares a legacy charset (say
+  ISO-8859-1) but an entry's bytes are UTF-8 (``é`` read as ``Ã©``): valid
+  UTF-8 that, read as UTF-8, has fewer controls, symbols and letters of a
+  foreign script than read as declared. Such entries are dropped
+  (``entry:mojibake``); ASCII entries and genuine legacy text (including
+  short GB2312/EUC-JP/CP1251 strings that happen to be valid UTF-8) are
+  kept.
 
 The language of a catalog comes from, in order: the directory above
 ``LC_MESSAGES`` (``.../de/LC_MESSAGES/app.mo``), the catalog's ``Language``
@@ -24,10 +51,14 @@ header when it is a valid locale, the file stem (``po/pt_BR.po``).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import gettext
 import pathlib
+import re
+import struct
+import unicodedata
 from typing import Callable, Iterator
 
 import polib
@@ -35,13 +66,43 @@ import polib
 from m4moe.data import languages
 
 CATALOG_SUFFIXES = (".po", ".mo")
-# Counter key prefix naming a catalog whose Plural-Forms rule is broken.
-BROKEN_PLURAL_PREFIX = "broken_plural_header_file:"
 _GERMANIC = "n != 1"
+# The plural rule is checked on these counts (every n gettext programs
+# commonly format, and rule boundaries such as n%100 up to 1000).
+_PLURAL_CHECK_COUNTS = range(0, 1001)
+_MO_MAGIC = 0x950412DE
+_MO_HEADER = 28  # magic, revision, N, O, T, hash size, hash offset
+_CHARSET = re.compile(r"charset\s*=\s*([\w.:-]+)", re.IGNORECASE)
+# A .po keyword line or continuation line whose string literal is closed.
+_PO_STRING_LINE = re.compile(
+    r'^(?:(?P<kw>msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?)\s+)?'
+    r'(?P<lit>".*)$')
+_PO_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"\s*')
 
 
 class CatalogError(ValueError):
   """A catalog cannot be read; the message names the file (and line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """A damaged part of a catalog or source tree, for the build report.
+
+  Attributes:
+    kind: counter name, e.g. ``"catalog:mo_truncated"``.
+    where: file (or ``file:line``) concerned.
+    reason: what is wrong and what was kept.
+  """
+
+  kind: str
+  where: str
+  reason: str
+
+
+def _add_problem(problems: list[Problem], counts: collections.Counter,
+                 kind: str, where: str, reason: str) -> None:
+  counts[kind] += 1
+  problems.append(Problem(kind, where, reason))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,21 +123,40 @@ class RawPair:
 
 
 def _plural_rule(header: str | None, counts: collections.Counter,
+                 problems: list[Problem],
                  path: str) -> Callable[[int], int] | None:
-  """Compiles a ``Plural-Forms`` header value; None when it is broken."""
-  expr = _GERMANIC
+  """Compiles and checks a ``Plural-Forms`` header; None when it is broken."""
+  expr, nplurals = _GERMANIC, 2
   if header is None:
     counts["catalog:plural_header_missing"] += 1
   else:
-    parts = dict(p.strip().split("=", 1) for p in header.split(";")
-                 if "=" in p)
+    # Keys are the last word before "=": some catalogs repeat the header
+    # name in the value ("Plural-Forms: nplurals=2; plural=n != 1;").
+    parts = {key.replace(":", " ").split()[-1] if key.strip() else "": value
+             for key, _, value in (p.partition("=") for p in header.split(";")
+                                   if "=" in p)}
     expr = parts.get("plural", "").strip()
+    try:
+      nplurals = int(parts.get("nplurals", "").strip())
+    except ValueError:
+      nplurals = 0
   try:
-    return gettext.c2py(expr)
-  except (ValueError, SyntaxError, RecursionError):
-    counts["catalog:plural_header_broken"] += 1
-    counts[f"{BROKEN_PLURAL_PREFIX}{path}"] += 1
+    if nplurals < 1:
+      raise ValueError(f"nplurals must be a positive integer in {header!r}")
+    rule = gettext.c2py(expr)
+    for n in _PLURAL_CHECK_COUNTS:
+      form = rule(n)
+      if not 0 <= form < nplurals:
+        raise ValueError(f"plural({n}) = {form} is not a form in "
+                         f"0..{nplurals - 1}")
+  except Exception as e:  # pylint: disable=broad-except
+    # c2py raises ValueError/SyntaxError/RecursionError; evaluating it
+    # raises ZeroDivisionError (n/0, n%0) or anything the expression does.
+    _add_problem(problems, counts, "catalog:plural_header_broken", path,
+                 f"Plural-Forms {expr!r}: {type(e).__name__}: {e}; plural "
+                 "entries skipped")
     return None
+  return rule
 
 
 def _looks_like_locale(name: str) -> bool:
@@ -102,8 +182,151 @@ def catalog_locale(path: pathlib.Path, header_language: str | None) -> str:
       f"{path}: no locale directory, locale file name or Language header")
 
 
-def load_catalog(path: pathlib.Path) -> polib._BaseFile:
-  """Parses a ``.po`` or ``.mo`` file with polib.
+def _mo_charset(header: bytes) -> str:
+  match = _CHARSET.search(header.decode("ascii", errors="replace"))
+  return match.group(1) if match else "utf-8"
+
+
+def _mo_entry(msgid: bytes, msgstr: bytes, charset: str) -> polib.MOEntry:
+  """One polib entry from the raw strings of a ``.mo`` table slot."""
+  def text(raw: bytes) -> str:
+    return raw.decode(charset)
+  context = None
+  if b"\x04" in msgid:
+    raw_context, msgid = msgid.split(b"\x04", 1)
+    context = text(raw_context)
+  ids = msgid.split(b"\x00")
+  if len(ids) > 1:
+    return polib.MOEntry(
+        msgctxt=context, msgid=text(ids[0]), msgid_plural=text(ids[1]),
+        msgstr_plural={i: text(v) for i, v in enumerate(msgstr.split(b"\x00"))})
+  return polib.MOEntry(msgctxt=context, msgid=text(msgid), msgstr=text(msgstr))
+
+
+def _load_mo(path: pathlib.Path, counts: collections.Counter,
+             problems: list[Problem]) -> polib.MOFile:
+  """Validates a ``.mo``'s tables; polib reads it when they are intact.
+
+  A table slot is trusted when the slot itself, and the string it points to
+  plus that string's NUL terminator, lie inside the file.
+  """
+  data = path.read_bytes()
+  if len(data) < _MO_HEADER:
+    raise CatalogError(
+        f"{path}: {'empty' if not data else 'truncated'} .mo file "
+        f"({len(data)} bytes; the header alone is {_MO_HEADER})")
+  for order in ("<", ">"):
+    if struct.unpack_from(f"{order}I", data)[0] == _MO_MAGIC:
+      break
+  else:
+    raise CatalogError(f"{path}: not a .mo file (wrong magic number)")
+  revision, n, o_off, t_off = struct.unpack_from(f"{order}4I", data, 4)
+  if revision >> 16 not in (0, 1):
+    raise CatalogError(f"{path}: unsupported .mo major revision "
+                       f"{revision >> 16}")
+  size = len(data)
+
+  def string(table: int, i: int) -> bytes | None:
+    slot = table + 8 * i
+    if slot + 8 > size:
+      return None
+    length, offset = struct.unpack_from(f"{order}2I", data, slot)
+    if offset + length >= size or data[offset + length] != 0:
+      return None  # runs past the end, or its NUL terminator is missing
+    return data[offset:offset + length]
+
+  raw = [(string(o_off, i), string(t_off, i))
+         for i in range(min(n, max(0, (size - min(o_off, t_off)) // 8)))]
+  good = [(k, v) for k, v in raw if k is not None and v is not None]
+  lost = n - len(good)
+  if not lost:
+    return polib.mofile(str(path))
+  counts["entry:mo_out_of_bounds"] += lost
+  header = next((v for k, v in good if k == b""), None)
+  _add_problem(
+      problems, counts, "catalog:mo_truncated", str(path),
+      f"{lost} of {n} table entries point outside the {size}-byte file "
+      f"(truncated or corrupt .mo); kept the {len(good)} inside it"
+      + ("" if header is not None else
+         "; header entry lost: plural entries skipped"))
+  charset = _mo_charset(header or b"")
+  mo = polib.MOFile(encoding=charset)
+  if header is not None:
+    for line in header.decode(charset).splitlines():
+      key, _, value = line.partition(":")
+      if key.strip():
+        mo.metadata[key.strip()] = value.strip()
+  for msgid, msgstr in good:
+    if not msgid:
+      continue
+    try:
+      entry = _mo_entry(msgid, msgstr, charset)
+    except (UnicodeDecodeError, LookupError):
+      counts["entry:undecodable"] += 1
+      continue
+    if entry.msgid_plural and header is None:
+      counts["entry:plural_skipped_no_header"] += 1
+      continue
+    mo.append(entry)
+  return mo
+
+
+def _unterminated_lines(path: pathlib.Path) -> list[int]:
+  """Numbers of the ``.po`` lines whose string literal is not closed."""
+  bad = []
+  # Quotes, backslashes and newlines are ASCII in every charset catalogs
+  # use; str.splitlines would also split at latin-1 \x85 (a UTF-8 byte).
+  text = path.read_bytes().decode("latin-1")
+  for lineno, line in enumerate(text.split("\n"), start=1):
+    stripped = line.strip()
+    if not stripped or stripped.startswith("#"):
+      continue  # comments, obsolete (#~) entries: never pairs
+    match = _PO_STRING_LINE.match(stripped)
+    if match is not None and not _PO_LITERAL.fullmatch(match["lit"]):
+      bad.append(lineno)  # (lines matching nothing: polib rejects them)
+  return bad
+
+
+def _load_po(path: pathlib.Path, counts: collections.Counter,
+             problems: list[Problem]) -> polib.POFile:
+  """polib's parse, minus the entries owning an unterminated string.
+
+  An entry owns the lines from its ``linenum`` (polib: its first comment or
+  keyword line) to the next entry's; lines before the first entry are the
+  header's.
+  """
+  if not path.is_file():  # polib would take the name for the contents
+    raise CatalogError(f"{path}: not a regular file (polib reads .po files "
+                       "by name); copy it to a file first")
+  catalog = polib.pofile(str(path))
+  bad = _unterminated_lines(path)
+  if not bad:
+    return catalog
+  lines = ", ".join(str(lineno) for lineno in bad[:10])
+  starts = sorted(e.linenum for e in catalog)
+  if not starts or bad[0] < starts[0]:
+    raise CatalogError(f"{path}: unterminated string in the header entry "
+                       f"(line {lines}): charset and plural rule unknown")
+  owners = {starts[bisect.bisect_right(starts, lineno) - 1] for lineno in bad}
+  kept = polib.POFile(encoding=catalog.encoding)
+  kept.metadata = catalog.metadata
+  kept.extend(e for e in catalog if e.linenum not in owners)
+  dropped = len(catalog) - len(kept)
+  counts["entry:po_syntax"] += dropped
+  _add_problem(problems, counts, "catalog:po_unterminated_string", str(path),
+               f"unterminated string literal on line {lines}; dropped the "
+               f"{dropped} entries owning those lines, kept {len(kept)}")
+  return kept
+
+
+def load_catalog(path: pathlib.Path, *, counts: collections.Counter,
+                 problems: list[Problem]) -> polib._BaseFile:
+  """Parses a ``.po`` or ``.mo`` file, keeping only trustworthy entries.
+
+  Args:
+    path: the catalog.
+    counts: gets the ``entry:*``/``catalog:*`` counters of damaged parts.
+    problems: gets a :class:`Problem` per damaged catalog (module docstring).
 
   Raises:
     CatalogError: the file is unreadable, not valid UTF-8/declared encoding,
@@ -112,11 +335,59 @@ def load_catalog(path: pathlib.Path) -> polib._BaseFile:
   """
   try:
     if path.suffix == ".mo":
-      return polib.mofile(str(path))
-    return polib.pofile(str(path))
+      return _load_mo(path, counts, problems)
+    return _load_po(path, counts, problems)
   except (OSError, IOError, ValueError, UnicodeDecodeError, LookupError,
-          IndexError, KeyError) as e:
+          IndexError, KeyError, struct.error) as e:
+    if isinstance(e, CatalogError):
+      raise
     raise CatalogError(f"{path}: cannot parse catalog: {e}") from e
+
+
+def _oddities(text: str, script: str | None) -> int:
+  """Characters of ``text`` unlikely in a translation into a language
+  written in ``script`` (None: Latin): controls, symbols, letters of another
+  script, and what UTF-8 bytes become in Latin-1: a lead byte U+00C2-U+00F4
+  right before a continuation byte U+0080-U+00BF (``Ã©``, ``Â«``)."""
+  odd = 0
+  previous = ""
+  for ch in text:
+    if not ch.isascii():
+      category = unicodedata.category(ch)
+      if category[0] in "CS" or category == "No" or (
+          category[0] == "L" and not languages.letter_in_script(ch, script)):
+        odd += 1
+      if "\u00c2" <= previous <= "\u00f4" and "\u0080" <= ch <= "\u00bf":
+        odd += 1
+    previous = ch
+  return odd
+
+
+def _is_mojibake(text: str, charset: str, script: str | None) -> bool:
+  """Whether ``text``, decoded from ``charset``, was really UTF-8 bytes.
+
+  The bytes must be valid UTF-8 (and not ASCII), and read as UTF-8 they
+  must look more like the language than read as ``charset`` (fewer
+  :func:`_oddities`): short GB2312, EUC-JP or CP1251 strings are sometimes
+  valid UTF-8 too, but then they read as letters of a foreign script.
+  """
+  try:
+    raw = text.encode(charset)
+    if raw.isascii():
+      return False
+    as_utf8 = raw.decode("utf-8")
+  except (UnicodeError, LookupError):
+    return False
+  return _oddities(as_utf8, script) < _oddities(text, script)
+
+
+def _declared_charset(catalog: polib._BaseFile) -> str | None:
+  """The catalog's non-UTF-8 charset, or None (UTF-8, or none declared)."""
+  match = _CHARSET.search(catalog.metadata.get("Content-Type", ""))
+  if match is None:
+    return None
+  charset = match.group(1).lower().replace("_", "-")
+  return None if charset in ("utf-8", "utf8") else charset
 
 
 def _entry_pairs(entry, plural: Callable[[int], int] | None,
@@ -139,19 +410,23 @@ def _entry_pairs(entry, plural: Callable[[int], int] | None,
       counts["entry:plural_form_missing"] += 1
 
 
-def read_catalog(path: pathlib.Path, *,
-                 counts: collections.Counter) -> Iterator[RawPair]:
+def read_catalog(path: pathlib.Path, *, counts: collections.Counter,
+                 problems: list[Problem] | None = None) -> Iterator[RawPair]:
   """Yields the raw pairs of one catalog, counting skipped entries.
 
   Args:
     path: a ``.po`` or ``.mo`` file.
     counts: updated with ``entry:*`` and ``catalog:*`` counters.
+    problems: gets a :class:`Problem` naming the file for each damage found
+      (broken plural rule, truncated ``.mo``, unterminated ``.po`` string,
+      mojibake); each is counted in ``counts`` too.
 
   Raises:
     CatalogError: unreadable catalog (see :func:`load_catalog`).
     languages.UnknownLanguageError: the locale cannot be determined.
   """
-  catalog = load_catalog(path)
+  problems = [] if problems is None else problems
+  catalog = load_catalog(path, counts=counts, problems=problems)
   locale = catalog_locale(path, catalog.metadata.get("Language"))
   lang = languages.normalize_language(locale)
   if lang is None:
@@ -160,7 +435,10 @@ def read_catalog(path: pathlib.Path, *,
   plural = None
   if any(e.msgid_plural for e in catalog):
     plural = _plural_rule(catalog.metadata.get("Plural-Forms"), counts,
-                          str(path))
+                          problems, str(path))
+  charset = _declared_charset(catalog)
+  script = languages.expected_script(lang)
+  mojibake = 0
   for entry in catalog:
     if getattr(entry, "obsolete", False):
       counts["entry:obsolete"] += 1
@@ -168,6 +446,15 @@ def read_catalog(path: pathlib.Path, *,
       counts["entry:fuzzy"] += 1
     elif not entry.msgid:
       counts["entry:empty_source"] += 1
+    elif charset and any(_is_mojibake(text, charset, script) for text in (
+        entry.msgid, entry.msgid_plural, entry.msgstr,
+        *entry.msgstr_plural.values())):
+      mojibake += 1
     else:
       for source, target in _entry_pairs(entry, plural, counts):
         yield RawPair(lang, source, target, str(path))
+  if mojibake:
+    counts["entry:mojibake"] += mojibake
+    _add_problem(problems, counts, "catalog:mojibake", str(path),
+                 f"declares charset {charset} but {mojibake} entries are "
+                 "UTF-8 bytes (mojibake); dropped them")

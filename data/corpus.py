@@ -7,21 +7,40 @@ Output layout (``output_dir``)::
                    # train rows in a fixed pseudo-random order)
   report.json      # every counter, per-language counts, sources, timing
   split_keys.txt   # the dev/test group ids used (copy or freshly chosen)
+  .m4moe-corpus.json  # marker: this directory is a corpus this builder wrote,
+                   # with the list of its files
 
 Sources are read in a fixed order (recipe pins, then local ``sources`` in the
 order given) and the first occurrence of a (lang, english, x) triple is the
 one kept, so the output is a pure function of the inputs. Everything is
 written under a temporary directory next to ``output_dir`` and renamed into
 place at the end: a killed build leaves the previous output (or nothing).
-A killed build's temporary directory is deleted by the next build.
-Unreadable catalogs, unknown locales and bad TSV lines are skipped and listed
-with their file (and line) in the report; nothing is dropped without a count.
+A killed build's temporary directory (recognised by the marker written into
+it first, or empty) is deleted by the next build.
+
+``output_dir`` is only replaced when it is missing, empty, or a corpus this
+builder wrote: it has the marker and no file the marker does not list (or,
+for corpora built before the marker existed, nothing but ``report.json``,
+``split_keys.txt`` and ``{train,dev,test}/*.tsv``). Anything else (``.``,
+a sources directory, a directory with other files) is refused with
+:class:`OutputDirError` unless ``overwrite`` is set; a directory that holds
+a source, the cache, the recipe, the split keys or the working directory is
+refused even then.
+
+Unreadable catalogs, unknown locales, damaged catalogs (see
+``catalogs.py``), catalogs whose parsing raised anything
+(``catalog:parser_error``) or killed the worker process
+(``catalog:worker_crashed``, see ``worker_pool.py``), symlink loops and bad
+TSV lines are skipped and listed with their file (and line) in the report;
+nothing is dropped without a count, and no single bad file stops a build.
+Worker processes die with the builder, even on ``kill -9``; SIGTERM stops the
+build in order (:class:`BuildInterrupted`).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -30,19 +49,38 @@ import os
 import pathlib
 import random
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import zlib
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator
 
 from m4moe.data import catalogs
 from m4moe.data import cleaning
 from m4moe.data import languages
 from m4moe.data import sources
 from m4moe.data import split
+from m4moe.data import worker_pool
 
 _MAX_LISTED_PROBLEMS = 200
 _CHUNKSIZE = 8
+MARKER = ".m4moe-corpus.json"
+_MARKER_FORMAT = "m4moe-corpus"
+_LEGACY_FILES = ("report.json", "split_keys.txt")
+
+
+class OutputDirError(ValueError):
+  """``output_dir`` is not safe to replace; the message says what to do."""
+
+
+class SplitKeysError(ValueError):
+  """The frozen split-key file is malformed; the message names file, line."""
+
+
+class BuildInterrupted(BaseException):
+  """SIGTERM stopped the build (a BaseException, like KeyboardInterrupt, so
+  no ``except Exception`` swallows it); the previous output is unchanged."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +101,8 @@ class BuildConfig:
     split_config: dev/test sizes when choosing afresh.
     cleaning: cleaning thresholds.
     workers: processes parsing catalogs (1 = in-process).
+    overwrite: replace ``output_dir`` even when it is not a corpus this
+      builder wrote (module docstring).
   """
 
   output_dir: pathlib.Path
@@ -76,6 +116,7 @@ class BuildConfig:
   split_config: split.SplitConfig = split.SplitConfig()
   cleaning: cleaning.CleaningConfig = cleaning.CleaningConfig()
   workers: int = 2
+  overwrite: bool = False
 
   def __post_init__(self):
     if self.recipe_dir is None and not self.sources:
@@ -96,22 +137,39 @@ class _Problems:
 
   def add(self, kind: str, where: str, reason: str) -> None:
     self.counts[kind] += 1
+    self._list(kind, where, reason)
+
+  def extend(self, found: Iterable[catalogs.Problem]) -> None:
+    """Lists problems already counted (by the worker that found them)."""
+    for problem in found:
+      self._list(problem.kind, problem.where, problem.reason)
+
+  def _list(self, kind: str, where: str, reason: str) -> None:
     if len(self.listed) < _MAX_LISTED_PROBLEMS:
       self.listed.append({"kind": kind, "where": where, "reason": reason})
 
 
 def _process_catalog(args) -> tuple[list[tuple[str, str, str]],
-                                    collections.Counter, str, str]:
+                                    collections.Counter,
+                                    list[catalogs.Problem]]:
   """Worker: parse + clean one catalog.
 
   Returns:
-    (pairs, counts, problem kind, error message); kind "" when fine.
+    (pairs, counts, problems): problems are already counted in ``counts``.
+    Any exception is a problem of the file; one bad catalog never stops the
+    build.
   """
   path, config, selected = args
   counts = collections.Counter()
+  problems: list[catalogs.Problem] = []
   pairs = []
+
+  def failed(kind: str, reason: str):
+    counts[kind] += 1
+    return [], counts, problems + [catalogs.Problem(kind, str(path), reason)]
+
   try:
-    for raw in catalogs.read_catalog(path, counts=counts):
+    for raw in catalogs.read_catalog(path, counts=counts, problems=problems):
       if selected and raw.lang not in selected:
         counts["pair:language_not_selected"] += 1
         continue
@@ -124,26 +182,41 @@ def _process_catalog(args) -> tuple[list[tuple[str, str, str]],
       else:
         pairs.append((raw.lang, result.source, result.target))
   except languages.UnknownLanguageError as e:
-    return [], counts, "catalog:unknown_language", str(e)
+    return failed("catalog:unknown_language", str(e))
   except (catalogs.CatalogError, UnicodeError, OSError, ValueError) as e:
-    return [], counts, "catalog:unreadable", f"{type(e).__name__}: {e}"
-  return pairs, counts, "", ""
+    return failed("catalog:unreadable", f"{type(e).__name__}: {e}")
+  except Exception as e:  # pylint: disable=broad-except
+    # A parser bug or a file polib was not made for: this catalog only.
+    return failed("catalog:parser_error", f"{type(e).__name__}: {e}")
+  return pairs, counts, problems
 
 
 def _read_tsv(path: pathlib.Path, config: BuildConfig,
               problems: _Problems) -> Iterator[tuple[str, str, str]]:
-  """Yields cleaned pairs of a ``lang<TAB>english<TAB>x`` file."""
+  """Yields cleaned pairs of a ``lang<TAB>english<TAB>x`` file.
+
+  Lines are decoded one by one: an undecodable line is counted
+  (``tsv:undecodable_line``, with ``file:line``) and the others kept.
+  """
   counts = problems.counts
-  with open(path, encoding="utf-8", errors="strict") as f:
+  try:
+    with open(path, "rb") as f:
+      raw_lines = f.read().split(b"\n")
+  except OSError as e:
+    problems.add("tsv:unreadable_file", str(path), str(e))
+    return
+  if raw_lines and not raw_lines[-1]:
+    raw_lines.pop()  # the newline ending the last line
+  for lineno, raw in enumerate(raw_lines, start=1):
     try:
-      lines = list(enumerate(f, start=1))
+      line = raw.decode("utf-8").rstrip("\r")
     except UnicodeDecodeError as e:
-      problems.add("tsv:unreadable_file", str(path), str(e))
-      return
-  for lineno, line in lines:
+      problems.add("tsv:undecodable_line", f"{path}:{lineno}",
+                   f"not UTF-8 ({e.reason} at byte {e.start}); line skipped")
+      continue
     if not line.strip() or line.startswith("#"):
       continue
-    fields = line.rstrip("\n").split("\t")
+    fields = line.split("\t")
     if len(fields) != 3:
       problems.add("tsv:bad_line", f"{path}:{lineno}",
                    f"expected 3 tab-separated fields, got {len(fields)}")
@@ -193,40 +266,65 @@ def _fetch_recipe(config: BuildConfig, problems: _Problems,
   return dirs
 
 
-def _parallel_map(fn, items: Sequence, workers: int) -> Iterable:
-  if workers == 1 or len(items) < 2:
-    return map(fn, items)
-  pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers)
-  return _closing_map(pool, fn, items)
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+  """Turns SIGTERM into :class:`BuildInterrupted` in the main thread, so the
+  build stops its workers and deletes its temporary directory."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def handle(signum, frame):
+    del frame
+    raise BuildInterrupted(f"stopped by {signal.Signals(signum).name}; the "
+                           "previous output (if any) is unchanged")
+  previous = signal.signal(signal.SIGTERM, handle)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
-def _closing_map(pool, fn, items) -> Iterator:
-  with pool:
-    yield from pool.map(fn, items, chunksize=_CHUNKSIZE)
+def _catalog_crashed(job, reason: str):
+  """Stands in for :func:`_process_catalog` of a catalog that killed its
+  worker process twice."""
+  path = job[0]
+  counts = collections.Counter({"catalog:worker_crashed": 1})
+  return [], counts, [catalogs.Problem("catalog:worker_crashed", str(path),
+                                       reason)]
 
 
-def _cleaned_pairs(config: BuildConfig, problems: _Problems,
-                   report: dict) -> Iterator[tuple[str, str, str]]:
+@contextlib.contextmanager
+def _catalog_mapper(workers: int) -> Iterator[Callable[[list], Iterable]]:
+  """A function mapping :func:`_process_catalog` over jobs, in order: in
+  this process for one worker, else in a :class:`worker_pool.WorkerPool`
+  that ends with the build."""
+  if workers == 1:
+    yield lambda jobs: map(_process_catalog, jobs)
+    return
+  with worker_pool.WorkerPool(workers=workers, chunksize=_CHUNKSIZE) as pool:
+    yield lambda jobs: pool.map(_process_catalog, jobs,
+                                on_crash=_catalog_crashed)
+
+
+def _cleaned_pairs(config: BuildConfig, problems: _Problems, report: dict,
+                   map_catalogs: Callable[[list], Iterable]
+                   ) -> Iterator[tuple[str, str, str]]:
   """All cleaned pairs in a fixed source order (before dedup)."""
   roots = _fetch_recipe(config, problems, report) if config.recipe_dir else []
   local = [s for s in config.sources if s.suffix != ".tsv"]
   tsvs = [s for s in config.sources if s.suffix == ".tsv"]
-  files = [f for root in roots for f in sources.find_catalogs(root)]
-  files += sources.iter_source_files(local)
+  walk = sources.SourceWalk()
+  files = [f for root in roots for f in walk.find_catalogs(root)]
+  files += sources.iter_source_files(local, walk=walk)
+  for problem in walk.problems:
+    problems.add(problem.kind, problem.where, problem.reason)
   problems.counts["catalog:files"] += len(files)
   selected = frozenset(config.languages)
   jobs = [(f, config.cleaning, selected) for f in files]
-  for path, (pairs, counts, kind, error) in zip(
-      files, _parallel_map(_process_catalog, jobs, config.workers)):
-    for key in [k for k in counts if k.startswith(
-        catalogs.BROKEN_PLURAL_PREFIX)]:
-      problems.listed.append({"kind": "catalog:plural_header_broken",
-                              "where": key[len(catalogs.BROKEN_PLURAL_PREFIX):],
-                              "reason": "plural entries skipped"})
-      del counts[key]
-    problems.counts.update(counts)
-    if kind:
-      problems.add(kind, str(path), error)
+  for pairs, counts, found in map_catalogs(jobs):
+    problems.counts.update(counts)  # (includes the problems' own counts)
+    problems.extend(found)
     yield from pairs
   for tsv in tsvs:
     yield from _read_tsv(tsv, config, problems)
@@ -270,12 +368,29 @@ def _stage(pairs: Iterable[tuple[str, str, str]], staging: pathlib.Path,
   return dict(group_languages)
 
 
-def _split_keys(config: BuildConfig, group_languages: dict[str, int],
-                report: dict) -> split.SplitKeys:
+def _frozen_split_keys(config: BuildConfig) -> split.SplitKeys | None:
+  """The ``split_keys`` file's keys (None: choose afresh), read before the
+  build starts so a bad file fails fast.
+
+  Raises:
+    SplitKeysError: the file is malformed or unreadable.
+  """
   path = config.split_keys
-  if path is not None and path.exists():
-    report["split_keys"] = {"frozen_file": str(path)}
+  if path is None or not path.exists():
+    return None
+  try:
     return split.load_split_keys(path)
+  except (ValueError, OSError) as e:
+    raise SplitKeysError(f"--split_keys: {e}; fix the file, or pass "
+                         "--split_keys= to choose dev/test afresh") from e
+
+
+def _split_keys(config: BuildConfig, frozen: split.SplitKeys | None,
+                group_languages: dict[str, int],
+                report: dict) -> split.SplitKeys:
+  if frozen is not None:
+    report["split_keys"] = {"frozen_file": str(config.split_keys)}
+    return frozen
   report["split_keys"] = {"chosen_fresh": dataclasses.asdict(
       config.split_config)}
   return split.choose_split_keys(group_languages, config=config.split_config)
@@ -323,24 +438,132 @@ def _summary(per_lang: dict[str, dict[str, int]]) -> dict:
   }
 
 
+def _tree_files(root: pathlib.Path) -> list[str]:
+  """Relative paths of the files (and links) under ``root``, no link
+  followed."""
+  out = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    rel = pathlib.Path(dirpath).relative_to(root)
+    out.extend(str(rel / name) for name in filenames)
+    out.extend(str(rel / name) for name in dirnames
+               if os.path.islink(os.path.join(dirpath, name)))
+  return sorted(out)
+
+
+def _unexpected_files(output_dir: pathlib.Path) -> list[str] | None:
+  """Files of ``output_dir`` a rebuild must not delete; None when it is not
+  a corpus this builder wrote at all."""
+  files = _tree_files(output_dir)
+  marker = output_dir / MARKER
+  if marker.is_file():
+    try:
+      manifest = json.loads(marker.read_text(encoding="utf-8"))
+      listed = set(manifest["files"]) | {MARKER}
+      if manifest.get("format") != _MARKER_FORMAT:
+        return None
+    except (ValueError, KeyError, TypeError, OSError):
+      return None
+    return [f for f in files if f not in listed]
+  if "report.json" not in files:
+    return None
+  def ours(name: str) -> bool:
+    return name in _LEGACY_FILES or (
+        name.endswith(".tsv") and name.count("/") == 1 and
+        name.split("/")[0] in split.SPLITS)
+  return [f for f in files if not ours(f)]
+
+
+def _is_within(path: pathlib.Path, directory: pathlib.Path) -> bool:
+  return path == directory or directory in path.parents
+
+
+def check_output_dir(config: BuildConfig) -> None:
+  """Refuses an ``output_dir`` that must not be replaced (module docstring).
+
+  Raises:
+    OutputDirError: naming the directory, the reason and what to do.
+  """
+  out = config.output_dir.resolve()
+  flag = f"--output_dir={config.output_dir}"
+  if not out.exists():
+    return
+  if not out.is_dir():
+    raise OutputDirError(f"{flag} exists and is not a directory: choose a "
+                         "new directory for the corpus")
+  inputs = [("--sources", s) for s in config.sources] + [
+      ("--cache_dir", config.cache_dir), ("--recipe", config.recipe_dir),
+      ("--split_keys", config.split_keys), ("the working directory",
+                                            pathlib.Path.cwd())]
+  for name, path in inputs:
+    if path is not None and _is_within(path.resolve(), out):
+      shown = "" if name == "the working directory" else f"={path}"
+      raise OutputDirError(
+          f"{flag} holds {name}{shown}; building there would delete it. "
+          "Choose a new directory for the corpus (--overwrite does not "
+          "apply to inputs).")
+  if not any(out.iterdir()) or config.overwrite:
+    return
+  unexpected = _unexpected_files(out)
+  if unexpected is None:
+    raise OutputDirError(
+        f"{flag} is not empty and is not a corpus this builder wrote (no "
+        f"{MARKER}); building would replace everything in it. Choose a new "
+        "or empty directory, or pass --overwrite to replace it.")
+  if unexpected:
+    shown = ", ".join(unexpected[:5]) + (", ..." if len(unexpected) > 5
+                                         else "")
+    raise OutputDirError(
+        f"{flag} is a corpus this builder wrote but also holds files it did "
+        f"not write ({len(unexpected)}: {shown}); move them out, or pass "
+        "--overwrite to replace the directory with them.")
+
+
+def _write_marker(directory: pathlib.Path) -> None:
+  """Writes (or rewrites) the marker listing ``directory``'s files."""
+  files = [f for f in _tree_files(directory) if f != MARKER]
+  (directory / MARKER).write_text(json.dumps(
+      {"format": _MARKER_FORMAT, "files": files}, indent=1) + "\n",
+                                  encoding="utf-8")
+
+
 def _replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
-  """Renames ``tmp`` to ``final``, replacing an existing ``final``."""
+  """Renames ``tmp`` to ``final``, replacing an existing ``final``.
+
+  SIGTERM is held off between the two renames; a SIGKILL there leaves the
+  previous output as ``.<name>.old-<pid>``, which the next build restores.
+  """
   old = None
-  if final.exists():
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    final.rename(old)
-  tmp.rename(final)
+  main = threading.current_thread() is threading.main_thread()
+  if main:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+  try:
+    if final.exists():
+      old = final.with_name(f".{final.name}.old-{os.getpid()}")
+      final.rename(old)
+    tmp.rename(final)
+  finally:
+    if main:
+      signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
   if old is not None:
     shutil.rmtree(old, ignore_errors=True)
 
 
 def _remove_stale_temporaries(output_dir: pathlib.Path) -> None:
-  """Deletes temporaries of earlier builds that were killed (SIGKILL/TERM
-  skip cleanup). Two builds into one output_dir at once are not supported."""
+  """Cleans up after builds killed by SIGKILL: deletes temporaries holding
+  the marker (or empty: killed before writing it) and replaced outputs
+  (``.old-``, renamed only once approved for replacement), or renames a
+  replaced output back when the build died before its new one was in place.
+  Two builds into one output_dir at once are not supported."""
   for stale in output_dir.parent.glob(f".{output_dir.name}.tmp-*"):
-    shutil.rmtree(stale, ignore_errors=True)
-  for stale in output_dir.parent.glob(f".{output_dir.name}.old-*"):
-    shutil.rmtree(stale, ignore_errors=True)
+    if stale.is_dir() and not stale.is_symlink() and (
+        (stale / MARKER).is_file() or not any(stale.iterdir())):
+      shutil.rmtree(stale, ignore_errors=True)
+  for stale in sorted(output_dir.parent.glob(f".{output_dir.name}.old-*")):
+    if stale.is_dir() and not stale.is_symlink():
+      if not output_dir.exists():  # killed between the two renames
+        stale.rename(output_dir)
+      else:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def build_corpus(config: BuildConfig) -> dict:
@@ -351,8 +574,18 @@ def build_corpus(config: BuildConfig) -> dict:
   / lines skipped, with reasons), ``languages`` (per-language split sizes),
   ``sources`` (each recipe pin: status, version used, archive) and
   ``seconds``.
+
+  Raises:
+    OutputDirError: ``output_dir`` must not be replaced (see
+      :func:`check_output_dir`); raised before anything is read or written.
+    SplitKeysError: the ``split_keys`` file is malformed (before anything
+      is read or written, too).
+    BuildInterrupted: SIGTERM (main thread only); workers and the temporary
+      directory are gone, the previous output is unchanged.
   """
   start = time.time()
+  check_output_dir(config)
+  frozen = _frozen_split_keys(config)
   output_dir = config.output_dir.resolve()
   output_dir.parent.mkdir(parents=True, exist_ok=True)
   _remove_stale_temporaries(output_dir)
@@ -360,26 +593,39 @@ def build_corpus(config: BuildConfig) -> dict:
   problems = _Problems(counts)
   report: dict = {"config": {k: str(v) for k, v in
                              dataclasses.asdict(config).items()}}
-  tmp = pathlib.Path(tempfile.mkdtemp(dir=output_dir.parent,
-                                      prefix=f".{output_dir.name}.tmp-"))
-  try:
-    staging = tmp / "_staging"
-    group_languages = _stage(_cleaned_pairs(config, problems, report),
-                             staging, counts)
-    keys = _split_keys(config, group_languages, report)
-    split.save_split_keys(keys, tmp / "split_keys.txt")
-    per_lang = _write_splits(staging, tmp, keys, config, counts)
-    shutil.rmtree(staging)
-    report.update(summary=_summary(per_lang), counts=dict(sorted(
-        counts.items())), problems=problems.listed, languages=per_lang,
-                  seconds=round(time.time() - start, 1))
-    (tmp / "report.json").write_text(
-        json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
-    _replace_dir(tmp, output_dir)
-  finally:
-    if tmp.exists():
-      shutil.rmtree(tmp, ignore_errors=True)
+  with _sigterm_interrupts():
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=output_dir.parent,
+                                        prefix=f".{output_dir.name}.tmp-"))
+    try:
+      _build_into(tmp, config, frozen, problems, report, start)
+      _replace_dir(tmp, output_dir)
+    finally:
+      if tmp.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
   return report
+
+
+def _build_into(tmp: pathlib.Path, config: BuildConfig,
+                frozen: split.SplitKeys | None, problems: _Problems,
+                report: dict, start: float) -> None:
+  """Writes the whole corpus into the temporary directory ``tmp``."""
+  counts = problems.counts
+  _write_marker(tmp)  # first: a killed build's temporary is recognisable
+  staging = tmp / "_staging"
+  with _catalog_mapper(config.workers) as map_catalogs:
+    group_languages = _stage(
+        _cleaned_pairs(config, problems, report, map_catalogs), staging,
+        counts)
+  keys = _split_keys(config, frozen, group_languages, report)
+  split.save_split_keys(keys, tmp / "split_keys.txt")
+  per_lang = _write_splits(staging, tmp, keys, config, counts)
+  shutil.rmtree(staging)
+  report.update(summary=_summary(per_lang), counts=dict(sorted(
+      counts.items())), problems=problems.listed, languages=per_lang,
+                seconds=round(time.time() - start, 1))
+  (tmp / "report.json").write_text(
+      json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+  _write_marker(tmp)
 
 
 def read_report(corpus_dir: pathlib.Path) -> dict:

@@ -9,18 +9,24 @@ Catalogs name their language as a gettext locale (``pt_BR``, ``sr@latin``,
 * a script modifier becomes a script suffix: ``sr@latin``/``sr_Latn`` ->
   ``sr_Latn``, ``uz@cyrillic`` -> ``uz_Cyrl``, ``be@latin`` -> ``be_Latn``;
   other modifiers (``ca@valencia``, ``sr@ijekavian``) are dropped;
-* deprecated codes are mapped (``no`` -> ``nb``, ``iw`` -> ``he``,
-  ``in`` -> ``id``, ``ji`` -> ``yi``, ``mo`` -> ``ro``);
+* three-letter codes with a two-letter equivalent are shortened (``deu``,
+  ``ger`` -> ``de``; ``ast`` stays); deprecated codes are mapped (``no`` ->
+  ``nb``, ``iw`` -> ``he``, ``in`` -> ``id``, ``ji`` -> ``yi``, ``mo`` ->
+  ``ro``);
 * English (``en*``) and pseudo-locales (``qps-ploc``, ``x-test``, ``*@quot``,
   ``C``) are excluded: :func:`normalize_language` returns ``None`` for them;
-* anything that is not a 2-3 letter ISO 639 code raises
-  :class:`UnknownLanguageError`.
+* anything that is not an ISO 639 code the corpus knows (:mod:`iso639`:
+  ISO 639-1, ISO 639-2 and a few ISO 639-3 codes used by localisation
+  teams) raises :class:`UnknownLanguageError`, so a directory or file named
+  ``gui`` or ``xq`` never becomes a language.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+
+from m4moe.data import iso639
 
 _DEPRECATED = {"no": "nb", "iw": "he", "in": "id", "ji": "yi", "jw": "jv",
                "mo": "ro"}
@@ -107,8 +113,8 @@ def normalize_language(locale: str) -> str | None:
     ``None`` for English and pseudo-locales, which the corpus excludes.
 
   Raises:
-    UnknownLanguageError: ``locale`` is not a 2-3 letter language code with
-      optional region/script/modifier.
+    UnknownLanguageError: ``locale`` is not a known ISO 639 language code
+      (:mod:`iso639`) with optional region/script/modifier.
   """
   match = _LOCALE.match(locale.strip())
   if not match:
@@ -121,6 +127,12 @@ def normalize_language(locale: str) -> str | None:
     raise UnknownLanguageError(
         f"locale {locale!r}: {lang!r} is not a 2-3 letter ISO 639 code")
   lang = _DEPRECATED.get(lang, lang)
+  if not iso639.is_language_code(lang):
+    raise UnknownLanguageError(
+        f"locale {locale!r}: {lang!r} is not an ISO 639 language code (if it "
+        "is a real language, add it to m4moe.data.iso639.LOCALISATION_EXTRAS)")
+  lang = iso639.shortest_code(lang)
+  lang = _DEPRECATED.get(lang, lang)  # "nor" -> "no" -> "nb"
   if lang == "en":
     return None
   subtags = [s for s in (match["sub1"], match["sub2"]) if s]
@@ -148,6 +160,13 @@ def expected_script(lang: str) -> str | None:
     suffix = lang.split("_", 1)[1]
     return suffix if suffix in _SCRIPT_PREFIXES else None
   return None
+
+
+def letter_in_script(ch: str, script: str | None) -> bool:
+  """Whether the letter ``ch`` belongs to ``script`` (None: Latin, the
+  script of every language :func:`expected_script` has no entry for)."""
+  prefixes = ("LATIN",) if script is None else _SCRIPT_PREFIXES[script]
+  return unicodedata.name(ch, "").startswith(prefixes)
 
 
 def script_fraction(text: str, script: str) -> float:

@@ -2,7 +2,8 @@
 
 Training stream (:func:`training_dataset`)::
 
-  per language: (english, x) string pairs -> shuffle(seed_l) -> repeat
+  per language: (english, x) string pairs (malformed TSV lines skipped and
+    counted, :func:`read_tsv_corpus`) -> shuffle(seed_l) -> repeat
   -> sample_from_datasets(p_l ∝ n_l^(1/T), seed)           [sampling.py]
   -> batch(chunk) -> py_function: SentencePiece encode, add the tag and
      </s>, drop pairs longer than max_length (counted), pack  [packing.py]
@@ -37,12 +38,14 @@ import pathlib
 import threading
 from typing import Mapping, Sequence
 
+from absl import logging
 import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
 from m4moe.data import packing
 from m4moe.data import sampling
+from m4moe.data import tsv
 from m4moe.data import vocab
 
 DIRECTIONS = ("xx_en", "en_xx")
@@ -116,9 +119,84 @@ class PipelineStats:
               "tokens": self.tokens}
 
 
-def count_lines(path: pathlib.Path) -> int:
-  with open(path, "rb") as f:
-    return sum(1 for _ in f)
+def _pairs_of_lines(path: pathlib.Path,
+                    bad_lines: Sequence[int]) -> tf.data.Dataset:
+  """``(english, x)`` of the lines of ``path`` not in ``bad_lines``.
+
+  A file without malformed lines is read with the native CSV reader (as
+  before, so iterator checkpoints of existing runs stay valid); otherwise
+  lines are enumerated and the malformed ones (1-based numbers from
+  :func:`tsv.scan_tsv`) filtered out before splitting on the tab.
+  """
+  if not bad_lines:
+    # A native reader (no traced Python per language: 200 languages would
+    # take tens of seconds to trace).
+    return tf.data.experimental.CsvDataset(
+        str(path), [tf.constant("", tf.string)] * 2, field_delim="\t",
+        use_quote_delim=False)
+  bad = tf.constant(sorted(i - 1 for i in bad_lines), tf.int64)  # 0-based
+  count = len(bad_lines)
+
+  def good(index, line):  # pylint: disable=unused-argument
+    pos = tf.searchsorted(bad, tf.reshape(index, [1]))[0]
+    hit = tf.gather(bad, tf.minimum(pos, count - 1)) == index
+    return tf.logical_not(tf.logical_and(pos < count, hit))
+
+  def split(index, line):  # pylint: disable=unused-argument
+    fields = tf.strings.split(line, "\t")
+    return fields[0], fields[1]
+
+  return tf.data.TextLineDataset(str(path)).enumerate().filter(good).map(
+      split)
+
+
+@dataclasses.dataclass(frozen=True)
+class TsvCorpus:
+  """One split of a corpus, as datasets.
+
+  Attributes:
+    datasets: lang -> dataset of ``(english, x)`` ``<string>[]`` pairs
+      (malformed lines skipped).
+    sizes: lang -> number of well-formed pairs.
+    scans: lang -> the :class:`tsv.TsvScan` of its file (malformed lines).
+  """
+
+  datasets: dict[str, tf.data.Dataset]
+  sizes: dict[str, int]
+  scans: dict[str, tsv.TsvScan]
+
+  @property
+  def skipped(self) -> dict[str, int]:
+    """{file: malformed lines skipped} of the files that have any."""
+    return tsv.skipped_counts(self.scans)
+
+
+def read_tsv_corpus(corpus_dir: pathlib.Path, *, split: str = "train",
+                    langs: Sequence[str] = ()) -> TsvCorpus:
+  """Per-language datasets of a split; malformed lines skipped and counted.
+
+  Every file is scanned once (:func:`tsv.scan_tsv`); a warning names each
+  file with malformed lines, their count and the first few ``file:line``.
+
+  Raises:
+    ValueError: a requested language has no ``<split>/<lang>.tsv``.
+  """
+  corpus_dir = pathlib.Path(corpus_dir)
+  langs = list(langs) or vocab.corpus_languages(corpus_dir, split)
+  datasets, sizes, scans = {}, {}, {}
+  for lang in langs:
+    path = corpus_dir / split / f"{lang}.tsv"
+    if not path.exists():
+      raise ValueError(f"{path} does not exist (language {lang!r} has no "
+                       f"{split} data)")
+    scan = tsv.scan_tsv(path)
+    if scan.bad_lines:
+      logging.warning("%s: skipping %d malformed line(s) of %d, e.g. %s", path,
+                      len(scan.bad_lines), scan.lines,
+                      "; ".join(map(str, scan.examples[:3])))
+    scans[lang], sizes[lang] = scan, scan.valid
+    datasets[lang] = _pairs_of_lines(path, scan.bad_lines)
+  return TsvCorpus(datasets=datasets, sizes=sizes, scans=scans)
 
 
 def tsv_language_datasets(corpus_dir: pathlib.Path, *, split: str = "train",
@@ -127,26 +205,16 @@ def tsv_language_datasets(corpus_dir: pathlib.Path, *, split: str = "train",
                                      dict[str, int]]:
   """Per-language datasets of ``(english, x)`` string scalars from a corpus.
 
+  :func:`read_tsv_corpus` without the scans.
+
   Returns:
-    (lang -> dataset, lang -> number of pairs).
+    (lang -> dataset, lang -> number of well-formed pairs).
 
   Raises:
     ValueError: a requested language has no ``<split>/<lang>.tsv``.
   """
-  langs = list(langs) or vocab.corpus_languages(corpus_dir, split)
-  datasets, sizes = {}, {}
-  for lang in langs:
-    path = corpus_dir / split / f"{lang}.tsv"
-    if not path.exists():
-      raise ValueError(f"{path} does not exist (language {lang!r} has no "
-                       f"{split} data)")
-    sizes[lang] = count_lines(path)
-    # A native reader (no traced Python per language: 200 languages would
-    # take tens of seconds to trace).
-    datasets[lang] = tf.data.experimental.CsvDataset(
-        str(path), [tf.constant("", tf.string)] * 2, field_delim="\t",
-        use_quote_delim=False)
-  return datasets, sizes
+  corpus = read_tsv_corpus(corpus_dir, split=split, langs=langs)
+  return corpus.datasets, corpus.sizes
 
 
 @dataclasses.dataclass(frozen=True)

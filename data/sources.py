@@ -23,9 +23,12 @@ half-written file behind.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import pathlib
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -266,21 +269,133 @@ def extract_catalogs(archive: pathlib.Path, *,
   return final
 
 
+class SourceWalk:
+  """Finds catalog files under source directories, following symlinks safely.
+
+  Symlinked directories are followed, but every real directory is entered
+  once and every real file (same device and inode, whatever the path) is
+  returned once, so a symlink loop cannot recurse forever and a catalog
+  reachable by two paths is not read twice. What is skipped is recorded in
+  :attr:`problems` (the builder counts and lists them):
+
+  * ``source:symlink_loop``: a link pointing back to a directory it is in
+    (or links pointing at each other, which the OS reports as ELOOP);
+  * ``source:dangling_symlink``: a link whose target does not exist;
+  * ``source:duplicate_path``: a file or directory already reached by
+    another path (the first path in sorted, depth-first order is kept);
+  * ``source:unreadable``: a directory or file that cannot be listed or
+    stat'ed (permissions);
+  * ``source:not_regular_file``: a ``.po``/``.mo`` name that is a FIFO,
+    socket or device.
+  """
+
+  def __init__(self):
+    self.problems: list[catalogs.Problem] = []
+    self._seen_dirs: set[tuple[int, int]] = set()
+    self._seen_files: set[tuple[int, int]] = set()
+
+  def _problem(self, kind: str, path: pathlib.Path, reason: str) -> None:
+    self.problems.append(catalogs.Problem(kind, str(path), reason))
+
+  def _stat(self, path: pathlib.Path) -> os.stat_result | None:
+    try:
+      return path.stat()
+    except OSError as e:
+      if path.is_symlink() and e.errno == errno.ELOOP:
+        self._problem("source:symlink_loop", path,
+                      f"symlinks point at each other: {e.strerror}")
+      elif path.is_symlink() and e.errno in (errno.ENOENT, errno.ENOTDIR):
+        self._problem("source:dangling_symlink", path,
+                      f"target {os.readlink(path)!r} does not exist")
+      else:
+        self._problem("source:unreadable", path, str(e))
+      return None
+
+  def file(self, path: pathlib.Path) -> bool:
+    """Whether ``path`` (a file given or found) should be read."""
+    st = self._stat(path)
+    if st is None:
+      return False
+    if not stat.S_ISREG(st.st_mode) and path.suffix in (
+        catalogs.CATALOG_SUFFIXES):
+      # A file named on the command line may be a pipe: read it as given.
+      return True
+    key = (st.st_dev, st.st_ino)
+    if key in self._seen_files:
+      self._problem("source:duplicate_path", path,
+                    f"same file as {os.path.realpath(path)}, read once")
+      return False
+    self._seen_files.add(key)
+    return True
+
+  def find_catalogs(self, root: pathlib.Path) -> list[pathlib.Path]:
+    """Catalog files under ``root``, sorted; a ``.mo`` beside a ``.po`` of
+    the same stem is left out (the ``.po`` holds the same entries plus
+    flags). Paths keep their symlinked names (the locale is read from
+    them)."""
+    paths = []
+    st = self._stat(root)
+    if st is not None:
+      self._seen_dirs.add((st.st_dev, st.st_ino))
+      self._walk(root, {(st.st_dev, st.st_ino)}, paths)
+    paths.sort()
+    po_stems = {p.with_suffix("") for p in paths if p.suffix == ".po"}
+    return [p for p in paths
+            if p.suffix == ".po" or p.with_suffix("") not in po_stems]
+
+  def _walk(self, directory: pathlib.Path, ancestors: set[tuple[int, int]],
+            out: list[pathlib.Path]) -> None:
+    try:
+      names = sorted(os.listdir(directory))
+    except OSError as e:
+      self._problem("source:unreadable", directory, str(e))
+      return
+    for name in names:
+      path = directory / name
+      st = self._stat(path)
+      if st is None:
+        continue
+      key = (st.st_dev, st.st_ino)
+      if stat.S_ISDIR(st.st_mode):
+        if key in ancestors:
+          self._problem("source:symlink_loop", path,
+                        f"points back to {os.path.realpath(path)}, which "
+                        "contains it; not followed")
+        elif key in self._seen_dirs:
+          self._problem("source:duplicate_path", path,
+                        f"same directory as {os.path.realpath(path)}, read "
+                        "once")
+        else:
+          self._seen_dirs.add(key)
+          self._walk(path, ancestors | {key}, out)
+      elif path.suffix in catalogs.CATALOG_SUFFIXES:
+        if not stat.S_ISREG(st.st_mode):
+          self._problem("source:not_regular_file", path,
+                        "not a regular file (pipe, socket or device)")
+        elif key in self._seen_files:
+          self._problem("source:duplicate_path", path,
+                        f"same file as {os.path.realpath(path)}, read once")
+        else:
+          self._seen_files.add(key)
+          out.append(path)
+
+
 def find_catalogs(root: pathlib.Path) -> list[pathlib.Path]:
-  """Catalog files under ``root``, sorted; a ``.mo`` beside a ``.po`` of the
-  same stem is left out (the ``.po`` holds the same entries plus flags)."""
-  paths = sorted(p for p in root.rglob("*") if p.is_file() and
-                 p.suffix in catalogs.CATALOG_SUFFIXES)
-  po_stems = {p.with_suffix("") for p in paths if p.suffix == ".po"}
-  return [p for p in paths
-          if p.suffix == ".po" or p.with_suffix("") not in po_stems]
+  """Catalog files under ``root`` (see :meth:`SourceWalk.find_catalogs`)."""
+  return SourceWalk().find_catalogs(root)
 
 
-def iter_source_files(sources: Iterable[pathlib.Path]) -> list[pathlib.Path]:
-  """Expands local sources: directories to their catalogs; files as given."""
+def iter_source_files(sources: Iterable[pathlib.Path], *,
+                      walk: SourceWalk | None = None) -> list[pathlib.Path]:
+  """Expands local sources: directories to their catalogs; files as given
+  (each real file once, see :class:`SourceWalk`)."""
+  walk = SourceWalk() if walk is None else walk
   out = []
   for src in sources:
-    out.extend(find_catalogs(src) if src.is_dir() else [src])
+    if src.is_dir():
+      out.extend(walk.find_catalogs(src))
+    elif walk.file(src):
+      out.append(src)
   return out
 
 

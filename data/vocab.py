@@ -23,12 +23,14 @@ import pathlib
 import random
 from typing import Iterable, Sequence
 
+from absl import logging
 import sentencepiece as spm
 
 from m4moe import errors
 from m4moe import flagutil
 from m4moe.data import languages as languages_lib
 from m4moe.data import sampling
+from m4moe.data import tsv
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 ENGLISH = "en"
@@ -86,12 +88,20 @@ class VocabPaths:
 
 def read_split_pairs(corpus_dir: pathlib.Path, split: str,
                      lang: str) -> list[tuple[str, str]]:
-  """(english, x) pairs of ``<corpus_dir>/<split>/<lang>.tsv``."""
+  """(english, x) pairs of ``<corpus_dir>/<split>/<lang>.tsv``.
+
+  Malformed lines (:mod:`tsv`) are skipped with a warning naming the file,
+  their count and the first ``file:line``.
+  """
   path = corpus_dir / split / f"{lang}.tsv"
   if not path.exists():
     return []
-  with open(path, encoding="utf-8") as f:
-    return [tuple(line.rstrip("\n").split("\t", 1)) for line in f]
+  pairs, scan = tsv.read_pairs(path)
+  if scan.bad_lines:
+    logging.warning("%s: skipping %d malformed line(s) of %d, e.g. %s", path,
+                    len(scan.bad_lines), scan.lines,
+                    "; ".join(map(str, scan.examples[:3])))
+  return pairs
 
 
 def corpus_languages(corpus_dir: pathlib.Path, split: str = "train"
@@ -192,9 +202,18 @@ def load(path: pathlib.Path | str) -> spm.SentencePieceProcessor:
   """Loads a model and checks the project's special ids.
 
   Raises:
-    ValueError: the model does not use pad=0, eos=1, unk=2, bos=-1.
+    ValueError: the file is missing or not a SentencePiece model (naming
+      it), or the model does not use pad=0, eos=1, unk=2, bos=-1.
   """
-  sp = spm.SentencePieceProcessor(model_file=str(path))
+  if not pathlib.Path(path).is_file():
+    raise ValueError(f"{path}: SentencePiece model not found (a file written "
+                     "by m4moe-vocab, e.g. <--output_dir>/source.model)")
+  try:
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+  except (RuntimeError, OSError) as e:
+    raise ValueError(f"{path}: not a SentencePiece model ({e}); the file is "
+                     "damaged or of another kind: retrain it with m4moe-vocab "
+                     "or point at the right directory") from e
   ids = (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id())
   if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
     raise ValueError(f"{path}: special ids (pad, eos, unk, bos) are {ids}, "

@@ -18,15 +18,19 @@ loading process, to register its ops::
 The graph does what :class:`m4moe.eval.translator.Translator` does: source
 ids ``<2tgt> pieces[:max_input_length-2] </s>``, beam search with the
 export-time settings, ids up to EOS detokenised; whitespace-only inputs give
-``""``. A source language without a tag in the vocabulary fails with an
-InvalidArgumentError naming it.
+``""``. A source language that is not among the exported ones (those the
+run was trained to translate into the target, with a tag in the
+vocabulary) fails with an InvalidArgumentError naming it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
+import shutil
+import tempfile
 from typing import Any, Sequence
 
 import tensorflow as tf
@@ -103,7 +107,8 @@ class TranslateModule(tf.Module):
     unknown = tf.boolean_mask(source_lang, tf.logical_not(known))
     return tf.debugging.Assert(
         tf.reduce_all(known),
-        ["unknown source_lang (no <2xx> tag in the vocabulary):", unknown,
+        ["unknown source_lang (no <2xx> tag in the vocabulary, or not "
+         "trained into the exported target language):", unknown,
          "known:", self.languages], summarize=20)
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
@@ -140,6 +145,12 @@ def export_saved_model(translator: Any, path: str | pathlib.Path, *,
                        metadata: dict[str, Any] | None = None) -> pathlib.Path:
   """Writes a SavedModel reproducing ``translator``'s output.
 
+  The SavedModel is written to a temporary directory next to ``path`` and
+  renamed onto it when complete, so a failure leaves no partial export.
+  ``path`` must not exist or be an empty directory. The accepted source
+  languages are those with a tag that the run was trained to translate
+  into ``target_lang`` (all tagged languages for runs without that record).
+
   Args:
     translator: an ``m4moe.eval.translator.Translator``.
     path: output directory.
@@ -147,15 +158,27 @@ def export_saved_model(translator: Any, path: str | pathlib.Path, *,
     metadata: extra facts stored in the module's ``metadata`` JSON.
 
   Raises:
-    ExportError: tensorflow-text is missing.
+    ExportError: tensorflow-text is missing, ``path`` is not empty, or no
+      trained source language translates into ``target_lang``.
   """
   require_tensorflow_text()
   path = pathlib.Path(path)
+  if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    raise ExportError(f"{path} exists and is not an empty directory; export "
+                      "to a new directory (exports are never overwritten)")
+  pairs = translator.language_pairs
+  languages = [lang for lang in tagged_languages(translator.source_sp)
+               if pairs is None or (lang, target_lang) in pairs]
+  if not languages:
+    trained = ", ".join(f"{s}->{t}" for s, t in sorted(pairs or ()))
+    raise ExportError(f"no source language of the run translates into "
+                      f"{target_lang!r} (trained pairs: {trained or 'none'}); "
+                      "pass a --target_lang the run was trained on")
   module = TranslateModule(
       model=translator.model,
       source_proto=translator.source_sp.serialized_model_proto(),
       target_proto=translator.target_sp.serialized_model_proto(),
-      languages=tagged_languages(translator.source_sp),
+      languages=languages,
       target_tag=translator.tag_id(target_lang), beam=translator.beam,
       max_input_length=translator.max_input_length,
       metadata={"target_lang": target_lang,
@@ -163,7 +186,19 @@ def export_saved_model(translator: Any, path: str | pathlib.Path, *,
                 "alpha": translator.beam.alpha,
                 "max_decode_length": translator.beam.max_decode_length,
                 "max_input_length": translator.max_input_length,
+                "source_languages": languages,
                 **(metadata or {})})
   signature = module.translate.get_concrete_function()
-  tf.saved_model.save(module, str(path), signatures={"translate": signature})
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent,
+                                      prefix=f".{path.name}.", suffix=".tmp"))
+  try:
+    tf.saved_model.save(module, str(tmp), signatures={"translate": signature})
+    if path.is_dir():
+      path.rmdir()  # empty (checked above); os.replace needs it gone
+    os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)  # only what this call created
+    raise
+  os.chmod(path, 0o755)  # mkdtemp creates 0700
   return path

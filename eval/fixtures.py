@@ -1,7 +1,8 @@
 """A tiny run directory for decode/eval/export tests (seconds to build).
 
 :func:`make_tiny_run` writes what ``m4moe-train`` and ``m4moe-vocab`` would:
-``config.json`` (``{"model": ModelConfig.to_dict(), "data": {...}}``), a
+``config.json`` (``{"model": ModelConfig.to_dict(), "data": {...}}`` and
+the :mod:`m4moe.rundir` records), a
 ``ckpt-1`` checkpoint of a small Transformer (random weights, optionally a
 few hundred steps of a copy task) and SentencePiece ``source.model`` (with
 ``<2xx>`` tags) / ``target.model`` under ``vocab/``.
@@ -18,11 +19,13 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from m4moe import config as config_lib
+from m4moe import rundir
 
 WORDS = ("open save close file folder window document image print copy paste "
          "delete rename select show hide new current all selected settings "
          "color page text font size list view edit help search next").split()
 LANGUAGES = ("de", "fr", "en")
+TRAINED_LANGUAGES = ("de", "fr")  # recorded as trained pairs de->en, fr->en
 
 
 def sentences(n: int, *, seed: int = 0) -> list[str]:
@@ -83,8 +86,15 @@ def _train_copy_task(model, source_sp, target_sp, *, steps: int) -> None:
 
 
 def make_tiny_run(root: str | pathlib.Path, *, moe: bool = True,
-                  train_steps: int = 0, seed: int = 0) -> pathlib.Path:
-  """Writes a run directory under ``root``; returns its path."""
+                  train_steps: int = 0, seed: int = 0,
+                  record: bool = True) -> pathlib.Path:
+  """Writes a run directory under ``root``; returns its path.
+
+  With ``record`` (the default) ``config.json`` also holds what
+  ``m4moe-train`` records (:func:`m4moe.rundir.run_sections`: vocabulary
+  fingerprint, languages and pairs TRAINED_LANGUAGES -> en); without it, it
+  looks like a run written before those records existed.
+  """
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
   root = pathlib.Path(root)
   vocab_dir = root / "vocab"
@@ -106,7 +116,10 @@ def make_tiny_run(root: str | pathlib.Path, *, moe: bool = True,
   manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
                                        str(run), max_to_keep=1)
   manager.save(checkpoint_number=max(train_steps, 1))
+  sections = {"data": {"vocab_dir": str(vocab_dir)}}
+  if record:
+    sections.update(rundir.run_sections(vocab_dir=vocab_dir,
+                                        languages=TRAINED_LANGUAGES))
   (run / "config.json").write_text(json.dumps(
-      {"model": config.to_dict(), "data": {"vocab_dir": str(vocab_dir)}},
-      indent=1), encoding="utf-8")
+      {"model": config.to_dict(), **sections}, indent=1), encoding="utf-8")
   return run

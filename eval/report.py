@@ -14,7 +14,12 @@
   ``bootstrap_samples=0``); ``source_reliance`` (nats/token, None cells
   where unavailable); ``examples`` (language -> [{source, reference,
   hypotheses: {run: text or null}}]); ``hypotheses`` (per run: directory,
-  usable languages, why others are not). Strict JSON: NaN/inf become null.
+  usable languages, why others are not). Strict JSON: NaN/inf become null,
+  listed in ``nonfinite_as_null`` and a line of ``notes``.
+
+Every file is written atomically (temporary file in ``output_dir``, then
+``os.replace``); the inputs are eval JSONs validated by
+:func:`m4moe.eval.results.read_eval_json`.
 
 Several models with one name are seeds of one model (:mod:`.seeds`): every
 table uses the seed mean. From the runs' decoded test sentences
@@ -55,6 +60,7 @@ statistics, examples.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import pathlib
@@ -72,6 +78,7 @@ from m4moe.eval import results
 from m4moe.eval import seeds as seeds_lib
 from m4moe.eval import significance
 from m4moe.eval import source_reliance as reliance_lib
+from m4moe.eval import textio
 from m4moe.eval import training_logs
 
 FIGURE_FILE = "delta_bleu.png"
@@ -679,6 +686,36 @@ def strict_json(value: Any) -> Any:
   return value
 
 
+def nonfinite_paths(value: Any, prefix: str = "") -> list[str]:
+  """Dotted paths of the non-finite floats in ``value`` (what
+  :func:`strict_json` turns into null)."""
+  if isinstance(value, np.generic):
+    value = value.item()
+  if isinstance(value, float):
+    return [] if math.isfinite(value) else [prefix or "<root>"]
+  if isinstance(value, Mapping):
+    return [p for k, v in value.items()
+            for p in nonfinite_paths(v, f"{prefix}.{k}" if prefix else str(k))]
+  if isinstance(value, (list, tuple)):
+    return [p for i, v in enumerate(value)
+            for p in nonfinite_paths(v, f"{prefix}[{i}]")]
+  return []
+
+
+def strict_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+  """``summary`` as strict JSON: non-finite floats become null, and a note
+  in ``notes`` plus ``nonfinite_as_null`` list the fields replaced."""
+  replaced = nonfinite_paths(summary)
+  out = strict_json(summary)
+  out["nonfinite_as_null"] = replaced
+  if replaced:
+    shown = ", ".join(replaced[:10]) + (" ..." if len(replaced) > 10 else "")
+    out["notes"] = [*out.get("notes", []),
+                    f"{len(replaced)} non-finite value(s) (NaN or infinity) "
+                    f"written as null: {shown}"]
+  return out
+
+
 def find_training_logs(models: Sequence[results.EvalResult],
                        explicit: Mapping[str, str]) -> dict[str, pathlib.Path]:
   """model -> metrics JSONL: explicit paths, else metadata.model_dir's log.
@@ -800,6 +837,13 @@ def _language_examples(comp: comparison_lib.Comparison,
   return out
 
 
+def _png_bytes(fig: Any, *, dpi: int = 120) -> bytes:
+  """A matplotlib figure rendered to PNG bytes."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=dpi)
+  return buffer.getvalue()
+
+
 def write_report(output_dir: str | pathlib.Path, *,
                  models: Sequence[results.EvalResult],
                  baselines: Sequence[results.EvalResult] = (),
@@ -883,16 +927,15 @@ def write_report(output_dir: str | pathlib.Path, *,
               *baseline_outputs]
   figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)
   png_path = output_dir / FIGURE_FILE
-  figure.save_png(png_path)
+  png = _png_bytes(figure.figure)
+  textio.write_bytes_atomic(png_path, png)
   router = router_trajectories(logs)
   router_png = None
   if router:
-    router_path = output_dir / ROUTER_FIGURE_FILE
-    router_fig = figure_lib.router_figure(router)
-    router_fig.savefig(str(router_path), format="png", dpi=120)
-    router_png = router_path.read_bytes()
+    router_png = _png_bytes(figure_lib.router_figure(router))
+    textio.write_bytes_atomic(output_dir / ROUTER_FIGURE_FILE, router_png)
   blocks = build_blocks(comp, merged, figure=figure,
-                        png=png_path.read_bytes(), logs=logs,
+                        png=png, logs=logs,
                         thresholds=ce_thresholds,
                         inputs=inputs or [m.model for m in models],
                         router=router, router_png=router_png, dev_ce=dev,
@@ -901,14 +944,13 @@ def write_report(output_dir: str | pathlib.Path, *,
                         reliance=reliance, examples=example_sets,
                         runs=all_runs, example_count=examples)
   md_path, html_path = output_dir / "report.md", output_dir / "report.html"
-  md_path.write_text(doc.to_markdown(title, blocks), encoding="utf-8")
-  html_path.write_text(doc.to_html(title, blocks), encoding="utf-8")
+  textio.write_text_atomic(md_path, doc.to_markdown(title, blocks))
+  textio.write_text_atomic(html_path, doc.to_html(title, blocks))
   summary_path = output_dir / "summary.json"
-  summary = strict_json(_summary(
+  summary = strict_summary(_summary(
       comp, dev, groups=groups, intervals=intervals, reliance=reliance,
       examples=example_sets, runs=all_runs))
-  summary_path.write_text(json.dumps(summary, indent=1, ensure_ascii=False,
-                                     allow_nan=False) + "\n",
-                          encoding="utf-8")
+  textio.write_text_atomic(summary_path, json.dumps(
+      summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
   return ReportFiles(markdown=md_path, html=html_path, png=png_path,
                      summary=summary_path, figure=figure, comparison=comp)

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 from typing import Any, Mapping
 
 from m4moe.eval import scoring
+from m4moe.eval import textio
 
 SCHEMA = "m4moe.eval/1"
 KINDS = ("multilingual", "bilingual")
@@ -62,33 +64,113 @@ class EvalResult:
 
 def write_eval_json(result: EvalResult, path: str | os.PathLike[str]) -> None:
   """Writes atomically (temporary file + rename)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(result.to_dict(), indent=1, ensure_ascii=False)
-                 + "\n", encoding="utf-8")
-  os.replace(tmp, path)
+  textio.write_text_atomic(path, json.dumps(
+      result.to_dict(), indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_count(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_SCORE_FIELDS = ("bleu", "chrf")
+_COUNT_FIELDS = ("num_segments",)
+_OPTIONAL_COUNT_FIELDS = ("train_size",)
+_TEXT_FIELDS = ("source_lang", "target_lang", "status", "tokenizer")
+_OPTIONAL_TEXT_FIELDS = ("bleu_signature", "chrf_signature")
+_METADATA_COUNTS = ("num_params", "num_experts", "num_layers",
+                    "num_experts_total")
+
+
+def validate_eval_dict(data: Any) -> list[str]:
+  """Problems of a parsed eval JSON against the schema (empty: valid).
+
+  Checks types, that BLEU and chrF are finite and in [0, 100] (or null),
+  and that sizes (segments, training pairs, parameter counts) are
+  non-negative integers. Each problem names its field, e.g.
+  ``languages.de.bleu``.
+  """
+  if not isinstance(data, dict):
+    return [f"top level: expected a JSON object, got {type(data).__name__}"]
+  problems = []
+  if data.get("schema") != SCHEMA:
+    problems.append(f"schema: {data.get('schema')!r}, expected {SCHEMA!r} "
+                    "(write it with m4moe-eval)")
+  if "model" in data and not (isinstance(data["model"], str) and
+                              data["model"]):
+    problems.append(f"model: {data['model']!r} is not a non-empty string")
+  if "kind" in data and data["kind"] not in KINDS:
+    problems.append(f"kind: {data['kind']!r} is not one of {', '.join(KINDS)}")
+  metadata = data.get("metadata", {})
+  if not isinstance(metadata, dict):
+    problems.append("metadata: expected an object, got "
+                    f"{type(metadata).__name__}")
+    metadata = {}
+  for key in _METADATA_COUNTS:
+    if metadata.get(key) is not None and not _is_count(metadata[key]):
+      problems.append(f"metadata.{key}: {metadata[key]!r} is not a "
+                      "non-negative integer")
+  languages = data.get("languages", {})
+  if not isinstance(languages, dict):
+    return problems + ["languages: expected an object of language -> "
+                       f"scores, got {type(languages).__name__}"]
+  for lang, values in languages.items():
+    where = f"languages.{lang}"
+    if not isinstance(values, dict):
+      problems.append(f"{where}: expected an object, got "
+                      f"{type(values).__name__}")
+      continue
+    for key in _SCORE_FIELDS:
+      value = values.get(key)
+      if value is None:
+        continue
+      if not _is_number(value):
+        problems.append(f"{where}.{key}: {value!r} is not a number")
+      elif not (math.isfinite(value) and 0.0 <= value <= 100.0):
+        problems.append(f"{where}.{key}: {value!r} is not a finite score in "
+                        "[0, 100]")
+    for key in _COUNT_FIELDS:
+      if key not in values:
+        problems.append(f"{where}.{key}: missing")
+      elif not _is_count(values[key]):
+        problems.append(f"{where}.{key}: {values[key]!r} is not a "
+                        "non-negative integer")
+    for key in _OPTIONAL_COUNT_FIELDS:
+      if values.get(key) is not None and not _is_count(values[key]):
+        problems.append(f"{where}.{key}: {values[key]!r} is not a "
+                        "non-negative integer")
+    for key in _TEXT_FIELDS:
+      if key in values and not isinstance(values[key], str):
+        problems.append(f"{where}.{key}: {values[key]!r} is not a string")
+    for key in _OPTIONAL_TEXT_FIELDS:
+      if values.get(key) is not None and not isinstance(values[key], str):
+        problems.append(f"{where}.{key}: {values[key]!r} is not a string")
+  return problems
 
 
 def read_eval_json(path: str | os.PathLike[str], *,
                    kind: str | None = None) -> EvalResult:
-  """Reads and validates an eval JSON.
+  """Reads and validates an eval JSON (:func:`validate_eval_dict`).
 
   Args:
     path: the file.
     kind: overrides the file's ``kind`` (e.g. files given as --baselines).
 
   Raises:
-    ValueError: naming the file and what is wrong with it.
+    ValueError: naming the file, the field and what is wrong with it.
   """
   path = pathlib.Path(path)
   try:
     data = json.loads(path.read_text(encoding="utf-8"))
-  except (OSError, json.JSONDecodeError) as e:
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ValueError(f"{path}: not a readable eval JSON ({e})") from e
-  if data.get("schema") != SCHEMA:
-    raise ValueError(f"{path}: schema {data.get('schema')!r}, expected "
-                     f"{SCHEMA!r} (write it with m4moe-eval)")
+  problems = validate_eval_dict(data)
+  if problems:
+    raise ValueError(f"{path}: invalid eval JSON: {'; '.join(problems)} "
+                     "(rewrite it with m4moe-eval or fix these fields)")
   try:
     languages = {lang: scoring.LanguageScore.from_dict(
         {"language": lang, **values})

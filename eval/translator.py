@@ -2,17 +2,16 @@
 
 Used by ``m4moe-decode``, ``m4moe-eval`` and ``m4moe-export``.
 
-A run directory (``--model_dir``, written by ``m4moe-train``) holds
-``config.json`` (its ``"model"`` section is a ``ModelConfig.to_dict()``) and
-``ckpt-<step>`` checkpoints whose ``model`` object is the Transformer. The
-SentencePiece models (``source.model``, ``target.model`` from
-``m4moe-vocab``) are found in ``--vocab_dir``, else in a directory named by
-the run config's ``data`` section (any key containing ``vocab``), else in
-``<model_dir>/vocab`` or ``<model_dir>`` itself.
+The run directory (``--model_dir``, written by ``m4moe-train``) is read
+through :mod:`m4moe.rundir`: the model config, the latest checkpoint, the
+SentencePiece models (``--vocab_dir``, else where the run recorded them;
+they must match the run's vocabulary fingerprint) and the language pairs
+the run was trained on.
 
 Source sentences become ``<2tgt> pieces... </s>`` (the target-language tag,
-as in training); the source language must be one the vocabulary has a tag
-for, i.e. a language the model was trained on. Over-long inputs are cut to
+as in training); the (source, target) pair must be one the run was trained
+on (runs without that record: the source vocabulary must have a tag for
+both languages). Over-long inputs are cut to
 ``max_input_length`` ids (tag and EOS kept) and counted; empty inputs give
 empty outputs without running the model.
 
@@ -30,7 +29,6 @@ are counted in :attr:`TranslationStats.length_limited`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 import time
@@ -40,11 +38,11 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-from m4moe import config as config_lib
 from m4moe import decoding
+from m4moe import rundir
+from m4moe.data import vocab as vocab_lib
 
 PAD_ID, EOS_ID = 0, 1
-SOURCE_MODEL, TARGET_MODEL = "source.model", "target.model"
 LINE_BREAKS = re.compile(r"[\r\n]")
 
 
@@ -56,86 +54,44 @@ def language_tag(lang: str) -> str:
   return f"<2{lang}>"
 
 
-@dataclasses.dataclass(frozen=True)
-class RunFiles:
-  """Where a run's pieces are."""
-
-  model_dir: pathlib.Path
-  config: config_lib.ModelConfig
-  checkpoint: str
-  source_vocab: pathlib.Path
-  target_vocab: pathlib.Path
-  run_config: dict[str, Any]
-
-
-def _vocab_candidates(model_dir: pathlib.Path, run_config: dict,
-                      vocab_dir: str | None) -> list[pathlib.Path]:
-  if vocab_dir:
-    return [pathlib.Path(vocab_dir)]
-  found = []
-  data = run_config.get("data", {})
-  if isinstance(data, dict):
-    for key, value in sorted(data.items()):
-      if "vocab" in key and isinstance(value, str) and value:
-        path = pathlib.Path(value)
-        found.append(path.parent if path.suffix == ".model" else path)
-  return found + [model_dir / "vocab", model_dir]
-
-
-def find_run_files(model_dir: str | pathlib.Path, *,
-                   vocab_dir: str | None = None) -> RunFiles:
-  """Locates config, latest checkpoint and SentencePiece models.
-
-  Raises:
-    TranslatorError: naming the missing file and where it was looked for.
-  """
-  model_dir = pathlib.Path(model_dir)
-  config_path = model_dir / "config.json"
-  if not config_path.is_file():
-    raise TranslatorError(f"{config_path} not found: --model_dir must be a "
-                          "run directory written by m4moe-train")
-  run_config = json.loads(config_path.read_text(encoding="utf-8"))
-  model_section = run_config.get("model", run_config)
-  try:
-    config = config_lib.config_from_dict(model_section)
-  except (TypeError, ValueError) as e:
-    raise TranslatorError(f"{config_path}: bad model config ({e})") from e
-  checkpoint = tf.train.latest_checkpoint(str(model_dir))
-  if checkpoint is None:
-    raise TranslatorError(f"{model_dir} has no checkpoint (no 'checkpoint' "
-                          "index file): train first or pass the right dir")
-  tried = _vocab_candidates(model_dir, run_config, vocab_dir)
-  for directory in tried:
-    if (directory / SOURCE_MODEL).is_file() and (
-        directory / TARGET_MODEL).is_file():
-      return RunFiles(model_dir, config, checkpoint,
-                      directory / SOURCE_MODEL, directory / TARGET_MODEL,
-                      run_config)
-  raise TranslatorError(
-      f"no {SOURCE_MODEL}/{TARGET_MODEL} in {', '.join(map(str, tried))}; "
-      "pass --vocab_dir (the m4moe-vocab --output_dir)")
-
-
 def load_sentencepiece(path: pathlib.Path, *,
                        vocab_size: int) -> spm.SentencePieceProcessor:
-  """Loads a model and checks the project's ids and the model's vocab size."""
-  sp = spm.SentencePieceProcessor(model_file=str(path))
-  ids = (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id())
-  if ids != (0, 1, 2, -1):
-    raise TranslatorError(f"{path}: special ids (pad, eos, unk, bos) are "
-                          f"{ids}, expected (0, 1, 2, -1)")
+  """Loads a model (:func:`m4moe.data.vocab.load`) and checks its size.
+
+  Raises:
+    TranslatorError: unreadable model, wrong special ids, or more pieces
+      than the model's vocabulary.
+  """
+  try:
+    sp = vocab_lib.load(path)
+  except ValueError as e:
+    raise TranslatorError(str(e)) from e
   if sp.get_piece_size() > vocab_size:
     raise TranslatorError(f"{path} has {sp.get_piece_size()} pieces but the "
                           f"model's vocabulary is {vocab_size}: wrong vocab")
   return sp
 
 
-def restore_model(files: RunFiles) -> Any:
-  """Builds the Transformer and restores its weights from the checkpoint."""
+def restore_model(files: rundir.RunFiles) -> Any:
+  """Builds the Transformer and restores its weights from the checkpoint.
+
+  Raises:
+    TranslatorError: the checkpoint is unreadable (truncated, damaged) or
+      does not match the run's model config.
+  """
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
   model = model_lib.Transformer(config=files.config)
-  status = tf.train.Checkpoint(model=model).restore(files.checkpoint)
-  status.expect_partial().assert_existing_objects_matched()
+  try:
+    status = tf.train.Checkpoint(model=model).restore(files.checkpoint)
+    status.expect_partial().assert_existing_objects_matched()
+  except (tf.errors.OpError, AssertionError, IndexError, ValueError,
+          OSError) as e:
+    detail = (str(e).strip().splitlines() or [""])[0][:300]
+    raise TranslatorError(
+        f"{files.checkpoint}: cannot restore the model ({type(e).__name__}: "
+        f"{detail}); the checkpoint is damaged or not of this run's model "
+        f"config: restore it, or make the 'checkpoint' file in "
+        f"{files.model_dir} name an earlier complete ckpt-<step>") from e
   return model
 
 
@@ -164,13 +120,18 @@ class Translator:
       ``round_up(length_ratio * longest_source + 16, 16)`` target tokens,
       capped by ``beam.max_decode_length`` (see the module docstring); None
       always decodes ``beam.max_decode_length``.
+    language_pairs: the (source, target) pairs the model was trained on;
+      other requests are refused (None: any pair with tags is accepted).
+    model_name: how error messages name the model (e.g. its run dir).
   """
 
   def __init__(self, *, model: Any, source_sp: spm.SentencePieceProcessor,
                target_sp: spm.SentencePieceProcessor,
                beam: decoding.BeamSearchConfig,
                max_input_length: int | None = None, batch_size: int = 32,
-               length_ratio: float | None = None):
+               length_ratio: float | None = None,
+               language_pairs: frozenset[tuple[str, str]] | None = None,
+               model_name: str = "the model"):
     if max_input_length is None:
       max_input_length = model.config.max_length
     if max_input_length < 3:
@@ -192,6 +153,7 @@ class Translator:
     self.source_sp, self.target_sp = source_sp, target_sp
     self.max_input_length, self.batch_size = max_input_length, batch_size
     self.length_ratio = length_ratio
+    self.language_pairs, self.model_name = language_pairs, model_name
     self.stats = TranslationStats()
     self._searches: dict[int, Callable[[tf.Tensor], Any]] = {}
 
@@ -227,6 +189,16 @@ class Translator:
       raise TranslatorError(f"language {lang!r}: the source vocabulary has no "
                             f"tag {piece}, so the model was not trained on it")
     return pid
+
+  def check_language_pair(self, *, source_lang: str,
+                          target_lang: str) -> None:
+    """Raises TranslatorError unless the model was trained on this pair."""
+    try:
+      rundir.check_language_pair(self.language_pairs, source_lang=source_lang,
+                                 target_lang=target_lang,
+                                 model_dir=self.model_name)
+    except rundir.LanguagePairError as e:
+      raise TranslatorError(str(e)) from e
 
   def encode(self, text: str, *, tag: int) -> tuple[list[int], bool]:
     """``[tag, pieces..., EOS]`` cut to max_input_length; (ids, truncated)."""
@@ -272,6 +244,7 @@ class Translator:
     start = time.time()
     self.tag_id(source_lang)  # validates the source language
     tag = self.tag_id(target_lang)
+    self.check_language_pair(source_lang=source_lang, target_lang=target_lang)
     outputs = [""] * len(sentences)
     todo = []
     for index, text in enumerate(sentences):
@@ -302,9 +275,15 @@ def load_translator(model_dir: str | pathlib.Path, *,
                     max_input_length: int | None = None,
                     batch_size: int = 32,
                     length_ratio: float | None = None
-                    ) -> tuple[Translator, RunFiles]:
-  """Finds the run's files, restores the model and builds a Translator."""
-  files = find_run_files(model_dir, vocab_dir=vocab_dir)
+                    ) -> tuple[Translator, rundir.RunFiles]:
+  """Finds the run's files, restores the model and builds a Translator.
+
+  Raises:
+    rundir.RunDirError: unusable run directory or a vocabulary other than
+      the run's.
+    TranslatorError: unusable SentencePiece model or settings.
+  """
+  files = rundir.find_run_files(model_dir, vocab_dir=vocab_dir)
   source_sp = load_sentencepiece(files.source_vocab,
                                  vocab_size=files.config.src_vocab_size)
   target_sp = load_sentencepiece(files.target_vocab,
@@ -312,5 +291,7 @@ def load_translator(model_dir: str | pathlib.Path, *,
   translator = Translator(model=restore_model(files), source_sp=source_sp,
                           target_sp=target_sp, beam=beam,
                           max_input_length=max_input_length,
-                          batch_size=batch_size, length_ratio=length_ratio)
+                          batch_size=batch_size, length_ratio=length_ratio,
+                          language_pairs=files.language_pairs,
+                          model_name=str(files.model_dir))
   return translator, files

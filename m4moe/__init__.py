@@ -5,7 +5,9 @@ Package map (one idea per module):
 
 * ``config``: frozen, validated ``ModelConfig``/``MoeConfig``; the zoo.
 * ``flagutil``: config dataclasses as absl flags.
-* ``errors``: the ``ConfigError`` family for bad settings.
+* ``errors``: ``ConfigError`` and ``require``, the one validation helper.
+* ``rundir``: the run-directory contract (config, vocabulary fingerprint,
+  language pairs, checkpoints) read by decode, eval and export.
 * ``interfaces``: the typed team contract (model batch, model Protocols).
 * ``numerics``: ``NEG_INF`` and ``fold_seed``, shared by every module.
 * ``initializers``: the one truncated-normal weight initialiser.
@@ -18,7 +20,7 @@ Package map (one idea per module):
 * ``optimizer``: Adafactor.
 * ``decoding``: beam and greedy search.
 * ``cost``: parameter, FLOP and memory counts from a config.
-* ``cost_tables``: the zoo's cost tables that ``m4moe-info`` reports.
+* ``cost_tables``: the GShard Table 1 per-device analysis over the zoo.
 * ``mesh``, ``sharding``: device meshes and GShard sharding annotations.
 * ``train``, ``training``: the resumable training loop and its parts.
 * ``main_job``: the whole study as resumable stages.

@@ -12,7 +12,7 @@ callables).
 * :class:`ModelOutputLike` -- what a forward pass returns
   (:class:`m4moe.model.ModelOutput`).
 * :class:`TrainableModel` -- ``model(batch, training=, seed=)``: what the
-  step runner needs (the real Transformer and the tests' stand-in
+  step runner needs (the real Transformer and the test stand-in
   :class:`~m4moe.training.toy_model.ToyTranslator`).
 * :class:`TranslationModel` -- a trainable model that also decodes
   incrementally (``encode``, ``init_cache``, ``decode_step`` with a

@@ -130,9 +130,11 @@ def test_broken_plural_header_skips_plurals_and_names_file(tmp_path):
                              plural_forms="nplurals=2; plural=n !=!;")
   path = fixtures.write_catalog(po, tmp_path / "de" / "LC_MESSAGES" / "b.po")
   counts = cleaning.new_counter()
-  pairs = list(catalogs.read_catalog(path, counts=counts))
+  problems = []
+  pairs = list(catalogs.read_catalog(path, counts=counts, problems=problems))
   assert counts["catalog:plural_header_broken"] == 1
-  assert counts[f"{catalogs.BROKEN_PLURAL_PREFIX}{path}"] == 1
+  assert [(p.kind, p.where) for p in problems] == [
+      ("catalog:plural_header_broken", str(path))]
   assert counts["entry:plural_skipped_broken_header"] == 1
   assert all("selected file" not in p.source for p in pairs)
 
@@ -227,8 +229,10 @@ def test_output_is_atomic_and_idempotent(tmp_path, monkeypatch):
   after = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*.tsv")}
   assert after == before  # the interrupted build left the old output intact
   assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]
-  # A SIGKILLed build cannot clean up: the next build removes its leftovers.
+  # A SIGKILLed build cannot clean up: the next build removes its leftovers
+  # (recognised by the marker a build writes into its temporary first).
   (tmp_path / ".out.tmp-killed" / "train").mkdir(parents=True)
+  (tmp_path / ".out.tmp-killed" / corpus.MARKER).write_text("{}")
   second = _build(tmp_path, [tmp_path / "src"], split_keys=None)
   assert second["languages"] == first["languages"]
   final = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*.tsv")}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from m4moe import decoding
+from m4moe import rundir
 from m4moe.eval import fixtures
 from m4moe.eval import textio
 from m4moe.eval import translator as translator_lib
@@ -52,10 +53,10 @@ def test_translator_rejects_unknown_language(translator):
 
 
 def test_find_run_files_errors_name_the_problem(tmp_path, run_dir):
-  with pytest.raises(translator_lib.TranslatorError, match="config.json"):
-    translator_lib.find_run_files(tmp_path)
-  with pytest.raises(translator_lib.TranslatorError, match="--vocab_dir"):
-    translator_lib.find_run_files(run_dir, vocab_dir=str(tmp_path))
+  with pytest.raises(rundir.RunDirError, match="config.json"):
+    rundir.find_run_files(tmp_path)
+  with pytest.raises(rundir.RunDirError, match="--vocab_dir"):
+    rundir.find_run_files(run_dir, vocab_dir=str(tmp_path))
 
 
 def test_read_lines_utf8_and_lang_column():

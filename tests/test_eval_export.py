@@ -63,5 +63,5 @@ def test_saved_model_reproduces_decode_in_a_fresh_process(tmp_path):
   assert got["truncated"] == [False, False, True, False, False, False, False]
   assert got["metadata"]["beam_size"] == 2 and got["metadata"]["note"] == (
       "test")
-  assert "unknown source_lang (no <2xx> tag in the vocabulary)" in got["error"]
+  assert "unknown source_lang (no <2xx> tag in the vocabulary" in got["error"]
   assert "xx" in got["error"]

@@ -18,14 +18,15 @@ import tensorflow as tf
 from m4moe import optimizer as optimizer_lib
 from m4moe import train as train_lib
 from m4moe.training import checkpointing
-from m4moe.training import fixtures
+from m4moe.training import synthetic
+from m4moe.training import toy_model
 from m4moe.training import metrics as metrics_lib
 from m4moe.training import run_lock
 
 tf.config.experimental.enable_op_determinism()
 
 VOCAB = 24
-PAIRS = fixtures.synthetic_pairs(num_pairs=256, vocab_size=VOCAB, max_length=9)
+PAIRS = synthetic.synthetic_pairs(num_pairs=256, vocab_size=VOCAB, max_length=9)
 DATA = ".data-00000-of-00001"
 
 
@@ -39,8 +40,8 @@ def _config(model_dir, **overrides):
 
 def _train(model_dir, **overrides):
   return train_lib.train(
-      model_fn=lambda: fixtures.ToyTranslator(vocab_size=VOCAB),
-      train_dataset=fixtures.pairs_dataset(PAIRS, batch_size=8, length=10,
+      model_fn=lambda: toy_model.ToyTranslator(vocab_size=VOCAB),
+      train_dataset=synthetic.pairs_dataset(PAIRS, batch_size=8, length=10,
                                            shuffle_seed=1),
       config=_config(model_dir, **overrides))
 
@@ -226,8 +227,8 @@ def test_run_stopped_before_its_first_checkpoint_starts_over(tmp_path):
 
   with pytest.raises(KeyboardInterrupt):
     train_lib.train(
-        model_fn=lambda: fixtures.ToyTranslator(vocab_size=VOCAB),
-        train_dataset=fixtures.pairs_dataset(PAIRS, batch_size=8, length=10,
+        model_fn=lambda: toy_model.ToyTranslator(vocab_size=VOCAB),
+        train_dataset=synthetic.pairs_dataset(PAIRS, batch_size=8, length=10,
                                              shuffle_seed=1),
         config=_config(run, train_steps=6, checkpoint_every=5),
         after_step=crash)
@@ -279,16 +280,17 @@ CHILD = r'''
 import sys
 from m4moe import optimizer as optimizer_lib
 from m4moe import train as train_lib
-from m4moe.training import fixtures
+from m4moe.training import synthetic
+from m4moe.training import toy_model
 
-pairs = fixtures.synthetic_pairs(num_pairs=256, vocab_size=24, max_length=9)
+pairs = synthetic.synthetic_pairs(num_pairs=256, vocab_size=24, max_length=9)
 config = train_lib.TrainConfig(
     model_dir=sys.argv[1], train_steps=100000, seed=3, log_every=2,
     checkpoint_every=1, keep_checkpoints=2,
     optimizer=optimizer_lib.AdafactorConfig(warmup_steps=20))
 train_lib.train(
-    model_fn=lambda: fixtures.ToyTranslator(vocab_size=24),
-    train_dataset=fixtures.pairs_dataset(pairs, batch_size=8, length=10,
+    model_fn=lambda: toy_model.ToyTranslator(vocab_size=24),
+    train_dataset=synthetic.pairs_dataset(pairs, batch_size=8, length=10,
                                          shuffle_seed=1),
     config=config, after_step=lambda s: print("STEP", s, flush=True))
 '''

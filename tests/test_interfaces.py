@@ -85,7 +85,7 @@ def test_batch_keys_are_what_the_pipeline_produces():
   packed = packing.pack_pairs([[5, 6, 1], [7, 1]], [[8, 1], [9, 9, 1]],
                               length=8)
   assert sorted(packed) == sorted(interfaces.MODEL_KEYS)
-  # Unpacked synthetic batches carry the required keys only.
+  # Unpacked fixture batches carry the required keys only.
   element = synthetic.synthetic_parallel_dataset(batch_size=2).element_spec
   assert sorted(element) == sorted(interfaces.REQUIRED_MODEL_KEYS)
 

@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from m4moe import optimizer as optimizer_lib
+from m4moe import rundir
 from m4moe import train as train_lib
-from m4moe.training import checkpointing
 from m4moe.training import synthetic
 from m4moe.training import toy_model
 from m4moe.training import metrics as metrics_lib
@@ -193,7 +193,7 @@ def test_config_json_round_trip_and_guard(tmp_path):
   model_config = config_lib.ModelConfig(d_model=64)
   config = _config(tmp_path, train_steps=2)
   _train(config, model_config=model_config, run_sections={"data": {"x": 1}})
-  assert checkpointing.model_config_from_run(config.model_dir) == model_config
+  assert rundir.model_config_from_run(config.model_dir) == model_config
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
   assert saved["train"]["optimizer"]["warmup_steps"] == 20
   assert saved["data"] == {"x": 1}

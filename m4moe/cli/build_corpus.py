@@ -10,13 +10,23 @@ Examples:
       --languages=de,fr,zh_Hans --output_dir=/tmp/corpus
 
 The build report (counts of every cleaning rule, skipped sources, per-language
-sizes) is printed as a summary and written to ``<output_dir>/report.json``.
+sizes, every damaged or skipped file with the reason) is printed as a summary
+and written to ``<output_dir>/report.json``. A bad catalog or TSV line never
+stops the build: it is counted and listed under ``problems``.
+
+``--output_dir`` is replaced atomically, but only when it is missing, empty or
+a corpus this tool wrote (it leaves a ``.m4moe-corpus.json`` marker); any
+other directory is refused unless ``--overwrite`` is given. SIGTERM or Ctrl-C
+stop the build, its worker processes and its temporary files, leaving the
+previous corpus in place (exit code 1); the workers also die with a killed
+builder.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 from absl import app
 from absl import flags
@@ -26,8 +36,14 @@ from m4moe.data import corpus
 from m4moe.data import sources
 from m4moe.data import split
 
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None,
-                                  "Where the corpus is written (replaced).")
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Where the corpus is written. Replaced atomically "
+    "when missing, empty or a corpus this tool wrote; see --overwrite.")
+_OVERWRITE = flags.DEFINE_boolean(
+    "overwrite", False, "Replace --output_dir even when it is a non-empty "
+    "directory this tool did not write (its contents are deleted). Never "
+    "applies to a directory holding --sources, --cache_dir or the working "
+    "directory.")
 _CACHE_DIR = flags.DEFINE_string(
     "cache_dir", None, "Download/extraction cache (default: "
     "<output_dir>.cache). Re-runs reuse it.")
@@ -55,6 +71,7 @@ _TEST_GROUPS = flags.DEFINE_integer("test_groups", 1000,
 _MIN_WORDS = flags.DEFINE_integer("min_words", 3, "Min English words.")
 _MAX_WORDS = flags.DEFINE_integer("max_words", 100, "Max English words.")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Catalog parsing processes.")
+_PRINTED_PROBLEMS = 50  # report.json lists 200; "counts" counts them all
 
 
 def _config() -> corpus.BuildConfig:
@@ -81,7 +98,8 @@ def _config() -> corpus.BuildConfig:
                                      test_groups=_TEST_GROUPS.value),
       cleaning=cleaning.CleaningConfig(min_words=_MIN_WORDS.value,
                                        max_words=_MAX_WORDS.value),
-      workers=_WORKERS.value)
+      workers=_WORKERS.value,
+      overwrite=_OVERWRITE.value)
 
 
 def main(argv):
@@ -91,12 +109,27 @@ def main(argv):
     config = _config()
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  report = corpus.build_corpus(config)
+  try:
+    report = corpus.build_corpus(config)
+  except (corpus.OutputDirError, corpus.SplitKeysError,
+          sources.RecipeError) as e:
+    raise app.UsageError(str(e)) from e
+  except corpus.BuildInterrupted as e:
+    print(f"m4moe-build-corpus: {e}", file=sys.stderr)
+    sys.exit(1)
+  except KeyboardInterrupt:
+    print("m4moe-build-corpus: interrupted; the previous output (if any) is "
+          "unchanged", file=sys.stderr)
+    sys.exit(130)
   skipped = [s for s in report.get("sources", []) if s["status"] != "cached"
              and s["status"] != "downloaded"]
+  problems = report["problems"]
   print(json.dumps({"summary": report["summary"],
                     "counts": report["counts"],
                     "sources_not_as_pinned": skipped,
+                    "problems": problems[:_PRINTED_PROBLEMS],
+                    "problems_not_printed": max(
+                        0, len(problems) - _PRINTED_PROBLEMS),
                     "seconds": report["seconds"]}, indent=1,
                    ensure_ascii=False))
   print(f"report: {config.output_dir / 'report.json'}")

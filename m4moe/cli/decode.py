@@ -9,9 +9,12 @@ Examples:
 With --lang_column every line is ``lang<TAB>sentence``. Output lines are in
 input order; empty input lines give empty output lines; inputs longer than
 --max_input_length source ids are truncated (the count is reported);
-invalid UTF-8 stops with an error naming the line. A progress bar with
-sentences/s goes to stderr (--progress=auto: when stderr is a terminal or
-the input has at least 1000 lines).
+invalid UTF-8 stops with an error naming the line; a language pair the
+run was not trained on, a vocabulary other than the run's, or an --output
+that cannot be written stop with an error before anything is decoded. The
+output file is written atomically (temporary file + rename). A progress
+bar with sentences/s goes to stderr (--progress=auto: when stderr is a
+terminal or the input has at least 1000 lines).
 """
 
 from __future__ import annotations
@@ -73,19 +76,29 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not _LANG_COLUMN.value and not _SOURCE_LANG.value:
     raise app.UsageError("give --source_lang or --lang_column")
+  if _OUTPUT.value != "-":
+    try:
+      textio.check_output_file(_OUTPUT.value, flag="--output")
+    except textio.OutputError as e:
+      raise app.UsageError(str(e)) from e
   try:
     lines = _read_input()
   except (textio.InputError, OSError) as e:
     sys.exit(f"m4moe-decode: error: {e}")
   translator, files = translation_flags.load_translator_from_flags()
   logging.info("Restored %s", files.checkpoint)
+  target_lang = translation_flags.TARGET_LANG.value
+  translation_flags.check_language_pairs(
+      translator, {(line.lang or _SOURCE_LANG.value, target_lang)
+                   for line in lines
+                   if (line.lang or _SOURCE_LANG.value) and line.text.strip()})
   enabled = {"on": True, "off": False}.get(
       _PROGRESS.value, sys.stderr.isatty() or len(lines) >= PROGRESS_MIN_LINES)
   progress = textio.Progress(len(lines), enabled=enabled)
   try:
     outputs = translate_lines(
         translator, lines, default_lang=_SOURCE_LANG.value,
-        target_lang=translation_flags.TARGET_LANG.value, progress=progress)
+        target_lang=target_lang, progress=progress)
   except translator_lib.TranslatorError as e:
     sys.exit(f"m4moe-decode: error: {e}")
   progress.close()
@@ -94,8 +107,11 @@ def main(argv):
     sys.stdout.write(text)
     sys.stdout.flush()
   else:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      f.write(text)
+    try:
+      textio.write_text_atomic(_OUTPUT.value, text)
+    except OSError as e:
+      sys.exit(f"m4moe-decode: error: cannot write --output={_OUTPUT.value} "
+               f"({e}); nothing was written there")
   stats = translator.stats
   if stats.truncated:
     logging.warning("%d input line(s) were longer than --max_input_length=%d "

@@ -10,6 +10,11 @@ chrF++ with sacrebleu signatures (BLEU tokenizer chosen by the target
 language: 13a, zh, ja-mecab, ko-mecab), segments, training size from the
 corpus build report, and the model's config and decoding settings. With
 --hypotheses_dir the decoded lines are kept as <dir>/<lang>.hyp.
+
+Before decoding it checks that --output and --hypotheses_dir can be
+written, that the vocabulary is the run's (recorded sha256) and that the
+run was trained on every test set's language pair; files are written
+atomically (temporary file + rename).
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import sys
 from absl import app
 from absl import flags
 
+from m4moe import rundir
 from m4moe.cli import translation_flags
 from m4moe.eval import evaluate as evaluate_lib
 from m4moe.eval import results
 from m4moe.eval import scoring
 from m4moe.eval import testsets as testsets_lib
+from m4moe.eval import textio
 from m4moe.eval import translator as translator_lib
 
 _CORPUS_DIR = flags.DEFINE_string("corpus_dir", None,
@@ -49,7 +56,7 @@ _HYPOTHESES_DIR = flags.DEFINE_string("hypotheses_dir", None,
                                       "Also write <lang>.hyp files here.")
 
 
-def _metadata(files: translator_lib.RunFiles,
+def _metadata(files: rundir.RunFiles,
               translator: translator_lib.Translator) -> dict:
   config = files.config
   meta = {
@@ -92,16 +99,23 @@ def main(argv):
         direction=_DIRECTION.value))
   except ValueError as e:
     raise app.UsageError(str(e)) from e
+  try:
+    textio.check_output_file(_OUTPUT.value, flag="--output")
+    if _HYPOTHESES_DIR.value:
+      textio.check_output_dir(_HYPOTHESES_DIR.value, flag="--hypotheses_dir")
+  except textio.OutputError as e:
+    raise app.UsageError(str(e)) from e
   translator, files = translation_flags.load_translator_from_flags()
+  translation_flags.check_language_pairs(
+      translator, {(t.source_lang, t.target_lang) for t in sets if t.sources})
   hyp_dir = pathlib.Path(_HYPOTHESES_DIR.value or "")
   def translate(sources, *, source_lang, target_lang):
     out = translator.translate(sources, source_lang=source_lang,
                                target_lang=target_lang)
     if _HYPOTHESES_DIR.value:
-      hyp_dir.mkdir(parents=True, exist_ok=True)
       lang = target_lang if source_lang == "en" else source_lang
-      (hyp_dir / f"{lang}.hyp").write_text("".join(o + "\n" for o in out),
-                                            encoding="utf-8")
+      textio.write_text_atomic(hyp_dir / f"{lang}.hyp",
+                               "".join(o + "\n" for o in out))
     return out
   try:
     result = evaluate_lib.evaluate(
@@ -110,13 +124,20 @@ def main(argv):
         train_sizes=testsets_lib.train_sizes(_CORPUS_DIR.value))
   except (scoring.ScoringError, translator_lib.TranslatorError) as e:
     sys.exit(f"m4moe-eval: error: {e}")
+  except OSError as e:
+    sys.exit(f"m4moe-eval: error: cannot write --hypotheses_dir="
+             f"{_HYPOTHESES_DIR.value} ({e})")
   stats = translator.stats
   result = dataclasses.replace(result, metadata={
       **result.metadata, "decode_stats": dataclasses.asdict(stats),
       # Where <lang>.hyp lives (m4moe-report reads examples from it).
       "hypotheses_dir": (str(hyp_dir.resolve()) if _HYPOTHESES_DIR.value
                          else None)})
-  results.write_eval_json(result, _OUTPUT.value)
+  try:
+    results.write_eval_json(result, _OUTPUT.value)
+  except OSError as e:
+    sys.exit(f"m4moe-eval: error: cannot write --output={_OUTPUT.value} "
+             f"({e}); nothing was written there")
   for lang, score in result.languages.items():
     if score.status == scoring.STATUS_EMPTY:
       print(f"{lang}: EMPTY test split (0 segments)")

@@ -18,12 +18,19 @@ or --hypotheses_dirs) and the corpus's test sentences (--corpus_dir, else
 metadata.corpus_dir) it adds the first --examples sentences per language
 and 95% bootstrap intervals with paired significance (sacrebleu,
 --bootstrap_samples; 0 disables). See m4moe.eval.report.
+
+Every input eval JSON is validated against the schema (types, finite
+BLEU/chrF in [0, 100], non-negative sizes; errors name the file and the
+field); --output_dir is checked before any work and each file is written
+atomically. summary.json is strict JSON: non-finite values become null and
+are listed in its notes.
 """
 
 from __future__ import annotations
 
 import glob
 import pathlib
+import sys
 
 from absl import app
 from absl import flags
@@ -32,6 +39,7 @@ from m4moe.eval import comparison
 from m4moe.eval import report
 from m4moe.eval import results
 from m4moe.eval import testsets
+from m4moe.eval import textio
 
 _MODELS = flags.DEFINE_list(
     "models", [], "Multilingual models' eval JSONs (paths or globs).")
@@ -121,6 +129,10 @@ def main(argv):
     thresholds = [float(t) for t in _CE_THRESHOLDS.value]
   except ValueError as e:
     raise app.UsageError(f"--ce_thresholds: {e}") from e
+  try:
+    textio.check_output_dir(_OUTPUT_DIR.value, flag="--output_dir")
+  except textio.OutputError as e:
+    raise app.UsageError(str(e)) from e
   model_paths = _expand(_MODELS.value, "models")
   baseline_paths = _expand(_BASELINES.value, "baselines")
   try:
@@ -143,6 +155,9 @@ def main(argv):
         bootstrap_seed=_BOOTSTRAP_SEED.value)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
+  except OSError as e:
+    sys.exit(f"m4moe-report: error: cannot write --output_dir="
+             f"{_OUTPUT_DIR.value} ({e})")
   comp = files.comparison
   print(f"Bucket bounds: {comp.bounds.describe()}")
   print(f"Averaged over {len(comp.averaged)} of {len(comp.languages)} "

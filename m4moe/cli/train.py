@@ -23,9 +23,10 @@ start over. Only one m4moe-train may use a ``--model_dir`` at a time (a
 second one exits with code 1 naming the first one's pid); a ``--model_dir``
 that is a file or cannot be created exits with code 2.
 
-Writes to ``--model_dir``: config.json (effective config; decode/eval rebuild
-the model with m4moe.training.checkpointing.model_config_from_run),
-checkpoints, metrics.jsonl, TensorBoard events (train/, eval/).
+Writes to ``--model_dir`` (the contract is m4moe.rundir): config.json
+(effective config, plus the vocabulary fingerprint and the trained language
+pairs that decode/eval/export check), checkpoints, metrics.jsonl,
+TensorBoard events (train/, eval/).
 
 Distribution: one device by default; several local GPUs (or
 ``--num_cpu_devices=N`` logical CPUs) use MirroredStrategy and split each
@@ -49,6 +50,7 @@ by the data axis. Checkpoints restore on any other mesh or on one device.
 from __future__ import annotations
 
 import json
+import pathlib
 import sys
 from typing import Any
 
@@ -75,7 +77,9 @@ _CONFIG = flags.DEFINE_string(
 flagutil.define_flags(train_lib.TrainConfig)
 flagutil.define_flags(inputs.DataConfig)
 _CHECK_CONFIG = flags.DEFINE_bool(
-    "check_config", False, "Validate config, data and devices, then exit.")
+    "check_config", False, "Validate config, data (every corpus line: "
+    "malformed ones are listed as file:line) and devices, then exit (2 on "
+    "any problem).")
 _DETERMINISTIC = flags.DEFINE_bool(
     "deterministic", False, "tf.config.experimental.enable_op_determinism.")
 _TPU = flags.DEFINE_string("tpu", None, "TPU name ('local' on a TPU VM).")
@@ -168,6 +172,32 @@ def _check(data, strategy, model_config) -> list[str]:
   return problems
 
 
+def _run_record(data, built) -> dict[str, Any]:
+  """The m4moe.rundir records of this run (vocabulary fingerprint, language
+  pairs, skipped lines); {} for synthetic data or when ``built`` is None.
+
+  Raises:
+    ValueError: --model_dir already holds a run trained with other
+      SentencePiece models (resuming would continue it on wrong ids).
+  """
+  from m4moe import rundir  # pylint: disable=g-import-not-at-top
+  if built is None or data.synthetic:
+    return {}
+  record = rundir.run_sections(vocab_dir=data.vocab_dir,
+                               languages=built.languages,
+                               skipped_lines=built.skipped_lines)
+  config_path = pathlib.Path(_MODEL_DIR.value) / rundir.CONFIG_FILENAME
+  if config_path.is_file():
+    old = rundir.read_run_config(_MODEL_DIR.value).get("vocab")
+    if old is not None:
+      vocab_dir = pathlib.Path(data.vocab_dir)
+      rundir.check_vocab(rundir.VocabFingerprint.from_dict(old),
+                         source=vocab_dir / rundir.SOURCE_MODEL,
+                         target=vocab_dir / rundir.TARGET_MODEL,
+                         model_dir=_MODEL_DIR.value)
+  return record
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -208,6 +238,11 @@ def main(argv):
     return 2
   problems += _check(data, strategy, model_config)
   problems += _check_mesh(mesh, data, model_config)
+  try:
+    record = _run_record(data, built)
+  except (ValueError, OSError) as e:
+    problems.append(str(e))
+    record = {}
   devices = mesh.size if mesh else strategy.num_replicas_in_sync
   effective = {"model": model_config.to_dict(), "train": train.to_dict(),
                "data": data.to_dict(), "devices": devices,
@@ -217,10 +252,26 @@ def main(argv):
     for p in problems:
       print(f"m4moe-train: {p}", file=sys.stderr)
     return 2
+  line_problems = built.line_problems()
+  skipped = sum(built.skipped_lines.values())
   if _CHECK_CONFIG.value:
+    if line_problems:
+      for p in line_problems:
+        print(f"m4moe-train: {p}", file=sys.stderr)
+      print(f"m4moe-train: {skipped} malformed corpus line(s) in "
+            f"{len(built.skipped_lines)} file(s) (listed above): fix them, or "
+            "train anyway (training skips and counts them)", file=sys.stderr)
+      return 2
     print(f"m4moe-train: config OK ({len(built.languages)} languages, "
           f"{devices} device(s))")
     return 0
+  if skipped:
+    for path, count in built.skipped_lines.items():
+      logging.warning("skipping %d malformed line(s) of %s", count, path)
+    print(f"m4moe-train: skipping {skipped} malformed corpus line(s): "
+          + ", ".join(f"{path} ({count})"
+                      for path, count in built.skipped_lines.items())
+          + "; run with --check_config to list them", file=sys.stderr)
   try:
     result = train_lib.train(
         model_fn=lambda: model_lib.Transformer(config=model_config,
@@ -229,7 +280,7 @@ def main(argv):
         model_config=model_config, strategy=strategy, sharding=sharding,
         run_sections={"data": data.to_dict(),
                       "languages": list(built.languages),
-                      "mesh": str(mesh) if mesh else None})
+                      "mesh": str(mesh) if mesh else None, **record})
   except (checkpointing.ModelDirError, checkpointing.CheckpointError,
           run_lock.RunLockedError) as e:
     logging.error("%s", e)

@@ -6,10 +6,13 @@ builds a :class:`m4moe.eval.translator.Translator` from them.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from absl import app
 from absl import flags
 
 from m4moe import decoding
+from m4moe import rundir
 from m4moe.eval import translator as translator_lib
 
 MODEL_DIR = flags.DEFINE_string(
@@ -17,7 +20,8 @@ MODEL_DIR = flags.DEFINE_string(
     "checkpoints); the latest checkpoint is used.")
 VOCAB_DIR = flags.DEFINE_string(
     "vocab_dir", None, "Directory with source.model/target.model (default: "
-    "from the run's config.json, else <model_dir>/vocab).")
+    "where the run's config.json recorded them, else <model_dir>/vocab). "
+    "They must be the models the run was trained with (sha256 recorded).")
 BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beams; 1 with --alpha=0 "
                                  "is greedy decoding.")
 ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent.")
@@ -35,12 +39,13 @@ MAX_INPUT_LENGTH = flags.DEFINE_integer(
     "source ids, with a counted warning (default: the model's max_length).")
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 TARGET_LANG = flags.DEFINE_string(
-    "target_lang", "en", "Target language (its <2xx> tag starts the source).")
+    "target_lang", "en", "Target language (its <2xx> tag starts the source); "
+    "the run must have been trained on source->target.")
 
 
 def load_translator_from_flags(
     *, per_batch_length: bool = True
-    ) -> tuple[translator_lib.Translator, translator_lib.RunFiles]:
+    ) -> tuple[translator_lib.Translator, rundir.RunFiles]:
   """Restores the run named by --model_dir with the decoding flags.
 
   Args:
@@ -54,8 +59,7 @@ def load_translator_from_flags(
     raise app.UsageError("--model_dir is required")
   ratio = DECODE_LENGTH_RATIO.value if per_batch_length else 0.0
   try:
-    files = translator_lib.find_run_files(MODEL_DIR.value,
-                                          vocab_dir=VOCAB_DIR.value)
+    files = rundir.find_run_files(MODEL_DIR.value, vocab_dir=VOCAB_DIR.value)
     max_length = files.config.max_length
     beam = decoding.BeamSearchConfig(
         beam_size=BEAM_SIZE.value, alpha=ALPHA.value,
@@ -65,4 +69,21 @@ def load_translator_from_flags(
         max_input_length=MAX_INPUT_LENGTH.value, batch_size=BATCH_SIZE.value,
         length_ratio=ratio or None)
   except ValueError as e:
+    raise app.UsageError(str(e)) from e
+
+
+def check_language_pairs(translator: translator_lib.Translator,
+                         pairs: Iterable[tuple[str, str]]) -> None:
+  """Checks every (source, target) request before any decoding.
+
+  Raises:
+    app.UsageError: naming the untrained pair or the language without a tag.
+  """
+  try:
+    for source_lang, target_lang in sorted(set(pairs)):
+      translator.tag_id(source_lang)
+      translator.tag_id(target_lang)
+      translator.check_language_pair(source_lang=source_lang,
+                                     target_lang=target_lang)
+  except translator_lib.TranslatorError as e:
     raise app.UsageError(str(e)) from e

@@ -7,11 +7,14 @@ Example:
 
 Writes ``source.model`` (multilingual, with ``<2xx>`` tags), ``target.model``
 (English) and ``vocab.json`` to ``--output_dir``; ids: pad=0, eos=1, unk=2.
+Malformed corpus lines (bad UTF-8, no tab, extra fields) are skipped with a
+warning naming the file and the first lines.
 """
 
 from __future__ import annotations
 
 import pathlib
+import sys
 import time
 
 from absl import app
@@ -36,10 +39,24 @@ def main(argv):
     config = flagutil.from_flags(vocab.VocabConfig, flags.FLAGS)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
+  corpus_dir = pathlib.Path(_CORPUS_DIR.value)
+  if not (corpus_dir / "train").is_dir():
+    raise app.UsageError(f"--corpus_dir={corpus_dir}: no train/ directory; "
+                         "give a corpus built by m4moe-build-corpus")
+  missing = [l for l in _LANGUAGES.value
+             if not (corpus_dir / "train" / f"{l}.tsv").is_file()]
+  if missing:
+    raise app.UsageError(f"--languages: {', '.join(missing)} not in "
+                         f"{corpus_dir / 'train'}")
   start = time.time()
-  paths = vocab.train_vocabularies(
-      pathlib.Path(_CORPUS_DIR.value), pathlib.Path(_OUTPUT_DIR.value),
-      config=config, langs=_LANGUAGES.value)
+  try:
+    paths = vocab.train_vocabularies(
+        corpus_dir, pathlib.Path(_OUTPUT_DIR.value), config=config,
+        langs=_LANGUAGES.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  except (OSError, RuntimeError) as e:
+    sys.exit(f"m4moe-vocab: error: {e}")
   print(f"source: {paths.source_model}\ntarget: {paths.target_model}\n"
         f"seconds: {time.time() - start:.1f}")
 

@@ -102,12 +102,6 @@ def read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return json.load(f)
 
 
-def model_config_from_run(
-    model_dir: str | os.PathLike[str]) -> config_lib.ModelConfig:
-  """The ModelConfig a run was trained with (for decode/eval/export)."""
-  return config_lib.config_from_dict(read_run_config(model_dir)["model"])
-
-
 def write_run_config(model_dir: str | os.PathLike[str], *,
                      model_config: config_lib.ModelConfig,
                      sections: Mapping[str, Any]) -> pathlib.Path:

@@ -5,7 +5,10 @@ Sources (exactly one):
 * ``corpus_dir`` + ``vocab_dir``: a corpus built by ``m4moe-build-corpus``
   (``train/dev/<lang>.tsv``) and the SentencePiece models of ``m4moe-vocab``;
   the stream is :func:`m4moe.data.pipeline.training_dataset` (temperature
-  sampling, packing, checkpointable iterator).
+  sampling, packing, checkpointable iterator). Malformed TSV lines (bad
+  UTF-8, no tab, extra fields: :mod:`m4moe.data.tsv`) are skipped and
+  counted (:attr:`Inputs.skipped_lines`; ``m4moe-train --check_config``
+  lists them as ``file:line: problem``).
 * ``tfds_name`` + ``vocab_dir``: TFDS translation datasets (comma-separated,
   e.g. ``wmt19_translate/de-en``), each with a text feature ``en`` and one
   other language feature; loaded offline (``try_gcs=False``) from
@@ -19,13 +22,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
-from typing import Any, Mapping
+from typing import Any, Mapping, TYPE_CHECKING
 
 import tensorflow as tf
 
 from m4moe import errors
 from m4moe import flagutil
 from m4moe.training import synthetic
+
+if TYPE_CHECKING:
+  from m4moe.data import tsv  # pylint: disable=g-bad-import-order
 
 
 class DataConfigError(errors.ConfigError):
@@ -107,12 +113,27 @@ class Inputs:
     src_vocab_size, tgt_vocab_size: from the SentencePiece models (None
       for synthetic data: keep the model config's).
     languages: the training languages.
+    tsv_scans: line checks of the corpus files read (train and dev); their
+      malformed lines are skipped by the pipeline (empty for TFDS and
+      synthetic data).
   """
   train: tf.data.Dataset
   dev: Mapping[str, tf.data.Dataset]
   src_vocab_size: int | None
   tgt_vocab_size: int | None
   languages: tuple[str, ...]
+  tsv_scans: tuple["tsv.TsvScan", ...] = ()
+
+  @property
+  def skipped_lines(self) -> dict[str, int]:
+    """{file: malformed lines skipped} of the corpus files that have any."""
+    from m4moe.data import tsv  # pylint: disable=g-import-not-at-top
+    return tsv.skipped_counts(list(self.tsv_scans))
+
+  def line_problems(self) -> list[str]:
+    """``file:line: problem`` of the malformed corpus lines (first few per
+    file, then a count of the rest)."""
+    return [p for scan in self.tsv_scans for p in scan.describe()]
 
 
 SYNTHETIC_VOCAB = 64
@@ -143,19 +164,23 @@ def _corpus(config: DataConfig) -> Inputs:
   corpus = pathlib.Path(config.corpus_dir)
   vocab_dir = pathlib.Path(config.vocab_dir)
   tokenizers = pipeline.load_tokenizers(vocab_dir)
-  datasets, sizes = pipeline.tsv_language_datasets(
-      corpus, split="train", langs=config.languages)
-  train = pipeline.training_dataset(datasets, sizes, tokenizers=tokenizers,
+  train_split = pipeline.read_tsv_corpus(corpus, split="train",
+                                         langs=config.languages)
+  datasets = train_split.datasets
+  train = pipeline.training_dataset(datasets, train_split.sizes,
+                                    tokenizers=tokenizers,
                                     config=_pipeline_config(config))
-  dev_pairs, _ = pipeline.tsv_language_datasets(
-      corpus, split=config.dev_split, langs=tuple(sorted(datasets)))
+  dev_split = pipeline.read_tsv_corpus(corpus, split=config.dev_split,
+                                       langs=tuple(sorted(datasets)))
   dev = {lang: pipeline.evaluation_dataset(
       ds, lang=lang, tokenizers=tokenizers, batch_size=config.dev_batch_size)
-         for lang, ds in dev_pairs.items()}
+         for lang, ds in dev_split.datasets.items()}
   return Inputs(train=train, dev=dev,
                 src_vocab_size=tokenizers.source.get_piece_size(),
                 tgt_vocab_size=tokenizers.target.get_piece_size(),
-                languages=tuple(sorted(datasets)))
+                languages=tuple(sorted(datasets)),
+                tsv_scans=(*train_split.scans.values(),
+                           *dev_split.scans.values()))
 
 
 def _tfds_pairs(name: str, split: str, data_dir: str):

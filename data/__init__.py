@@ -4,11 +4,13 @@ Modules (one idea each):
 
 * ``iso639``: the ISO 639 codes a catalog's language may carry.
 * ``languages``: locale normalisation (``pt_BR`` -> ``pt``) and scripts.
+* ``iso639``: the ISO 639 codes the corpus accepts as languages.
 * ``catalogs``: ``.po``/``.mo`` parsing with polib, plural forms.
 * ``cleaning``: per-pair cleaning rules, each counted.
 * ``sources``: recipe pins, cached ``apt-get``/``pip`` downloads, extraction.
 * ``worker_pool``: catalog-parsing processes that die with the builder.
 * ``corpus``: the build (dedup, split, atomic output, ``report.json``).
+* ``worker_pool``: catalog-parsing workers that die with the builder.
 * ``split``: leak-free dev/test by English near-duplicate group, frozen keys.
 * ``sampling``: temperature sampling ``p_l ∝ n_l^(1/T)``.
 * ``vocab``: SentencePiece source/target models (pad=0, eos=1, unk=2).

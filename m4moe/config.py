@@ -18,7 +18,9 @@ Two ways to get a config:
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import importlib.resources
+import math
 import os
 import pathlib
 from typing import Any, Mapping, Sequence
@@ -144,15 +146,31 @@ class MoeConfig:
     return self.num_selected_experts
 
   def capacity(self, *, group_size: int, training: bool) -> int:
-    """C, expert capacity per group: ceil(factor * k * S / E), at least 1.
+    """C, expert capacity per group: ceil(factor * k * S / E) in [1, S].
 
-    With ``eval_capacity_factor == 0`` at eval time this is S (no drops).
+    The only place capacity is computed (routers, the MoE layer and the cost
+    model all call it). The factor is taken as the decimal it is written as
+    (``Fraction(str(1.1)) == 11/10``) and the product is rational, so an
+    exact integer such as 1.1 * 2 * 25 / 5 = 11 is not rounded up to 12 by
+    float error. With ``eval_capacity_factor == 0`` at eval time this is S
+    (no drops).
+
+    Args:
+      group_size: S, tokens per group (>= 1).
+      training: use ``train_capacity_factor`` (else the eval factor).
+
+    Raises:
+      ValueError: if ``group_size < 1``.
     """
+    if group_size < 1:
+      raise ValueError(f"capacity(group_size={group_size}) needs a group of "
+                       "at least one token")
     factor = self.train_capacity_factor if training else self.eval_capacity_factor
     if factor == 0:
       return group_size
-    raw = factor * self.top_k * group_size / self.num_experts
-    return max(1, min(group_size, int(-(-raw // 1))))
+    raw = (fractions.Fraction(str(factor)) * self.top_k * group_size /
+           self.num_experts)
+    return max(1, min(group_size, math.ceil(raw)))
 
   def is_moe_layer(self, layer_index: int) -> bool:
     return (self.enabled and

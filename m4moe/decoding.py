@@ -2,7 +2,7 @@
 
 The search is written once against a *step function*
 
-  ``step_fn(token_ids, cache, step) -> (logits, cache)``
+  ``step_fn(token_ids, cache, step, live) -> (logits, cache)``
 
   token_ids: <int32>[B*W]   the previous token of every beam (batch-major:
                              row ``b * W + k`` is beam k of sentence b).
@@ -10,6 +10,11 @@ The search is written once against a *step function*
              beam-flattened batch axis B*W first (rank-0 leaves, e.g. a step
              counter, are carried unchanged).
   step:      <int32>[]      0 for the first target position.
+  live:      <bool>[B*W]    False for dead beams (no hypothesis: beams 1..W-1
+                             at step 0, or any beam whose log-probability is
+                             <= NEG_INF / 2); their logits are never used
+                             for a real hypothesis, so the model may treat
+                             them as padding (no MoE capacity).
   logits:    <float32>[B*W, V] scores of the next token.
 
 so it serves the Transformer's incremental decoder (see
@@ -29,6 +34,15 @@ Everything is a ``tf.while_loop`` over tensors with static shapes
 (``[B, W, max_length + 1]`` sequence buffers), so it runs eagerly and inside
 ``tf.function`` unchanged.
 
+Batch invariance: the search itself treats sentences independently, so a
+sentence's hypotheses depend on the batch only through the step function.
+The Transformer's (:func:`translate_ids`, :func:`translate_ids_uncached`)
+routes its MoE layers per sentence and per target token (see "Decode
+routing" in :mod:`m4moe.model`): with any eval capacity, a sentence gets the
+same hypotheses and scores alone, beside others or repeated, and the cached
+and uncached searches agree. Finished hypotheses are never decoded further
+(they leave the alive beams), and dead beams are passed as ``live=False``.
+
 Dimensions (letters of the glossary in :mod:`m4moe`):
 
   B: sentences; W: beams; V: target vocabulary size;
@@ -46,7 +60,8 @@ from m4moe import interfaces
 # A large finite negative score (-inf would turn 0 * -inf into NaN).
 from m4moe.numerics import NEG_INF
 
-StepFn = Callable[[tf.Tensor, Any, tf.Tensor], tuple[tf.Tensor, Any]]
+StepFn = Callable[[tf.Tensor, Any, tf.Tensor, tf.Tensor],
+                  tuple[tf.Tensor, Any]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -230,7 +245,8 @@ def _make_body(step_fn: StepFn, config: BeamSearchConfig):
   def body(state: _State) -> tuple[_State]:
     batch = tf.shape(state.alive_seqs)[0]
     tokens = tf.reshape(state.alive_seqs[:, :, state.step], [-1])
-    logits, cache = step_fn(tokens, state.cache, state.step)
+    live = tf.reshape(state.alive_log_probs > 0.5 * NEG_INF, [-1])
+    logits, cache = step_fn(tokens, state.cache, state.step, live)
     logits = tf.cast(logits, tf.float32)
     vocab = tf.shape(logits)[-1]
     # Scores are the model's own log-probabilities; forbidden ids are
@@ -284,8 +300,9 @@ def beam_search(step_fn: StepFn, *, initial_cache: Any, batch_size: int,
   """Runs beam search.
 
   Args:
-    step_fn: ``(token_ids <int32>[B*W], cache, step <int32>[]) ->
-      (logits <float32>[B*W, V], cache)``; see the module docstring.
+    step_fn: ``(token_ids <int32>[B*W], cache, step <int32>[],
+      live <bool>[B*W]) -> (logits <float32>[B*W, V], cache)``; see the
+      module docstring.
     initial_cache: cache for B*W rows (use :func:`tile_beams` on a [B, ...]
       cache, or build it directly with batch B*W).
     batch_size: B (a Python int or a <int32>[] tensor).
@@ -352,9 +369,10 @@ def transformer_step_fn(model: interfaces.TranslationModel,
       :class:`~m4moe.interfaces.TranslationModel`).
     encoder_output: its EncoderOutput, already tiled to B*W rows.
   """
-  def step_fn(token_ids, cache, step):
+  def step_fn(token_ids, cache, step, live):
     return model.decode_step(encoder_output=encoder_output,
-                             token_ids=token_ids, cache=cache, step=step)
+                             token_ids=token_ids, cache=cache, step=step,
+                             live=live)
   return step_fn
 
 
@@ -384,10 +402,13 @@ def translate_ids(model: interfaces.TranslationModel, inputs: tf.Tensor, *,
                      initial_cache=cache, batch_size=batch, config=config)
 
 
-def teacher_forced_log_probs(model: interfaces.TrainableModel,
+def teacher_forced_log_probs(model: interfaces.TranslationModel,
                              inputs: tf.Tensor,
                              targets: tf.Tensor) -> tf.Tensor:
   """Summed log P(targets | inputs) from the uncached forward pass.
+
+  Routes the MoE layers as decoding does (``per_sentence_routing``), so
+  these equal the searches' ``log_probs``.
 
   Args:
     model: an ``m4moe.model.Transformer``.
@@ -398,18 +419,20 @@ def teacher_forced_log_probs(model: interfaces.TrainableModel,
     <float32>[B] sum over non-pad target tokens of log-softmax scores.
   """
   targets = tf.convert_to_tensor(targets, tf.int32)
-  logits = model({"inputs": inputs, "targets": targets}, training=False).logits
+  logits = model({"inputs": inputs, "targets": targets}, training=False,
+                 per_sentence_routing=True).logits
   log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
   picked = tf.gather(log_probs, targets, batch_dims=2)
   return tf.reduce_sum(picked * tf.cast(targets > 0, tf.float32), axis=1)
 
 
-def uncached_step_fn(model: interfaces.TrainableModel,
+def uncached_step_fn(model: interfaces.TranslationModel,
                      inputs: tf.Tensor) -> StepFn:
   """Reference step function that recomputes everything at every step.
 
   Runs the full teacher-forced forward pass (encoder and decoder over all Ld
-  target positions, static shapes) and reads the logits at ``step``; the
+  target positions, static shapes, MoE layers routed as in decoding:
+  ``per_sentence_routing``) and reads the logits at ``step``; the
   "cache" is only the decoded prefix, ``{"targets": <int32>[B*W, Ld]}``
   (start it with zeros). Used as the oracle for the incremental decoder and
   as the slow baseline in speed measurements.
@@ -418,7 +441,10 @@ def uncached_step_fn(model: interfaces.TrainableModel,
     model: an ``m4moe.model.Transformer``.
     inputs: <int32>[B*W, Ls] source ids, already tiled to the beams.
   """
-  def step_fn(token_ids, cache, step):
+  def step_fn(token_ids, cache, step, live):
+    # Dead beams' rows are computed like live ones; with one routing group
+    # per token they take no capacity from any other row.
+    del live
     targets = cache["targets"]
     position = tf.range(tf.shape(targets)[1])[None, :]
     targets = tf.where(position == step - 1, token_ids[:, None], targets)
@@ -426,12 +452,12 @@ def uncached_step_fn(model: interfaces.TrainableModel,
     # causality makes its value irrelevant to the logits at ``step``.
     forced = tf.where(position == step, 1, targets)
     logits = model({"inputs": inputs, "targets": forced},
-                   training=False).logits
+                   training=False, per_sentence_routing=True).logits
     return tf.gather(logits, step, axis=1), {"targets": targets}
   return step_fn
 
 
-def translate_ids_uncached(model: interfaces.TrainableModel,
+def translate_ids_uncached(model: interfaces.TranslationModel,
                            inputs: tf.Tensor, *,
                            config: BeamSearchConfig) -> BeamSearchOutput:
   """:func:`translate_ids` without any cache (see :func:`uncached_step_fn`)."""

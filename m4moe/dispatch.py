@@ -44,7 +44,8 @@ static sizes), and may pick ``block`` for no-drop decoding with ``index``:
 
 * :func:`block_dispatch_combine` (``block``) -- for a small token count with
   a large capacity (the no-drop eval capacity C = S makes the buffers E*S
-  rows per group, E/K times the useful rows -- the decoding case). The
+  rows per group, E/K times the useful rows; decoding's one-token groups
+  have C = 1, E buffer rows for K choices). The
   T = G*S*K choices are sorted by expert into rows padded per expert to a
   multiple of a block size R; each of the X blocks of R rows belongs to one
   expert, whose weights are gathered per block (a :class:`BlockFn`). Rows:
@@ -546,7 +547,8 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
      expert-choice router (no per-token view to sort).
   3. ``index`` becomes ``block`` when ``layout`` is given and the block
      layout computes fewer rows than the ``E*G*C`` buffers (a large capacity
-     for few tokens: the no-drop eval capacity C = S while decoding), on one
+     for few tokens: the no-drop eval capacity C = S, or the one-token
+     groups of decoding, C = 1; per-row groups pass G = rows), on one
      device (blocks gather weights across experts), with the per-token view,
      a static G and no expert dropout (blocks draw none).
   4. Otherwise ``requested``.

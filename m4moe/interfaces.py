@@ -15,8 +15,11 @@ callables).
   step runner needs (the real Transformer and the test stand-in
   :class:`~m4moe.training.toy_model.ToyTranslator`).
 * :class:`TranslationModel` -- a trainable model that also decodes
-  incrementally (``encode``, ``init_cache``, ``decode_step``): what beam
-  search needs (:class:`m4moe.model.Transformer`).
+  incrementally (``encode``, ``init_cache``, ``decode_step`` with a
+  ``live`` mask of the beams holding a hypothesis) and whose forward pass
+  can route its MoE layers as decoding does (``per_sentence_routing``):
+  what beam search and its uncached oracle need
+  (:class:`m4moe.model.Transformer`).
 
 All Protocols are ``runtime_checkable`` (isinstance checks that the methods
 exist; ``tests/test_interfaces.py`` also checks their parameter names).
@@ -95,6 +98,20 @@ class TrainableModel(Protocol):
 class TranslationModel(TrainableModel, Protocol):
   """A trainable model that also decodes one token at a time."""
 
+  def __call__(self, batch: ModelBatch, *, training: bool,
+               seed: tf.Tensor | None = None,
+               per_sentence_routing: bool = False) -> ModelOutputLike:
+    """Teacher-forced forward pass (see :meth:`TrainableModel.__call__`).
+
+    Args:
+      batch: the model batch (extra keys are not passed).
+      training: dropout and training-time routing/capacity.
+      seed: <int32>[2]; required when training with any randomness.
+      per_sentence_routing: route as :meth:`encode` and :meth:`decode_step`
+        do (one sentence per row), so the logits equal the decoder's; False
+        routes as in training and eval losses.
+    """
+
   def encode(self, inputs: tf.Tensor, *, segment_ids: tf.Tensor | None = None,
              positions: tf.Tensor | None = None, training: bool = False,
              seed: tf.Tensor | None = None) -> Nest:
@@ -106,6 +123,9 @@ class TranslationModel(TrainableModel, Protocol):
     positions."""
 
   def decode_step(self, *, encoder_output: Nest, token_ids: tf.Tensor,
-                  cache: Nest, step: tf.Tensor) -> tuple[tf.Tensor, Nest]:
+                  cache: Nest, step: tf.Tensor,
+                  live: tf.Tensor | None = None) -> tuple[tf.Tensor, Nest]:
     """<float32>[B, V] logits at position ``step`` given the previous token
-    <int32>[B], and the cache with slot ``step`` filled."""
+    <int32>[B], and the cache with slot ``step`` filled. ``live`` <bool>[B]
+    marks the rows holding a real hypothesis (None: all); a dead row's
+    logits need not be meaningful, and it must not change the live rows'."""

@@ -29,6 +29,28 @@ from :meth:`Transformer.init_cache`. Both :class:`EncoderOutput` and
 :class:`DecoderCache` are NamedTuples of batch-major tensors, so ``tf.nest``
 can tile/gather them along axis 0 (beam search) and ``tf.while_loop`` can
 carry them.
+
+Decode routing (batch invariance). With a capacity at eval time (the GShard
+rows use ``--eval_capacity_factor=1.0``), a group of tokens competes for
+expert slots, so a translation would depend on whatever else shares its
+group. Decoding therefore routes with groups that hold one sentence's
+tokens only (``per_sentence_routing``; always in ``encode`` and
+``decode_step``):
+
+* Encoder: each source row (one sentence) is its own group, with the
+  capacity of its real-token count, ``moe.capacity(group_size=n)``; source
+  padding takes no slot. The capacity factor still bounds every expert's
+  share of a sentence, as GShard's groups do, and the result is the same
+  whatever the batch, its padding, or repeats of the sentence.
+* Decoder: each target token is its own group. A decoder token at step t is
+  the last token of one beam; a group of several beams (of a sentence or of
+  the batch) makes a beam's output depend on its siblings, which beam
+  pruning reshuffles between steps, so a prefix recomputed from scratch
+  would no longer see the siblings it was first routed with and cached and
+  uncached decoding would disagree. A one-token group has capacity
+  ``moe.capacity(group_size=1) == 1`` per expert, so each live token reaches
+  its top-k experts. Dead beams (``live=False`` in ``decode_step``) are
+  padding: no expert slot, zero MoE output.
 """
 
 from __future__ import annotations
@@ -183,12 +205,39 @@ def _attention(config: ModelConfig, name: str,
       init_scale=config.init_scale, name=name, sharding=sharding)
 
 
+# MoE routing groups (see "Decode routing" in the module docstring):
+# "batch" = MoeLayer's groups of moe.group_size over the whole batch (training
+# and eval losses); "rows" = one group per row; "tokens" = one per token.
+_ROUTING_GROUPS = ("batch", "rows", "tokens")
+
+
 def _ffn_block(ffn: tf.Module, x: tf.Tensor, *, padding_mask: tf.Tensor,
-               training: bool, seed: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
-  """Runs a dense FFN or an MoE layer; returns (outputs, MoeOutput or None)."""
+               training: bool, seed: tf.Tensor | None,
+               groups: str = "batch") -> tuple[tf.Tensor, Any]:
+  """Runs a dense FFN or an MoE layer; returns (outputs, MoeOutput or None).
+
+  Args:
+    ffn: a dense FFN or a MoeLayer.
+    x: <dtype>[B, L, M].
+    padding_mask: <float32>[B, L] 1 for real tokens.
+    training: training mode.
+    seed: <int32>[2] or None.
+    groups: MoE routing groups, one of ``_ROUTING_GROUPS``.
+  """
+  if groups not in _ROUTING_GROUPS:
+    raise ValueError(f"groups={groups!r} is invalid: use one of "
+                     f"{', '.join(_ROUTING_GROUPS)}")
   if not isinstance(ffn, MoeLayer):
     return ffn(x), None
-  moe_output = ffn(x, padding_mask=padding_mask, training=training, seed=seed)
+  if groups == "tokens":  # [B, L, M] -> [B*L, 1, M]: one row per token
+    shape = tf.shape(x)
+    moe_output = ffn(tf.reshape(x, [-1, 1, x.shape[-1]]),
+                     padding_mask=tf.reshape(padding_mask, [-1, 1]),
+                     training=training, seed=seed, group_per_row=True)
+    outputs = tf.reshape(moe_output.outputs, shape)
+    return outputs, dataclasses.replace(moe_output, outputs=outputs)
+  moe_output = ffn(x, padding_mask=padding_mask, training=training, seed=seed,
+                   group_per_row=groups == "rows")
   return moe_output.outputs, moe_output
 
 
@@ -231,11 +280,11 @@ class _Layer(tf.Module):
                           seed=layers.fold_seed(seed, 1))
 
   def _ffn_residual(self, x: tf.Tensor, *, padding_mask: tf.Tensor,
-                    training: bool,
-                    seed: tf.Tensor | None) -> tuple[tf.Tensor, Any]:
+                    training: bool, seed: tf.Tensor | None,
+                    groups: str = "batch") -> tuple[tf.Tensor, Any]:
     y, moe_output = _ffn_block(self.ffn, self.ffn_norm(x),
                                padding_mask=padding_mask, training=training,
-                               seed=layers.fold_seed(seed, 4))
+                               seed=layers.fold_seed(seed, 4), groups=groups)
     x = self._residual(x, y, training=training, seed=layers.fold_seed(seed, 5))
     return x, moe_output
 
@@ -253,7 +302,8 @@ class EncoderLayer(_Layer):
   @remat_lib.rematerializable
   def __call__(self, x: tf.Tensor, *, bias: tf.Tensor,
                padding_mask: tf.Tensor, training: bool,
-               seed: tf.Tensor | None = None) -> tuple[tf.Tensor, Any]:
+               seed: tf.Tensor | None = None,
+               groups: str = "batch") -> tuple[tf.Tensor, Any]:
     """Encodes ``x`` <dtype>[B, Ls, M].
 
     Args:
@@ -262,6 +312,7 @@ class EncoderLayer(_Layer):
       padding_mask: <float32>[B, Ls], 1 for real tokens.
       training: enables dropout and training-time routing.
       seed: <int32>[2] or None.
+      groups: MoE routing groups: ``batch``, ``rows`` or ``tokens``.
 
     Returns:
       (<dtype>[B, Ls, M], MoeOutput or None).
@@ -269,7 +320,7 @@ class EncoderLayer(_Layer):
     x = self._self_attention_residual(x, bias=bias, training=training,
                                       seed=seed)
     return self._ffn_residual(x, padding_mask=padding_mask, training=training,
-                              seed=seed)
+                              seed=seed, groups=groups)
 
 
 class DecoderLayer(_Layer):
@@ -291,7 +342,8 @@ class DecoderLayer(_Layer):
   def __call__(self, x: tf.Tensor, *, self_bias: tf.Tensor,
                cross_keys: tf.Tensor, cross_values: tf.Tensor,
                cross_bias: tf.Tensor, padding_mask: tf.Tensor, training: bool,
-               seed: tf.Tensor | None = None) -> tuple[tf.Tensor, Any]:
+               seed: tf.Tensor | None = None,
+               groups: str = "batch") -> tuple[tf.Tensor, Any]:
     """Teacher-forced pass over the whole target.
 
     Args:
@@ -302,6 +354,7 @@ class DecoderLayer(_Layer):
       padding_mask: <float32>[B, Lt], 1 for real target tokens.
       training: enables dropout and training-time routing.
       seed: <int32>[2] or None.
+      groups: MoE routing groups: ``batch``, ``rows`` or ``tokens``.
 
     Returns:
       (<dtype>[B, Lt, M], MoeOutput or None).
@@ -313,12 +366,15 @@ class DecoderLayer(_Layer):
         bias=cross_bias, training=training, seed=layers.fold_seed(seed, 2))
     x = self._residual(x, h, training=training, seed=layers.fold_seed(seed, 3))
     return self._ffn_residual(x, padding_mask=padding_mask, training=training,
-                              seed=seed)
+                              seed=seed, groups=groups)
 
   def step(self, x: tf.Tensor, *, keys: tf.Tensor, values: tf.Tensor,
            step: tf.Tensor, cross_keys: tf.Tensor, cross_values: tf.Tensor,
-           cross_bias: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+           cross_bias: tf.Tensor,
+           live: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """One incremental (inference) step for the token at position ``step``.
+
+    Each token is its own MoE routing group; dead rows are MoE padding.
 
     Args:
       x: <dtype>[B, 1, M].
@@ -326,6 +382,7 @@ class DecoderLayer(_Layer):
       step: <int32>[].
       cross_keys, cross_values: <dtype>[B, Ls, A, D].
       cross_bias: <float32>[B, 1, 1, Ls].
+      live: <float32>[B, 1] 1 for rows that hold a real hypothesis.
 
     Returns:
       (<dtype>[B, 1, M], updated keys, updated values).
@@ -336,9 +393,8 @@ class DecoderLayer(_Layer):
     x = x + self.cross_attention.attend(
         self.cross_attention_norm(x), cross_keys, cross_values,
         bias=cross_bias, training=False, seed=None)
-    padding_mask = tf.ones(tf.shape(x)[:2], tf.float32)
-    x, _ = self._ffn_residual(x, padding_mask=padding_mask, training=False,
-                              seed=None)
+    x, _ = self._ffn_residual(x, padding_mask=live, training=False,
+                              seed=None, groups="tokens")
     return x, keys, values
 
 
@@ -402,7 +458,8 @@ class Transformer(tf.Module):
             init_scale=c.init_scale, name="output_projection")
 
   def __call__(self, batch: Mapping[str, tf.Tensor], *, training: bool,
-               seed: tf.Tensor | None = None) -> ModelOutput:
+               seed: tf.Tensor | None = None,
+               per_sentence_routing: bool = False) -> ModelOutput:
     """Teacher-forced forward pass.
 
     Args:
@@ -410,25 +467,40 @@ class Transformer(tf.Module):
         optionally the four packing features (see the module docstring).
       training: enables dropout and training-time MoE routing/capacity.
       seed: <int32>[2]; required when training with any randomness.
+      per_sentence_routing: route the MoE layers as decoding does (one group
+        per source row, one per target token; see the module docstring), so
+        the logits equal :meth:`decode_step`'s. Needs unpacked rows (one
+        sentence each). False: GShard groups of ``moe.group_size`` over the
+        batch (training and eval losses).
 
     Returns:
       ModelOutput with <float32>[B, Lt, V] logits and the MoE losses/stats.
+
+    Raises:
+      ValueError: for a packed batch with ``per_sentence_routing``.
     """
     self._check_seed(training=training, seed=seed)
+    packed_keys = sorted(k for k in batch if k.endswith(_PACKING_KEYS))
+    if per_sentence_routing and packed_keys:
+      raise ValueError(
+          f"per_sentence_routing needs one sentence per row, but the batch "
+          f"is packed ({', '.join(packed_keys)}); pass unpacked rows")
     inputs, in_segments, in_positions = _sequence_features(
         batch, "inputs", self.config.max_length)
     targets, tgt_segments, tgt_positions = _sequence_features(
         batch, "targets", self.config.max_length)
     encoder_output, moe_outputs = self._encode(
         inputs, segment_ids=in_segments, positions=in_positions,
-        training=training, seed=layers.fold_seed(seed, 0))
+        training=training, seed=layers.fold_seed(seed, 0),
+        groups="rows" if per_sentence_routing else "batch")
     packed = "targets_segment_ids" in batch
     decoder_inputs = shift_right(targets,
                                  segment_ids=tgt_segments if packed else None)
     logits, decoder_moe = self._decode(
         encoder_output, decoder_inputs, segment_ids=tgt_segments,
         positions=tgt_positions, training=training,
-        seed=layers.fold_seed(seed, 1))
+        seed=layers.fold_seed(seed, 1),
+        groups="tokens" if per_sentence_routing else "batch")
     moe_outputs.update(decoder_moe)
     moe_loss, aux_loss, z_loss = _sum_moe(moe_outputs)
     return ModelOutput(
@@ -440,8 +512,13 @@ class Transformer(tf.Module):
              seed: tf.Tensor | None = None) -> EncoderOutput:
     """Encodes a source batch for decoding.
 
+    Every row is its own MoE routing group with the capacity of its
+    real-token count (decode routing, see the module docstring), so a row's
+    encoding does not depend on the rest of the batch or on its padding.
+
     Args:
-      inputs: <int32>[B, Ls] source ids, 0 = padding.
+      inputs: <int32>[B, Ls] source ids, 0 = padding (an Ls unknown
+        statically is padded to ``max_length`` inside the MoE layers).
       segment_ids: <int32>[B, Ls] or None (then ``inputs != 0``).
       positions: <int32>[B, Ls] or None (then 0..Ls-1).
       training: enables dropout (normally False here).
@@ -457,7 +534,7 @@ class Transformer(tf.Module):
         inputs, segment_ids, positions, self.config.max_length, name="inputs")
     encoder_output, _ = self._encode(inputs, segment_ids=segment_ids,
                                      positions=positions, training=training,
-                                     seed=seed)
+                                     seed=seed, groups="rows")
     return encoder_output
 
   def _check_seed(self, *, training: bool, seed: Any) -> None:
@@ -488,9 +565,12 @@ class Transformer(tf.Module):
                           seed=seed, sharding=self.sharding)
 
   def _encode(self, inputs: tf.Tensor, *, segment_ids: tf.Tensor,
-              positions: tf.Tensor, training: bool,
-              seed: tf.Tensor | None) -> tuple[EncoderOutput, dict[str, Any]]:
-    """Runs the encoder stack; returns its output and the MoeOutputs."""
+              positions: tf.Tensor, training: bool, seed: tf.Tensor | None,
+              groups: str) -> tuple[EncoderOutput, dict[str, Any]]:
+    """Runs the encoder stack; returns its output and the MoeOutputs.
+
+    ``groups``: MoE routing groups (``batch`` or ``rows``).
+    """
     x = self._embed(self.source_embedding, inputs, positions,
                     training=training, seed=layers.fold_seed(seed, 0))
     bias = layers.attention_bias(segment_ids, segment_ids, causal=False)
@@ -499,7 +579,7 @@ class Transformer(tf.Module):
     for i, layer in enumerate(self.encoder_layers):
       x, moe_output = layer(x, bias=bias, padding_mask=padding_mask,
                             training=training,
-                            seed=layers.fold_seed(seed, i + 1))
+                            seed=layers.fold_seed(seed, i + 1), groups=groups)
       if moe_output is not None:
         moe_outputs[f"encoder/layer_{i}/moe"] = moe_output
     final_seed = layers.fold_seed(seed, len(self.encoder_layers) + 1)
@@ -522,8 +602,12 @@ class Transformer(tf.Module):
 
   def _decode(self, encoder_output: EncoderOutput, decoder_inputs: tf.Tensor,
               *, segment_ids: tf.Tensor, positions: tf.Tensor, training: bool,
-              seed: tf.Tensor | None) -> tuple[tf.Tensor, dict[str, Any]]:
-    """Teacher-forced decoder stack; returns (logits, MoeOutputs)."""
+              seed: tf.Tensor | None,
+              groups: str) -> tuple[tf.Tensor, dict[str, Any]]:
+    """Teacher-forced decoder stack; returns (logits, MoeOutputs).
+
+    ``groups``: MoE routing groups (``batch`` or ``tokens``).
+    """
     x = self._embed(self.target_embedding, decoder_inputs, positions,
                     training=training, seed=layers.fold_seed(seed, 0))
     self_bias = layers.attention_bias(segment_ids, segment_ids, causal=True)
@@ -536,7 +620,7 @@ class Transformer(tf.Module):
           x, self_bias=self_bias, cross_keys=encoder_output.cross_keys[i],
           cross_values=encoder_output.cross_values[i], cross_bias=cross_bias,
           padding_mask=padding_mask, training=training,
-          seed=layers.fold_seed(seed, i + 1))
+          seed=layers.fold_seed(seed, i + 1), groups=groups)
       if moe_output is not None:
         moe_outputs[f"decoder/layer_{i}/moe"] = moe_output
     final_seed = layers.fold_seed(seed, len(self.decoder_layers) + 1)
@@ -564,12 +648,15 @@ class Transformer(tf.Module):
 
   def decode_step(self, *, encoder_output: EncoderOutput,
                   token_ids: tf.Tensor, cache: DecoderCache,
-                  step: tf.Tensor) -> tuple[tf.Tensor, DecoderCache]:
+                  step: tf.Tensor, live: tf.Tensor | None = None
+                  ) -> tuple[tf.Tensor, DecoderCache]:
     """Logits for position ``step`` given the previous token, and the cache.
 
-    Equals the teacher-forced pass (``training=False``) at that position.
-    Assumes one source sentence per row (every non-pad source token is
-    visible). MoE layers use the eval capacity.
+    Equals the teacher-forced pass (``training=False,
+    per_sentence_routing=True``) at that position for live rows. Assumes one
+    source sentence per row (every non-pad source token is visible). MoE
+    layers use the eval capacity with one routing group per token (see the
+    module docstring); dead rows take no expert slot.
 
     Args:
       encoder_output: from :meth:`encode` (possibly tiled for beams).
@@ -577,6 +664,8 @@ class Transformer(tf.Module):
         token, at step 0).
       cache: the DecoderCache after steps 0..step-1.
       step: <int32>[] current position, in [0, Ld).
+      live: <bool>[B] rows holding a real hypothesis (None: all). A dead
+        row's MoE outputs are 0, so its logits are not meaningful.
 
     Returns:
       (<float32>[B, V] logits, DecoderCache with slot ``step`` filled).
@@ -588,12 +677,17 @@ class Transformer(tf.Module):
                     training=False, seed=None)
     key_visible = encoder_output.segment_ids > 0
     cross_bias = tf.where(key_visible, 0.0, layers.NEG_INF)[:, None, None, :]
+    if live is None:
+      live_mask = tf.ones(tf.shape(token_ids), tf.float32)
+    else:
+      live_mask = tf.cast(tf.reshape(live, [-1, 1]), tf.float32)
     keys, values = [], []
     for i, layer in enumerate(self.decoder_layers):
       x, k, v = layer.step(
           x, keys=cache.keys[i], values=cache.values[i], step=step,
           cross_keys=encoder_output.cross_keys[i],
-          cross_values=encoder_output.cross_values[i], cross_bias=cross_bias)
+          cross_values=encoder_output.cross_values[i], cross_bias=cross_bias,
+          live=live_mask)
       keys.append(k)
       values.append(v)
     logits = self._logits(self.decoder_norm(x))[:, 0]

@@ -18,8 +18,8 @@ dispatch path is :func:`m4moe.dispatch.resolve_dispatch`'s choice, run from
 the paths' three layouts (buffers, expert-sorted rows, blocks).
 
 Group size: S = ``moe.group_size``, or N when the (static) token count is
-smaller -- e.g. a decoding step -- so small batches are one group of their
-real size (with an unknown static N, S = ``moe.group_size``). Capacity:
+smaller, so small batches are one group of their real size (with an
+unknown static N, S = ``moe.group_size``). Capacity:
 ``moe.capacity(group_size=S, training=training)`` (eval factor 0 = no drops,
 C = S).
 
@@ -34,6 +34,16 @@ earlier tokens of its group and, through the second-choice pass, on later
 tokens' first choices -- as in GShard. With the no-drop eval capacity every
 token gets its top-k experts whatever shares its group, so incremental
 decoding reproduces the full-sequence eval outputs.
+
+Per-row groups (``group_per_row=True``, used for decoding): each row of the
+``[B, L, M]`` input is its own group (S = L, whatever ``moe.group_size``),
+and row b gets the capacity of its own real-token count n_b,
+``moe.capacity(group_size=n_b)``, in buffers ``moe.capacity(group_size=L)``
+wide. Padding takes no slot, so a row's outputs depend only on its own real
+tokens: not on the other rows, nor on how much padding the batch adds. The
+dispatch path is resolved and run as for batch groups, from the per-row
+call's static sizes (G = B rows, S = L, C); the paths honour the per-row
+caps because they read the router's kept slots.
 """
 
 from __future__ import annotations
@@ -431,7 +441,8 @@ class MoeLayer(tf.Module):
     return max(1, min(self.config.moe.group_size, num_tokens))
 
   def __call__(self, x: tf.Tensor, *, padding_mask: tf.Tensor, training: bool,
-               seed: tf.Tensor | None = None) -> MoeOutput:
+               seed: tf.Tensor | None = None,
+               group_per_row: bool = False) -> MoeOutput:
     """Applies the MoE feed-forward layer.
 
     Args:
@@ -441,6 +452,8 @@ class MoeLayer(tf.Module):
         expert dropout).
       seed: <int32>[2] stateless seed; required when training with any
         randomness.
+      group_per_row: route each row as its own group with the capacity of
+        its real-token count (see the module docstring).
 
     Returns:
       :class:`MoeOutput`.
@@ -453,7 +466,12 @@ class MoeLayer(tf.Module):
     model_dim = x.shape[-1]
     tokens = tf.reshape(x, [-1, model_dim])
     mask = tf.reshape(tf.cast(padding_mask, tf.float32), [-1])
-    grouped, grouped_mask, position = self._group(tokens, mask)
+    group_capacity = None
+    if group_per_row:
+      grouped, grouped_mask, position, group_capacity = self._group_rows(
+          x, padding_mask, training=training)
+    else:
+      grouped, grouped_mask, position = self._group(tokens, mask)
     grouped = _split_groups(self.sharding, grouped, dim=0, name="groups")
     grouped_mask = _split_groups(self.sharding, grouped_mask, dim=0,
                                  name="group_mask")
@@ -461,7 +479,8 @@ class MoeLayer(tf.Module):
                                         training=training)
     result = self.router(grouped, padding_mask=grouped_mask,
                          capacity=capacity, training=training,
-                         seed=fold_seed(seed, 0))
+                         seed=fold_seed(seed, 0),
+                         group_capacity=group_capacity)
     path = self.resolve_dispatch(
         training=training, layout=_buffer_layout(grouped, result))
     combined = dispatch_lib.DISPATCH_PATHS[path](
@@ -476,6 +495,50 @@ class MoeLayer(tf.Module):
         weighted_loss=(moe.aux_loss_weight * result.aux_loss +
                        moe.z_loss_weight * result.z_loss),
         stats=result.stats)
+
+  def _group_rows(self, x: tf.Tensor, padding_mask: tf.Tensor, *,
+                  training: bool):
+    """One group per row, capped at the capacity of its real-token count.
+
+    A row length L unknown statically (a ``tf.function`` with a
+    ``[None, None]`` signature) is padded to ``config.max_length``, the
+    static bound the routers need; padding changes no output.
+
+    Args:
+      x: <dtype>[B, L, M]; padding_mask: <float32>[B, L].
+      training: selects the capacity factor.
+
+    Returns:
+      (grouped <dtype>[B, S, M], grouped mask <float32>[B, S],
+       position <int32>[B*L] of each token in the flattened B*S order,
+       group capacity <int32>[B]), S = L if static, else max_length.
+    """
+    mask = tf.cast(padding_mask, tf.float32)
+    length = x.shape[1]
+    if length is None:
+      length = self.config.max_length
+      dynamic = tf.shape(x)[1]
+      with tf.control_dependencies([tf.debugging.assert_less_equal(
+          dynamic, length, message=(
+              f"MoeLayer {self.name!r}: rows are longer than --max_length="
+              f"{length}; truncate them"))]):
+        extra = length - dynamic
+      x = tf.pad(x, [[0, 0], [0, extra], [0, 0]])
+      mask = tf.pad(mask, [[0, 0], [0, extra]])
+      x = tf.ensure_shape(x, [None, length, x.shape[-1]])
+      mask = tf.ensure_shape(mask, [None, length])
+      position = tf.reshape(
+          tf.range(tf.shape(x)[0])[:, None] * length + tf.range(dynamic), [-1])
+    else:
+      position = tf.range(tf.size(mask))
+    real = tf.reduce_sum(tf.cast(mask > 0, tf.int32), axis=1)
+    # C(n) for every real-token count n in [0, S] (0 for an empty row),
+    # all through MoeConfig.capacity.
+    moe = self.config.moe
+    table = [0] + [moe.capacity(group_size=n, training=training)
+                   for n in range(1, length + 1)]
+    group_capacity = tf.gather(tf.constant(table, tf.int32), real)
+    return x, mask, position, group_capacity
 
   def _group(self, tokens: tf.Tensor, mask: tf.Tensor):
     """Compacts real tokens to the front and splits them into groups.

@@ -44,6 +44,11 @@ over real tokens of ``logsumexp(logits)**2``.
 
 Padding tokens take no capacity, never enter losses or statistics, and get
 no buffer slot (hence zero MoE output).
+
+Per-group capacity: ``group_capacity <int32>[G]`` (optional) caps group g at
+``group_capacity[g] <= C`` slots per expert; the buffers stay C wide and the
+slots past the cap stay empty. The MoE layer uses it to give every sentence
+the capacity of its own real-token count (see ``MoeLayer``, decode routing).
 """
 
 from __future__ import annotations
@@ -258,7 +263,8 @@ class Router(tf.Module):
     return False
 
   def __call__(self, x: tf.Tensor, *, padding_mask: tf.Tensor, capacity: int,
-               training: bool, seed: tf.Tensor | None = None) -> RoutingResult:
+               training: bool, seed: tf.Tensor | None = None,
+               group_capacity: tf.Tensor | None = None) -> RoutingResult:
     """Routes one batch of groups.
 
     Args:
@@ -268,6 +274,8 @@ class Router(tf.Module):
       training: enables jitter/noise/random policies.
       seed: <int32>[2] stateless seed, required when
         ``uses_randomness(training=training)``.
+      group_capacity: optional <int32>[G] slots per expert of each group, each
+        at most C (None: C for every group).
 
     Returns:
       The :class:`RoutingResult`.
@@ -279,11 +287,21 @@ class Router(tf.Module):
     x = tf.cast(x, tf.float32)
     mask = tf.cast(padding_mask, tf.float32)
     return self._route(x, mask=mask, capacity=capacity, training=training,
-                       seed=seed)
+                       seed=seed, group_capacity=group_capacity)
 
   def _route(self, x: tf.Tensor, *, mask: tf.Tensor, capacity: int,
-             training: bool, seed: tf.Tensor | None) -> RoutingResult:
+             training: bool, seed: tf.Tensor | None,
+             group_capacity: tf.Tensor | None) -> RoutingResult:
     raise NotImplementedError
+
+
+def _capacity_limit(capacity: int,
+                    group_capacity: tf.Tensor | None) -> int | tf.Tensor:
+  """C, or the per-group caps as <int32>[G, 1] (broadcasts against [G, S])."""
+  if group_capacity is None:
+    return capacity
+  return tf.expand_dims(tf.minimum(tf.cast(group_capacity, tf.int32),
+                                   capacity), 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,7 +360,7 @@ def _request(expert: tf.Tensor, requesting: tf.Tensor, counts: tf.Tensor):
 
 
 def _no_token_left_behind(expert, position, kept, pending, counts, *,
-                          taken, candidates, capacity: int):
+                          taken, candidates, capacity: int | tf.Tensor):
   """Re-routes one choice's overflowed tokens to their next-best free expert.
 
   Round t offers every pending token its t-th candidate expert (skipping one
@@ -356,7 +374,7 @@ def _no_token_left_behind(expert, position, kept, pending, counts, *,
     taken: <int32>[G, S, j+1] experts of the token's choices 0..j (this
       choice j's own expert is full).
     candidates: <int32>[G, S, E-K] from :func:`_reroute_candidates`.
-    capacity: C.
+    capacity: C, or <int32>[G, 1] per-group caps.
 
   Returns:
     Updated (expert, position, kept, counts).
@@ -381,7 +399,7 @@ def _no_token_left_behind(expert, position, kept, pending, counts, *,
 
 
 def _place(choices: tf.Tensor, requested: tf.Tensor, attempted: tf.Tensor, *,
-           num_experts: int, capacity: int,
+           num_experts: int, capacity: int | tf.Tensor,
            candidates: tf.Tensor | None) -> tuple[tf.Tensor, ...]:
   """Capacity: all 1st choices of a group (in token order), then all 2nd, ...
 
@@ -391,7 +409,7 @@ def _place(choices: tf.Tensor, requested: tf.Tensor, attempted: tf.Tensor, *,
       tokens; Algorithm 1 counts a 2nd choice even if the policy skips it).
     attempted: <bool>[G, S, K] requested choices the policy dispatches.
     num_experts: E.
-    capacity: C.
+    capacity: C, or <int32>[G, 1] per-group caps (:func:`_capacity_limit`).
     candidates: <int32>[G, S, R] No-Token-Left-Behind re-routing order, or
       None to drop overflowed choices. Overflowed j-th choices are re-routed
       before any (j+1)-th choice is placed.
@@ -476,7 +494,7 @@ class TokenChoiceRouter(Router):
               seed: tf.Tensor | None) -> _Selection:
     raise NotImplementedError
 
-  def _route(self, x, *, mask, capacity, training, seed,
+  def _route(self, x, *, mask, capacity, training, seed, group_capacity,
              **select_kwargs) -> RoutingResult:
     sel = self._select(x, mask=mask, training=training, seed=seed,
                        **select_kwargs)
@@ -489,7 +507,8 @@ class TokenChoiceRouter(Router):
       candidates = _reroute_candidates(sel.reroute_key, sel.choices)
     choices, positions, kept = _place(
         sel.choices, requested, attempted, num_experts=num_experts,
-        capacity=capacity, candidates=candidates)
+        capacity=_capacity_limit(capacity, group_capacity),
+        candidates=candidates)
     score = tf.reduce_sum(tf.one_hot(choices, num_experts)
                           * tf.expand_dims(sel.scores, 2), axis=-1)
     weights = tf.where(kept, score / tf.expand_dims(sel.normaliser, -1), 0.0)
@@ -546,6 +565,7 @@ class Top2Router(TokenChoiceRouter):
 
   def __call__(self, x: tf.Tensor, *, padding_mask: tf.Tensor, capacity: int,
                training: bool, seed: tf.Tensor | None = None,
+               group_capacity: tf.Tensor | None = None,
                uniform_draws: tf.Tensor | None = None) -> RoutingResult:
     """As :meth:`Router.__call__`.
 
@@ -565,6 +585,7 @@ class Top2Router(TokenChoiceRouter):
     return self._route(tf.cast(x, tf.float32),
                        mask=tf.cast(padding_mask, tf.float32),
                        capacity=capacity, training=training, seed=seed,
+                       group_capacity=group_capacity,
                        uniform_draws=uniform_draws)
 
   def _select(self, x, *, mask, training, seed,
@@ -704,18 +725,25 @@ class ExpertChoiceRouter(Router):
   the whole group, so this is for the encoder only.
   """
 
-  def _route(self, x, *, mask, capacity, training, seed) -> RoutingResult:
+  def _route(self, x, *, mask, capacity, training, seed,
+             group_capacity) -> RoutingResult:
     del training, seed
     group_size = x.shape[1]
     logits = self.logits(x)
     gates = tf.nn.softmax(logits)
     keyed = tf.where(tf.expand_dims(mask, -1) > 0, gates, -1.0)
     values, tokens = tf.math.top_k(tf.transpose(keyed, [0, 2, 1]), k=capacity)
+    if group_capacity is not None:  # slots past a group's cap stay empty
+      in_cap = (tf.range(capacity)[tf.newaxis, :] <
+                _capacity_limit(capacity, group_capacity))  # [G, C]
+      values = tf.where(tf.expand_dims(in_cap, 1), values, -1.0)
     valid = values >= 0  # [G, E, C]
     slot_token = tf.where(valid, tokens, group_size)
     slot_weight = tf.where(valid, values, 0.0)
-    # A real token is picked iff its gate reaches some expert's C-th best.
-    threshold = tf.maximum(tf.reduce_min(values, axis=-1), 0.0)  # [G, E]
+    # A real token is picked iff its gate reaches some expert's last valid
+    # slot (its C-th best, or its cap-th best under a per-group cap).
+    threshold = tf.maximum(tf.reduce_min(
+        tf.where(valid, values, 2.0), axis=-1), 0.0)  # [G, E]
     picked = tf.reduce_any(keyed >= tf.expand_dims(threshold, 1), axis=-1)
     zl = z_loss(logits, mask)
     aux = tf.zeros([], tf.float32)

@@ -18,8 +18,8 @@ def _table_step_fn(probs: np.ndarray):
   """
   logits_table = tf.constant(np.log(np.maximum(probs, 1e-20)), tf.float32)
 
-  def step_fn(token_ids, cache, step):
-    del step
+  def step_fn(token_ids, cache, step, live):
+    del step, live
     return tf.gather(logits_table, token_ids), cache
   return step_fn
 
@@ -91,8 +91,8 @@ def _prefix_hash_step_fn(table: np.ndarray, modulus: int):
   """
   logits_table = tf.constant(table, tf.float32)
 
-  def step_fn(token_ids, cache, step):
-    del step
+  def step_fn(token_ids, cache, step, live):
+    del step, live
     state = (cache["state"] * 7 + token_ids + 1) % modulus
     logits = tf.gather_nd(logits_table,
                           tf.stack([cache["sentence"], state], axis=1))
@@ -223,18 +223,31 @@ def test_config_validation_names_flag(kwargs, flag):
 # The real Transformer (tiny, random init with a wide init so the
 # distributions are far from uniform).
 
+# Zoo entries at tiny dimensions: "moe" is tiny/moe (no-drop eval capacity,
+# sorted dispatch); "moe_capacity" the same with --eval_capacity_factor=1.0;
+# "gshard" is gshard/moe_128e_12l (eval capacity factor 1.0, einsum
+# dispatch) with 8 experts, so eval capacity drops tokens.
+_ZOO_KINDS = {
+    "dense": ("tiny/dense", {}),
+    "moe": ("tiny/moe", {"expert_hidden_dim": 32, "num_experts": 4,
+                         "group_size": 64}),
+    "moe_capacity": ("tiny/moe", {"expert_hidden_dim": 32, "num_experts": 4,
+                                  "group_size": 64,
+                                  "eval_capacity_factor": 1.0}),
+    "gshard": ("gshard/moe_128e_12l", {"expert_hidden_dim": 32,
+                                       "num_experts": 8, "group_size": 64}),
+}
+
+
 def _tiny_model(kind: str):
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
-  if kind == "moe":
-    pytest.importorskip("m4moe.moe_layer")
+  name, moe_overrides = _ZOO_KINDS[kind]
   cfg = config_lib.load_model_config(
-      f"tiny/{kind}", src_vocab_size=48, tgt_vocab_size=40, d_model=32,
+      name, src_vocab_size=48, tgt_vocab_size=40, d_model=32,
       num_heads=2, d_kv=16, d_ff=64, num_encoder_layers=2,
       num_decoder_layers=2, dropout_rate=0.0, attention_dropout_rate=0.0,
-      init_scale=4.0, max_length=32,
-      **({"expert_hidden_dim": 32, "num_experts": 4, "group_size": 64}
-         if kind == "moe" else {}))
+      init_scale=4.0, max_length=32, **moe_overrides)
   tf.random.set_seed(1234)
   model = model_lib.Transformer(config=cfg)
   # Make EOS a near-copy of a token greedy decoding often emits, so
@@ -260,7 +273,7 @@ def _sources(count: int, seed: int) -> np.ndarray:
   return rows
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "gshard"])
 def test_cached_scores_equal_teacher_forced(kind):
   model = _tiny_model(kind)
   config = decoding.BeamSearchConfig(beam_size=3, alpha=0.6,
@@ -275,7 +288,7 @@ def test_cached_scores_equal_teacher_forced(kind):
                                atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "moe_capacity", "gshard"])
 def test_incremental_search_equals_uncached_search(kind):
   model = _tiny_model(kind)
   config = decoding.BeamSearchConfig(beam_size=3, alpha=0.6,
@@ -290,7 +303,7 @@ def test_incremental_search_equals_uncached_search(kind):
   assert len({tuple(s) for s in cached.sequences[:, 0].numpy()}) == 3
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "moe_capacity", "gshard"])
 def test_sentence_decodes_the_same_alone_and_in_a_batch_of_64(kind):
   model = _tiny_model(kind)
   config = decoding.BeamSearchConfig(beam_size=2, alpha=0.6,
@@ -309,6 +322,56 @@ def test_sentence_decodes_the_same_alone_and_in_a_batch_of_64(kind):
   np.testing.assert_array_equal(again.scores, together.scores)
 
 
+@pytest.mark.parametrize("kind", ["moe_capacity", "gshard"])
+def test_sentence_alone_beside_others_and_repeated_decodes_the_same(kind):
+  model = _tiny_model(kind)
+  config = decoding.BeamSearchConfig(beam_size=3, alpha=0.6,
+                                     max_decode_length=10)
+  others = _sources(5, seed=11)
+  sentence = others[2:3]
+  def run(x):
+    return decoding.translate_ids(model, x, config=config)
+  alone = run(sentence[:, :int(np.sum(sentence > 0))])  # no padding at all
+  beside = run(others)
+  repeated = run(np.repeat(sentence, 4, axis=0))
+  for out, row in [(beside, 2)] + [(repeated, r) for r in range(4)]:
+    np.testing.assert_array_equal(out.sequences[row], alone.sequences[0])
+    np.testing.assert_allclose(out.scores[row], alone.scores[0], rtol=1e-5)
+  # The four copies in one batch: the same tokens (checked above) and scores
+  # to float32 rounding (an expert's matmul sees the copies at different
+  # rows, which may round differently).
+  for r in range(1, 4):
+    np.testing.assert_allclose(repeated.scores[r], repeated.scores[0],
+                               rtol=1e-6)
+  # The eval capacity really binds (else this would hold trivially): the
+  # sentences' own encoder groups drop tokens.
+  stats = model({"inputs": others, "targets": beside.sequences[:, 0]},
+                training=False, per_sentence_routing=True).moe_stats
+  dropped = [float(v.dropped_first + v.dropped_second)
+             for k, v in stats.items() if k.startswith("encoder/")]
+  assert max(dropped) > 0
+
+
+def test_dead_beams_are_passed_as_not_live():
+  seen = []
+  probs = np.array([[0.0, 0.1, 0.45, 0.45]] * 4)
+  inner = _table_step_fn(probs)
+
+  def step_fn(token_ids, cache, step, live):
+    seen.append(live.numpy().reshape(2, 3))
+    return inner(token_ids, cache, step, live)
+
+  _run(step_fn, _dummy_cache(2, 3), decoding.BeamSearchConfig(
+      beam_size=3, alpha=0.6, max_decode_length=4), batch_size=2)
+  assert len(seen) == 4
+  # Step 0: only beam 0 of each sentence holds a hypothesis.
+  np.testing.assert_array_equal(seen[0], [[True, False, False]] * 2)
+  # Step 1: one beam has only two non-EOS continuations (A, B) for 3 beams.
+  np.testing.assert_array_equal(seen[1], [[True, True, False]] * 2)
+  # Then 2 * 2 continuations fill all 3 beams.
+  np.testing.assert_array_equal(seen[2], np.ones([2, 3], bool))
+
+
 def test_incremental_decoding_never_recomputes_the_prefix():
   model = _tiny_model("dense")
   config = decoding.BeamSearchConfig(beam_size=2, alpha=0.6,
@@ -318,8 +381,8 @@ def test_incremental_decoding_never_recomputes_the_prefix():
   inner = decoding.transformer_step_fn(model, encoder_output)
   seen = []
 
-  def step_fn(token_ids, cache, step):
-    logits, new_cache = inner(token_ids, cache, step)
+  def step_fn(token_ids, cache, step, live):
+    logits, new_cache = inner(token_ids, cache, step, live)
     seen.append((int(step), token_ids.shape, cache, new_cache))
     return logits, new_cache
 

@@ -269,6 +269,65 @@ def test_layer_without_block_dispatch_keeps_the_buffers():
       rtol=1e-5, atol=1e-6)
 
 
+def test_row_groups_are_resolved_and_run_from_the_registry(monkeypatch):
+  # Decoding's per-token groups (one token per row, dead rows as padding):
+  # the per-row call goes through resolve_dispatch and DISPATCH_PATHS like
+  # the batch-group call, with its own static sizes (G = rows, S = 1, C = 1).
+  config = ModelConfig(d_model=M, moe=MoeConfig(
+      num_experts=E, expert_hidden_dim=H, group_size=16,
+      eval_capacity_factor=1.0, dispatch="index"))
+  tf.random.set_seed(9)
+  blocks = MoeLayer(config=config, causal=True)
+  buffers = MoeLayer(config=config, causal=True, router=blocks.router,
+                     experts=blocks.experts, allow_block_dispatch=False)
+  layouts, ran = [], []
+  resolve = dispatch.resolve_dispatch
+
+  def spy_resolve(**kwargs):
+    layouts.append(kwargs["layout"])
+    return resolve(**kwargs)
+
+  monkeypatch.setattr(dispatch, "resolve_dispatch", spy_resolve)
+  def recording(name, path):
+    def run(*args, **kwargs):
+      ran.append(name)
+      return path(*args, **kwargs)
+    return run
+
+  for name, path in list(dispatch.DISPATCH_PATHS.items()):
+    monkeypatch.setitem(dispatch.DISPATCH_PATHS, name, recording(name, path))
+  rng = np.random.default_rng(7)
+  x = tf.constant(rng.normal(size=(6, 1, M)), tf.float32)
+  mask = tf.constant([[1], [0], [1], [1], [0], [1]], tf.float32)
+  got = blocks(x, padding_mask=mask, training=False,
+               group_per_row=True).outputs.numpy()
+  want = buffers(x, padding_mask=mask, training=False,
+                 group_per_row=True).outputs.numpy()
+  assert ran == ["block", "index"]
+  assert layouts[0] == dispatch.BufferLayout(
+      num_groups=6, group_size=1, num_selected=2, num_experts=E, capacity=1)
+  assert layouts[1] is None  # allow_block_dispatch=False
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert np.all(got[[1, 4]] == 0) and np.all(np.abs(got[[0, 2, 3, 5]]) > 0)
+  # Each live row gets what it gets alone: its top-2 experts.
+  for row in (0, 3):
+    alone = blocks(x[row:row + 1], padding_mask=mask[row:row + 1],
+                   training=False, group_per_row=True).outputs
+    np.testing.assert_allclose(got[row:row + 1], alone, rtol=1e-5, atol=1e-6)
+  # Every requested path runs per-row groups to the same outputs.
+  ran.clear()
+  for requested in DISPATCH_IMPLEMENTATIONS:
+    moe = dataclasses.replace(config.moe, dispatch=requested)
+    other = MoeLayer(config=dataclasses.replace(config, moe=moe), causal=True,
+                     router=blocks.router, experts=blocks.experts,
+                     allow_block_dispatch=False)
+    np.testing.assert_allclose(
+        other(x, padding_mask=mask, training=False,
+              group_per_row=True).outputs, want, rtol=1e-5, atol=1e-6,
+        err_msg=requested)
+  assert sorted(ran) == sorted(DISPATCH_IMPLEMENTATIONS)
+
+
 def test_expert_sorted_order_by_hand():
   # Choices 0..5 to experts 2, 0, 2, 1, 0, 1; choice 3 dropped.
   order, counts = dispatch._expert_sorted_order(

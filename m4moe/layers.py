@@ -19,15 +19,13 @@ Randomness is stateless: every call that may drop units takes
 from __future__ import annotations
 
 import math
-from typing import Sequence
-
 import tensorflow as tf
 
 from m4moe import sharding as sharding_lib
 from m4moe.initializers import init_variable
 # NEG_INF is the additive attention bias of disallowed (query, key) pairs;
-# fold_seed is re-exported for the layers' callers (model.py).
-from m4moe.numerics import NEG_INF, fold_seed  # pylint: disable=unused-import
+# fold_seed stays importable from here for older callers.
+from m4moe.numerics import NEG_INF, fold_seed  # pylint: disable=unused-import  # noqa: F401
 
 
 def dropout(x: tf.Tensor, *, rate: float, training: bool,

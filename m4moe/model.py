@@ -61,6 +61,7 @@ from typing import Any, Mapping, NamedTuple
 import tensorflow as tf
 
 from m4moe import layers
+from m4moe import numerics
 from m4moe import sharding as sharding_lib
 from m4moe.config import ModelConfig
 from m4moe.moe_layer import MoeLayer
@@ -275,17 +276,17 @@ class _Layer(tf.Module):
     """Pre-LN self-attention block with dropout on the residual branch."""
     h = self.self_attention_norm(x)
     h = self.self_attention(h, h, bias=bias, training=training,
-                            seed=layers.fold_seed(seed, 0))
+                            seed=numerics.fold_seed(seed, 0))
     return self._residual(x, h, training=training,
-                          seed=layers.fold_seed(seed, 1))
+                          seed=numerics.fold_seed(seed, 1))
 
   def _ffn_residual(self, x: tf.Tensor, *, padding_mask: tf.Tensor,
                     training: bool, seed: tf.Tensor | None,
                     groups: str = "batch") -> tuple[tf.Tensor, Any]:
     y, moe_output = _ffn_block(self.ffn, self.ffn_norm(x),
                                padding_mask=padding_mask, training=training,
-                               seed=layers.fold_seed(seed, 4), groups=groups)
-    x = self._residual(x, y, training=training, seed=layers.fold_seed(seed, 5))
+                               seed=numerics.fold_seed(seed, 4), groups=groups)
+    x = self._residual(x, y, training=training, seed=numerics.fold_seed(seed, 5))
     return x, moe_output
 
 
@@ -363,8 +364,8 @@ class DecoderLayer(_Layer):
                                       seed=seed)
     h = self.cross_attention.attend(
         self.cross_attention_norm(x), cross_keys, cross_values,
-        bias=cross_bias, training=training, seed=layers.fold_seed(seed, 2))
-    x = self._residual(x, h, training=training, seed=layers.fold_seed(seed, 3))
+        bias=cross_bias, training=training, seed=numerics.fold_seed(seed, 2))
+    x = self._residual(x, h, training=training, seed=numerics.fold_seed(seed, 3))
     return self._ffn_residual(x, padding_mask=padding_mask, training=training,
                               seed=seed, groups=groups)
 
@@ -491,7 +492,7 @@ class Transformer(tf.Module):
         batch, "targets", self.config.max_length)
     encoder_output, moe_outputs = self._encode(
         inputs, segment_ids=in_segments, positions=in_positions,
-        training=training, seed=layers.fold_seed(seed, 0),
+        training=training, seed=numerics.fold_seed(seed, 0),
         groups="rows" if per_sentence_routing else "batch")
     packed = "targets_segment_ids" in batch
     decoder_inputs = shift_right(targets,
@@ -499,7 +500,7 @@ class Transformer(tf.Module):
     logits, decoder_moe = self._decode(
         encoder_output, decoder_inputs, segment_ids=tgt_segments,
         positions=tgt_positions, training=training,
-        seed=layers.fold_seed(seed, 1),
+        seed=numerics.fold_seed(seed, 1),
         groups="tokens" if per_sentence_routing else "batch")
     moe_outputs.update(decoder_moe)
     moe_loss, aux_loss, z_loss = _sum_moe(moe_outputs)
@@ -572,17 +573,17 @@ class Transformer(tf.Module):
     ``groups``: MoE routing groups (``batch`` or ``rows``).
     """
     x = self._embed(self.source_embedding, inputs, positions,
-                    training=training, seed=layers.fold_seed(seed, 0))
+                    training=training, seed=numerics.fold_seed(seed, 0))
     bias = layers.attention_bias(segment_ids, segment_ids, causal=False)
     padding_mask = tf.cast(segment_ids > 0, tf.float32)
     moe_outputs = {}
     for i, layer in enumerate(self.encoder_layers):
       x, moe_output = layer(x, bias=bias, padding_mask=padding_mask,
                             training=training,
-                            seed=layers.fold_seed(seed, i + 1), groups=groups)
+                            seed=numerics.fold_seed(seed, i + 1), groups=groups)
       if moe_output is not None:
         moe_outputs[f"encoder/layer_{i}/moe"] = moe_output
-    final_seed = layers.fold_seed(seed, len(self.encoder_layers) + 1)
+    final_seed = numerics.fold_seed(seed, len(self.encoder_layers) + 1)
     x = layers.dropout(self.encoder_norm(x), rate=self.config.dropout_rate,
                        training=training, seed=final_seed,
                        sharding=self.sharding)
@@ -609,7 +610,7 @@ class Transformer(tf.Module):
     ``groups``: MoE routing groups (``batch`` or ``tokens``).
     """
     x = self._embed(self.target_embedding, decoder_inputs, positions,
-                    training=training, seed=layers.fold_seed(seed, 0))
+                    training=training, seed=numerics.fold_seed(seed, 0))
     self_bias = layers.attention_bias(segment_ids, segment_ids, causal=True)
     cross_bias = layers.attention_bias(segment_ids, encoder_output.segment_ids,
                                        causal=False)
@@ -620,10 +621,10 @@ class Transformer(tf.Module):
           x, self_bias=self_bias, cross_keys=encoder_output.cross_keys[i],
           cross_values=encoder_output.cross_values[i], cross_bias=cross_bias,
           padding_mask=padding_mask, training=training,
-          seed=layers.fold_seed(seed, i + 1), groups=groups)
+          seed=numerics.fold_seed(seed, i + 1), groups=groups)
       if moe_output is not None:
         moe_outputs[f"decoder/layer_{i}/moe"] = moe_output
-    final_seed = layers.fold_seed(seed, len(self.decoder_layers) + 1)
+    final_seed = numerics.fold_seed(seed, len(self.decoder_layers) + 1)
     x = layers.dropout(self.decoder_norm(x), rate=self.config.dropout_rate,
                        training=training, seed=final_seed,
                        sharding=self.sharding)
@@ -676,7 +677,7 @@ class Transformer(tf.Module):
     x = self._embed(self.target_embedding, token_ids, positions,
                     training=False, seed=None)
     key_visible = encoder_output.segment_ids > 0
-    cross_bias = tf.where(key_visible, 0.0, layers.NEG_INF)[:, None, None, :]
+    cross_bias = tf.where(key_visible, 0.0, numerics.NEG_INF)[:, None, None, :]
     if live is None:
       live_mask = tf.ones(tf.shape(token_ids), tf.float32)
     else:

@@ -112,7 +112,6 @@ def main(argv):
   from m4moe.eval import comparison  # pylint: disable=g-import-not-at-top
   from m4moe.eval import testsets  # pylint: disable=g-import-not-at-top
   from m4moe import rundir  # pylint: disable=g-import-not-at-top
-  from m4moe.eval import translator as translator_lib  # pylint: disable=g-import-not-at-top
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   corpus = pathlib.Path(_CORPUS_DIR.value)
   if not (corpus / _SPLIT.value).is_dir():

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Sequence
 from absl import app
 from absl import flags
 
+from m4moe import cli
+
 if TYPE_CHECKING:
   from m4moe.benchmarks import moe_layer
 

@@ -197,15 +197,15 @@ def _run_record(data, built) -> dict[str, Any]:
   record = rundir.run_sections(vocab_dir=data.vocab_dir,
                                languages=built.languages,
                                skipped_lines=built.skipped_lines)
-  config_path = pathlib.Path(_MODEL_DIR.value) / rundir.CONFIG_FILENAME
+  config_path = pathlib.Path(flags.FLAGS.model_dir) / rundir.CONFIG_FILENAME
   if config_path.is_file():
-    old = rundir.read_run_config(_MODEL_DIR.value).get("vocab")
+    old = rundir.read_run_config(flags.FLAGS.model_dir).get("vocab")
     if old is not None:
       vocab_dir = pathlib.Path(data.vocab_dir)
       rundir.check_vocab(rundir.VocabFingerprint.from_dict(old),
                          source=vocab_dir / rundir.SOURCE_MODEL,
                          target=vocab_dir / rundir.TARGET_MODEL,
-                         model_dir=_MODEL_DIR.value)
+                         model_dir=flags.FLAGS.model_dir)
   return record
 
 

@@ -222,8 +222,16 @@ def test_system_record_and_examples():
   record = toolkit.system_record(
       train={"steps": 10, "tokens_per_sec": 5.0, "steps_per_sec": 0.5,
              "train_seconds": 20.0, "dev_ce": 3.0},
-      bleu=12.345, chrf=30.0, decode_sentences=200, decode_seconds=50.0)
+      bleu=12.345, chrf=30.0, decode_sentences=200, decode_seconds=50.0,
+      budget_seconds=40.0)
   assert record["bleu"] == 12.35 and record["decode_sentences_per_sec"] == 4.0
+  assert record["steps_per_sec"] == 0.5  # not stopped by the budget
+  budgeted = toolkit.system_record(
+      train={"steps": 10, "tokens_per_sec": 5.0, "steps_per_sec": 0.2,
+             "train_seconds": 50.0, "dev_ce": 3.0, "stopped_by": "time_budget"},
+      bleu=1.0, chrf=2.0, decode_sentences=1, decode_seconds=1.0,
+      budget_seconds=40.0)
+  assert budgeted["steps_per_sec"] == 0.25  # steps over the budget
   rows = toolkit.examples(sources=list("abcdefghij"),
                           references=list("ABCDEFGHIJ"),
                           hypotheses={"ours": list("0123456789")}, count=3)

@@ -335,7 +335,8 @@ def main(argv: list[str]) -> None:
     record = toolkit.system_record(
         train=outcome.train, bleu=bleu, chrf=chrf,
         decode_sentences=outcome.decode_sentences,
-        decode_seconds=outcome.decode_seconds)
+        decode_seconds=outcome.decode_seconds,
+        budget_seconds=setup.budget_seconds)
     report["systems"][name] = {**record, "core": outcome.core}
     common = {"system": name, "language": setup.language,
               "budget_seconds": setup.budget_seconds, "core": outcome.core,

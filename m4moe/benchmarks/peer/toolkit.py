@@ -431,12 +431,22 @@ def m4moe_train_summary(metrics_path: pathlib.Path, *,
 
 
 def system_record(*, train: Mapping[str, Any], bleu: float, chrf: float,
-                  decode_sentences: int,
-                  decode_seconds: float) -> dict[str, Any]:
-  """One system's entry of ``peer.json``."""
+                  decode_sentences: int, decode_seconds: float,
+                  budget_seconds: float) -> dict[str, Any]:
+  """One system's entry of ``peer.json``.
+
+  ``steps_per_sec`` is steps over the budget when the budget stopped the
+  run (each system stops after the first step that ends past it): the
+  systems' own clocks differ in what they include (``m4moe-train``'s
+  ``train_seconds`` holds the final dev evaluation, the driver's does not).
+  """
+  steps = train["steps"]
+  steps_per_sec = (steps / budget_seconds
+                   if train.get("stopped_by") == "time_budget"
+                   else train["steps_per_sec"])
   return {"bleu": round(bleu, 2), "chrf": round(chrf, 2),
-          "steps": train["steps"], "tokens_per_sec": train["tokens_per_sec"],
-          "steps_per_sec": train["steps_per_sec"],
+          "steps": steps, "tokens_per_sec": train["tokens_per_sec"],
+          "steps_per_sec": round(steps_per_sec, 4),
           "train_seconds": train["train_seconds"],
           "dev_ce": train["dev_ce"],
           "decode_sentences_per_sec": round(

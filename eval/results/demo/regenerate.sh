@@ -16,5 +16,5 @@ mkdir -p "$here/eval" "$here/stages"
 cp "$run"/stages/*.json "$here/stages/"
 cp -r "$run"/eval/. "$here/eval/"  # eval JSONs and <model>/<lang>.hyp
 if [[ -d "$run/report" ]]; then
-  cp "$run"/report/{report.md,summary.json,delta_bleu.png} "$here/"
+  cp "$run"/report/{report.md,summary.json,delta_bleu.png,router_stats.png} "$here/"
 fi

@@ -414,7 +414,9 @@ def run_stage_process(command: Sequence[str]) -> StageExit:
   While the child runs, SIGTERM, SIGINT and SIGHUP received by this process
   are forwarded to it (the same signal) instead of ending this process, and
   this process waits for the child to exit; the caller must then stop (see
-  :attr:`StageExit.interrupted_by`). On Linux the child is also set up to
+  :attr:`StageExit.interrupted_by`). The child runs in its own process
+  group, so a terminal's Ctrl-C reaches it once, through this process, not
+  twice. On Linux the child is also set up to
   receive SIGTERM when this process dies, so ``kill -9`` of this process
   does not orphan it (``m4moe-train`` saves a checkpoint and exits on
   SIGTERM). Signal forwarding needs the main thread; elsewhere only the
@@ -433,7 +435,9 @@ def run_stage_process(command: Sequence[str]) -> StageExit:
     for sig in FORWARDED_SIGNALS:
       previous[sig] = signal.signal(sig, forward)
   try:
-    child.append(subprocess.Popen(list(command),
+    # Its own process group: a terminal's Ctrl-C (sent to the foreground
+    # group) reaches only this process, which forwards it once.
+    child.append(subprocess.Popen(list(command), process_group=0,
                                   preexec_fn=_die_with_parent()))
     if received:  # arrived between installing the handlers and the fork
       child[0].send_signal(received[0])

@@ -13,7 +13,8 @@ What a run guarantees:
   counters, the step, tokens seen and the input iterator's state; randomness
   is ``fold_in([seed, 0], step)``, so nothing random lives outside them. With
   op determinism on, N steps straight equal N/2 + restart + N/2 bitwise.
-* SIGTERM: finish the current step, save, return with ``preempted=True``.
+* SIGTERM, SIGINT (Ctrl-C) or SIGHUP: finish the current step, save, return
+  with ``preempted=True`` (a second Ctrl-C stops at once, without saving).
 * ``kill -9`` at any time: the ``checkpoint`` index only ever names complete
   checkpoints (see :mod:`m4moe.training.checkpointing`); the next start
   removes the killed save's ``ckpt-<step>_temp/`` directory.
@@ -167,7 +168,7 @@ class TrainResult:
 
   Attributes:
     step: the last completed step.
-    preempted: stopped early by SIGTERM (after saving).
+    preempted: stopped early by SIGTERM, SIGINT or SIGHUP (after saving).
     stopped_by: why training ended: ``train_steps``, ``time_budget``,
       ``early_stopping`` or ``preempted``.
     last_checkpoint: path of the last saved checkpoint.
@@ -547,7 +548,7 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
 
 
 def _run_loop(loop: _Loop, *, after_step) -> str:
-  """Steps until a stop rule fires or SIGTERM; returns the stop reason."""
+  """Steps until a stop rule fires or a stop signal; returns the reason."""
   config = loop.config
   saved_at = loop.step if loop.keeper.latest else None
   evaluated_at = None

@@ -80,6 +80,15 @@ def test_signal_to_the_job_is_forwarded_to_the_stage(tmp_path, sig, started):
   assert not _alive(stage)
 
 
+def test_the_stage_has_its_own_process_group(tmp_path, started):
+  # A terminal's Ctrl-C goes to the foreground process group: the job's,
+  # which forwards it once, not to the stage a second time.
+  job, stage = _start(tmp_path, started)
+  assert os.getpgid(stage) == stage != os.getpgid(job.pid)
+  job.send_signal(signal.SIGTERM)
+  job.communicate(timeout=60)
+
+
 def test_kill9_of_the_job_takes_the_stage_down(tmp_path, started):
   job, stage = _start(tmp_path, started)
   job.send_signal(signal.SIGKILL)

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import tensorflow as tf
 
 CHILD = r'''
@@ -34,12 +35,14 @@ def _child(tmp_path, model_dir, steps):
                           stderr=subprocess.DEVNULL, text=True)
 
 
-def test_sigterm_saves_and_exits_cleanly(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT,
+                                 signal.SIGHUP])
+def test_sigterm_saves_and_exits_cleanly(tmp_path, sig):
   run = tmp_path / "run"
   proc = _child(tmp_path, run, 100000)
   for line in proc.stdout:
     if line.strip() == "STEP 4":
-      proc.send_signal(signal.SIGTERM)
+      proc.send_signal(sig)
       break
   rest = proc.communicate(timeout=60)[0]
   assert proc.returncode == 0
@@ -56,3 +59,15 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
   out = proc.communicate(timeout=120)[0]
   assert f"DONE {last + 2} False" in out
   assert out.split()[:2] == ["STEP", str(last + 1)]
+
+
+def test_a_second_ctrl_c_stops_at_once():
+  import os  # pylint: disable=g-import-not-at-top
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
+  with checkpointing.PreemptionGuard() as guard:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert guard.requested
+    with pytest.raises(KeyboardInterrupt, match="second Ctrl-C"):
+      os.kill(os.getpid(), signal.SIGINT)
+  # The previous handler is back: Python's, which raises KeyboardInterrupt.
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -15,7 +15,8 @@ the paper's Adafactor); optimiser flags given on the command line override
 it, and flags no one sets keep the paper's defaults. The
 vocabulary sizes come from the SentencePiece models in ``--vocab_dir``.
 Running again with the same ``--model_dir`` resumes from the last complete
-checkpoint (exactly, see m4moe.train). SIGTERM saves and exits with code 0.
+checkpoint (exactly, see m4moe.train). SIGTERM, SIGINT (Ctrl-C) or SIGHUP
+saves and exits with code 0; a second Ctrl-C stops at once without saving.
 A damaged newest checkpoint is moved into ``--model_dir``/damaged/ and the
 run resumes from the newest intact one; if none is left, or the metrics show
 progress whose checkpoints are gone, it stops with exit code 1 rather than

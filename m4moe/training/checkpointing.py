@@ -539,14 +539,18 @@ class CheckpointKeeper:
 
 
 class PreemptionGuard:
-  """Context manager turning SIGTERM into a "save and stop" request.
+  """Context manager turning SIGTERM, SIGINT or SIGHUP into "save and stop".
 
-  TPU VMs (and most schedulers) send SIGTERM before killing a job; the loop
-  polls :attr:`requested` after every step. Outside the main thread (where
-  Python cannot install signal handlers) the guard is inactive.
+  TPU VMs (and most schedulers) send SIGTERM before killing a job, a
+  terminal sends SIGINT (Ctrl-C) or SIGHUP; the loop polls
+  :attr:`requested` after every step. A second SIGINT after the request
+  raises ``KeyboardInterrupt`` at once (the last checkpoint stays intact).
+  Outside the main thread (where Python cannot install signal handlers) the
+  guard is inactive.
   """
 
-  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+  def __init__(self, signals: tuple[int, ...] = (
+      signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
     self._signals = signals
     self._event = threading.Event()
     self._previous: dict[int, Any] = {}
@@ -556,8 +560,11 @@ class PreemptionGuard:
     return self._event.is_set()
 
   def _handle(self, signum, frame) -> None:  # pylint: disable=unused-argument
-    logging.warning("Received signal %d: saving and stopping after this step",
-                    signum)
+    if signum == signal.SIGINT and self._event.is_set():
+      raise KeyboardInterrupt("second Ctrl-C: stopping without saving")
+    logging.warning("Received signal %d: saving and stopping after this step"
+                    "%s", signum, " (Ctrl-C again: stop without saving)"
+                    if signum == signal.SIGINT else "")
     self._event.set()
 
   def __enter__(self) -> "PreemptionGuard":
@@ -565,7 +572,8 @@ class PreemptionGuard:
       for sig in self._signals:
         self._previous[sig] = signal.signal(sig, self._handle)
     else:
-      logging.warning("Not in the main thread: SIGTERM will not be handled")
+      logging.warning("Not in the main thread: SIGTERM/SIGINT/SIGHUP will "
+                      "not be handled")
     return self
 
   def __exit__(self, *exc) -> None:

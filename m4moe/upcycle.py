@@ -48,7 +48,6 @@ from absl import logging
 
 from m4moe import config as config_lib
 from m4moe import rundir
-from m4moe.training import checkpointing
 
 _SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _PREFIX = "model/"
@@ -344,7 +343,7 @@ def upcycle_optimizer(*, optimizer: Any, model: tf.Module,
 
 def _optimizer_problems(dense_dir: str, optimizer: Any) -> list[str]:
   """Optimiser flags whose slots would not fit the dense run's."""
-  theirs = checkpointing.read_run_config(dense_dir).get("train", {}).get(
+  theirs = rundir.read_run_config(dense_dir).get("train", {}).get(
       "optimizer", {})
   # What shapes the slots: factoring, and whether there is a momentum.
   fits = {"factored": theirs.get("factored") == optimizer.factored,

@@ -92,8 +92,9 @@ def write_json_atomic(path: str | os.PathLike[str], value: Any) -> None:
   os.replace(tmp, path)
 
 
-def read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
-  """A run's whole ``config.json`` (keys ``model``, ``train``, ``data``)."""
+def _read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+  """The trainer's own read of ``config.json`` (readers outside training use
+  :func:`m4moe.rundir.read_run_config`, which validates it)."""
   path = pathlib.Path(model_dir) / CONFIG_FILENAME
   if not path.is_file():
     raise FileNotFoundError(
@@ -119,7 +120,7 @@ def write_run_config(model_dir: str | os.PathLike[str], *,
   path = pathlib.Path(model_dir) / CONFIG_FILENAME
   new = model_config.to_dict()
   if path.is_file():
-    old = read_run_config(model_dir).get("model", {})
+    old = _read_run_config(model_dir).get("model", {})
     diff = _dict_diff(old, new)
     if diff:
       raise config_lib.ConfigError(
@@ -466,7 +467,7 @@ def check_fresh_start(model_dir: str | os.PathLike[str], *,
     return
   every = checkpoint_every
   try:
-    every = min(every, int(read_run_config(model_dir)["train"][
+    every = min(every, int(_read_run_config(model_dir)["train"][
         "checkpoint_every"]))
   except (FileNotFoundError, KeyError, TypeError, ValueError):
     pass

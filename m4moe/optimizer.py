@@ -168,6 +168,35 @@ def _rms(x: tf.Tensor) -> tf.Tensor:
   return tf.sqrt(tf.reduce_mean(tf.square(x)))
 
 
+def _store(slot: tf.Variable, value: tf.Tensor) -> tf.Tensor:
+  """Assigns ``value`` to ``slot`` and returns ``value`` (not a re-read).
+
+  The update goes on with the tensor it computed, never with the read that
+  ``slot.assign(value)`` returns. Inside a ``tf.function`` that read is
+  ordered after the write only by the variable's side effects, not by a data
+  dependency, and DTensor's all-reduce combining pass (on by default,
+  ``DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION``) re-sorts a function
+  by data dependencies alone: it moves independent all-reduces together and
+  the ops that consume them after. When a slot's new value needs an
+  all-reduce (a statistic reduced over a dimension split over the mesh,
+  e.g. ``vr`` of the dense FFN's ``wi`` <[M, F]> split on F over ``model``,
+  or ``m`` after the update clipping's RMS), the write moves behind the read,
+  which then sees the old slot: zeros at step 1, so ``rsqrt(0 / 0)`` made
+  every model-split weight NaN, and ``m`` lagged a step. Eager execution and
+  one device are unaffected; ``tests/test_optimizer_mesh.py`` checks one
+  update of model-split weights against one device.
+
+  Args:
+    slot: <float32>[...] the slot variable.
+    value: <float32>[...] its new value, same shape.
+
+  Returns:
+    ``value``.
+  """
+  slot.assign(value, read_value=False)
+  return value
+
+
 class _Slots(tf.Module):
   """One variable's slots: ``vr``/``vc`` (factored) or ``v``; ``m`` if beta1."""
 
@@ -267,14 +296,14 @@ class Adafactor(tf.Module):
     """Updates the second-moment slots and returns ``g / sqrt(v_hat)``."""
     grad_sq = tf.square(grad) + self.config.epsilon1
     if slots.factored:
-      vr = slots.vr.assign(beta2 * slots.vr + (1 - beta2) *
-                           tf.reduce_mean(grad_sq, axis=-1))
-      vc = slots.vc.assign(beta2 * slots.vc + (1 - beta2) *
-                           tf.reduce_mean(grad_sq, axis=-2))
+      vr = _store(slots.vr, beta2 * slots.vr + (1 - beta2) *
+                  tf.reduce_mean(grad_sq, axis=-1))
+      vc = _store(slots.vc, beta2 * slots.vc + (1 - beta2) *
+                  tf.reduce_mean(grad_sq, axis=-2))
       row = tf.math.rsqrt(vr / tf.reduce_mean(vr, axis=-1, keepdims=True))
       col = tf.math.rsqrt(vc)
       return grad * row[..., :, tf.newaxis] * col[..., tf.newaxis, :]
-    v = slots.v.assign(beta2 * slots.v + (1 - beta2) * grad_sq)
+    v = _store(slots.v, beta2 * slots.v + (1 - beta2) * grad_sq)
     return grad / tf.sqrt(v)
 
   def _update_one(self, grad: tf.Tensor, var: tf.Variable, slots: _Slots, *,
@@ -286,9 +315,10 @@ class Adafactor(tf.Module):
     if config.clipping_threshold > 0:
       update /= tf.maximum(1.0, _rms(update) / config.clipping_threshold)
     if slots.m is not None:
-      update = slots.m.assign(config.beta1 * slots.m +
-                              (1 - config.beta1) * update)
+      update = _store(slots.m, config.beta1 * slots.m +
+                      (1 - config.beta1) * update)
     step_size = lr
     if config.multiply_by_parameter_scale:
       step_size = lr * tf.maximum(config.epsilon2, _rms(value))
-    var.assign(tf.cast(value - step_size * update, var.dtype))
+    var.assign(tf.cast(value - step_size * update, var.dtype),
+               read_value=False)

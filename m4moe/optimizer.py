@@ -183,8 +183,8 @@ def _store(slot: tf.Variable, value: tf.Tensor) -> tf.Tensor:
   or ``m`` after the update clipping's RMS), the write moves behind the read,
   which then sees the old slot: zeros at step 1, so ``rsqrt(0 / 0)`` made
   every model-split weight NaN, and ``m`` lagged a step. Eager execution and
-  one device are unaffected; ``tests/test_optimizer_mesh.py`` checks one
-  update of model-split weights against one device.
+  one device are unaffected; ``tests/test_optimizer_mesh.py`` checks the
+  updates of model-split weights against one device.
 
   Args:
     slot: <float32>[...] the slot variable.

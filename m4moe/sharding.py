@@ -56,10 +56,12 @@ on ``data`` where ``data`` divides it. The ``model`` axis size must divide
 ``--num_heads``, ``--d_ff`` and ``--expert_hidden_dim``
 (:func:`m4moe.mesh.validate_mesh`). Without a ``model`` axis these
 annotations are skipped. Tested: on ``model:2``, ``data:2,model:2`` and
-``data:2,expert:2,model:2`` the loss and gradients of one training step
-equal one device grouping per data shard; the Adafactor update of the
-model-split variables is NaN (known bug, ``tests/test_sharding_train_step.py``
-marks it xfail), so ``m4moe-train`` refuses a ``model`` axis for now.
+``data:2,expert:2,model:2`` the loss, gradients and updated weights of one
+training step equal one device grouping per data shard
+(``tests/test_sharding_train_step.py``), and Adafactor's update of
+model-split weights equals one device (``tests/test_optimizer_mesh.py``;
+it once read its slots before DTensor had written them, see
+``m4moe.optimizer._store``).
 
 Where the model calls it (``MoeLayer(..., sharding=s)``, threaded from
 ``Transformer(..., sharding=s)``): the batch's tokens, as D = size of the

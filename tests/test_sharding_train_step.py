@@ -300,10 +300,6 @@ def test_model_axis_loss_and_gradients_match_one_device(model_meshes,
                                err_msg=f"gradient of {name}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug found after merging: loss and gradients on model-split meshes "
-    "equal one device, but Adafactor's update of the model-split variables "
-    "is NaN; m4moe-train refuses a model axis until this passes"))
 @pytest.mark.parametrize("mesh_text", MODEL_MESHES)
 def test_model_axis_step_matches_one_device(model_meshes, mesh_text):
   _assert_same_step(model_meshes[mesh_text], model_meshes[_reference_key(mesh_text)],

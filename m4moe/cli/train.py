@@ -159,14 +159,6 @@ def _check_mesh(mesh, data, model_config) -> list[str]:
                            num_groups=groups, batch_size=data.batch_rows)
   except mesh_lib.MeshError as e:
     return [str(e)]
-  if mesh.axis_size("model") > 1:
-    # Known bug: loss and gradients on a model-split mesh equal one device,
-    # but the Adafactor update of the model-split variables comes out NaN
-    # (tests/test_sharding_train_step.py, marked xfail until fixed).
-    return [f"--mesh={mesh}: training over a 'model' axis is not usable yet "
-            "(the optimizer update of model-split weights is wrong); use "
-            "only data and expert axes for training (m4moe-info still "
-            "estimates model-axis meshes)"]
   return []
 
 

@@ -16,7 +16,9 @@ evaluation), and writes ``stopping.json`` (every number) and ``stopping.md``:
   (undefined for fewer than 3).
 
 Only kept checkpoints can be scored (the demo keeps one every 600 steps), so
-the rule's own choice (every 200 or 250 steps) is compared at that grain.
+the rule's own choice (every 200 or 250 steps) is compared at that grain; a
+checkpoint between two dev evaluations (the MoE's, evaluated every 250
+steps) gets their linearly interpolated dev CE, marked ``~``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,27 @@ def spearman(x: list[float], y: list[float]) -> float | None:
   return cov / (vx * vy) ** 0.5 if vx and vy else None
 
 
+def _dev_ce_at(dev: dict[int, dict[str, float]], lang: str, step: int, *,
+               model: str) -> tuple[float, bool]:
+  """(dev CE of ``lang`` at ``step``, whether it is interpolated).
+
+  A checkpoint kept between two evaluations (the demo MoE evaluates every
+  250 steps and keeps every 600th) gets the linear interpolation of its
+  neighbours' dev CE.
+  """
+  steps = sorted(s for s in dev if lang in dev[s])
+  if step in steps:
+    return dev[step][lang], False
+  before = [s for s in steps if s < step]
+  after = [s for s in steps if s > step]
+  if not before or not after:
+    raise app.UsageError(f"{model}: no dev evaluation of {lang} at or around "
+                         f"step {step} in its metrics.jsonl")
+  a, b = before[-1], after[0]
+  w = (step - a) / (b - a)
+  return (1 - w) * dev[a][lang] + w * dev[b][lang], True
+
+
 def summarize(run_dir: pathlib.Path, work_dir: pathlib.Path) -> dict:
   scored: dict[str, dict[int, dict]] = {}
   for path in sorted(work_dir.glob("*.json")):
@@ -97,10 +120,9 @@ def summarize(run_dir: pathlib.Path, work_dir: pathlib.Path) -> dict:
       rows = []
       for step in sorted(by_step):
         result = by_step[step]["languages"][lang]
-        if step not in dev or lang not in dev[step]:
-          raise app.UsageError(f"{model}: no dev evaluation of {lang} at step "
-                               f"{step} in its metrics.jsonl")
-        rows.append({"step": step, "dev_ce": dev[step][lang],
+        ce, interpolated = _dev_ce_at(dev, lang, step, model=model)
+        rows.append({"step": step, "dev_ce": ce,
+                     "dev_ce_interpolated": interpolated,
                      "bleu": result["bleu"], "chrf": result["chrf"]})
       by_ce = min(rows, key=lambda r: r["dev_ce"])
       by_bleu = max(rows, key=lambda r: r["bleu"])
@@ -130,15 +152,18 @@ def markdown(summary: dict) -> str:
     for lang, row in info["languages"].items():
       for r in row["checkpoints"]:
         mark = " (lowest CE)" if r["step"] == row["lowest_dev_ce_step"] else ""
+        approx = "~" if r["dev_ce_interpolated"] else ""
         lines.append(f"| {model} | {lang} | {r['step']}{mark} | "
-                     f"{r['dev_ce']:.3f} | {r['bleu']:.1f} | {r['chrf']:.1f} |")
+                     f"{approx}{r['dev_ce']:.3f} | {r['bleu']:.1f} | "
+                     f"{r['chrf']:.1f} |")
       rho = row["spearman_neg_ce_vs_bleu"]
       verdicts.append(
           f"| {model} | {lang} | {row['lowest_dev_ce_step']} | "
           f"{row['highest_bleu_step']} | {row['bleu_regret']:.1f} | "
           f"{'–' if rho is None else f'{rho:.2f}'} |")
   return "\n".join(["# Dev cross-entropy vs test BLEU per kept checkpoint",
-                    "", *verdicts, "", *lines, ""])
+                    "", *verdicts, "", "~: interpolated between the two "
+                    "nearest dev evaluations.", "", *lines, ""])
 
 
 def main(argv) -> None:

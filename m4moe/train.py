@@ -224,9 +224,11 @@ class _Loop:
 
   def __init__(self, *, config: TrainConfig, strategy, model, runner,
                counters: _Counters, keeper, iterator, dev_datasets,
-               metrics_log: metrics_lib.MetricsLog, best_keeper=None):
+               metrics_log: metrics_lib.MetricsLog, best_keeper=None,
+               devices: int = 1):
     self.config = config
     self.best_keeper = best_keeper
+    self.devices = devices
     self.strategy = strategy
     self.model = model
     self.runner = runner
@@ -316,7 +318,7 @@ class _Loop:
         "z_loss": result.z_loss, "learning_rate": result.learning_rate,
         "grad_norm": result.grad_norm,
         "nonfinite_skipped": int(self.counters.nonfinite_skipped.numpy()),
-        "devices": self.strategy.num_replicas_in_sync,
+        "devices": self.devices,
         "device_kind": distribute.device_kind(self.strategy),
         "batch_tokens": self.config.batch_tokens,
         "grad_accum_steps": self.config.grad_accum_steps,
@@ -392,6 +394,13 @@ class _Loop:
         metrics_lib.write_scalar(f"dev/source_reliance/{lang}", value,
                                  step=self.step)
     self.eval_writer.flush()
+
+
+def _device_count(strategy, sharding: sharding_lib.Sharding) -> int:
+  """Devices a step runs on: the mesh's, else the strategy's replicas."""
+  if sharding.enabled:
+    return sharding.mesh.size
+  return strategy.num_replicas_in_sync
 
 
 def _restore(keeper: checkpointing.CheckpointKeeper, *, config: TrainConfig,
@@ -547,9 +556,10 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
     loop = _Loop(config=config, strategy=strategy, model=model,
                  runner=runner, counters=counters, keeper=keeper,
                  iterator=iterator, dev_datasets=dev_datasets,
-                 metrics_log=log, best_keeper=best)
+                 metrics_log=log, best_keeper=best,
+                 devices=_device_count(strategy, sharding))
     log.write({"kind": "start", "step": loop.step, "time": time.time(),
-               "devices": strategy.num_replicas_in_sync,
+               "devices": loop.devices,
                "mesh": str(sharding.mesh) if sharding.enabled else None,
                "device_kind": distribute.device_kind(strategy),
                "num_params": int(sum(np.prod(v.shape)

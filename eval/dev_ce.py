@@ -2,8 +2,9 @@
 
 The Figure-6 comparison on dev cross-entropy instead of BLEU: on small test
 sets BLEU is noisy, while the dev cross-entropy logged during training
-(``training_logs.final_dev_ce``: the last dev evaluation of each run, nats
-per target token) is steady. ΔCE of a model on a language is the bilingual
+(``training_logs.final_dev_ce``: the dev evaluation of the scored
+checkpoint's step, else the last one, of each run; nats per target token)
+is steady. ΔCE of a model on a language is the bilingual
 baseline's dev CE minus the model's, so positive = the multilingual model is
 better (the sign convention of ΔBLEU).
 

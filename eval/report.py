@@ -48,9 +48,11 @@ Tables: model table in the style of SPEC Table 1 (params, E, L, total
 experts, avg BLEU, avg ΔBLEU); averages over all/high/mid/low buckets;
 per-language BLEU/ΔBLEU (or chrF++ with ``metric="chrf"``); dev
 cross-entropy vs the bilingual baselines (:mod:`m4moe.eval.dev_ce`; bucket
-means, ΔCE and wins, per language; from the last dev evaluation in the
-models' and baselines' training logs, shown when at least one model and one
-baseline have one); training cost like Table 3 and tokens to reach
+means, ΔCE and wins, per language; from the dev evaluation of the scored
+checkpoint's step, else the last one, in the models' and baselines'
+training logs, shown when at least one model and one baseline have one);
+how each run was sized (steps, what stopped it, the step of its best dev
+evaluation, the checkpoint scored); training cost like Table 3 and tokens to reach
 cross-entropy thresholds like Table 2 and router statistics over training
 (load balance, dropped tokens, aux loss; from training metrics JSONL logs).
 Languages left out of averages, and why, are always listed.
@@ -311,7 +313,8 @@ def _dev_ce_blocks(comp, dev: dev_ce_lib.DevCeComparison | None
       doc.Heading("Dev cross-entropy vs bilingual baselines"),
       doc.Paragraph(
           "ΔCE = baseline dev CE − model dev CE, in nats per target token "
-          "(teacher-forced), from the last dev evaluation in each run's "
+          "(teacher-forced), from the dev evaluation of the scored "
+          "checkpoint's step (else the last one) in each run's "
           "training log; positive = the multilingual model is better. Far "
           "steadier than BLEU on small test sets. Buckets as above; means "
           f"over the {len(dev.averaged)} languages with a dev CE from the "
@@ -595,7 +598,8 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                  | None = None,
                  runs: Sequence[examples_lib.RunOutputs] = (),
                  example_count: int = 0,
-                 split: str = "test") -> list[doc.Block]:
+                 split: str = "test",
+                 stopping: Sequence[doc.Block] = ()) -> list[doc.Block]:
   """The report's content, shared by the Markdown and HTML renderings."""
   metric = comp.metric_name
   return [
@@ -626,6 +630,7 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
       *_dev_ce_blocks(comp, dev_ce),
       *_source_reliance_blocks(comp, reliance),
       *_gaps_blocks(comp),
+      *stopping,
       *_training_blocks(logs, thresholds),
       *_router_blocks(router or {}, router_png),
       *_examples_blocks(examples or {}, runs, count=example_count),
@@ -778,9 +783,45 @@ def runs_dev_ce(runs: Sequence[results.EvalResult],
   out: dict[str, dict[str, float] | None] = {}
   for run in runs:
     path = logs.get(run.model)
+    step = training_logs.checkpoint_step(run.metadata.get("checkpoint"))
     out[run.model] = (None if path is None else training_logs.final_dev_ce(
-        training_logs.read_records(path)))
+        training_logs.read_records(path), step=step))
   return out
+
+
+def _stopping_blocks(runs: Sequence[results.EvalResult],
+                     logs: Mapping[str, pathlib.Path]) -> list[doc.Block]:
+  """How each scored run was sized and which of its checkpoints was scored."""
+  rows = []
+  for run in runs:
+    path = logs.get(run.model)
+    if path is None:
+      continue
+    stop = training_logs.stopping(training_logs.read_records(path))
+    checkpoint = str(run.metadata.get("checkpoint") or "")
+    step = training_logs.checkpoint_step(checkpoint)
+    which = DASH if step is None else (
+        f"{step} (best dev)" if "/best/" in checkpoint.replace("\\", "/")
+        else str(step))
+    rows.append((run.model, ", ".join(sorted(run.languages)),
+                 _fmt_int(stop.steps), stop.stopped_by or DASH,
+                 str(stop.evaluations), _fmt_int(stop.best_step), which))
+  if not rows:
+    return []
+  return [
+      doc.Heading("How each model was trained and which checkpoint was "
+                  "scored"),
+      doc.Paragraph("From each run's training log (metadata.model_dir or "
+                    "--training_logs) and the checkpoint its eval JSON "
+                    "names. stopped by: train_steps (the step budget), "
+                    "early_stopping (no new best dev cross-entropy for the "
+                    "patience), time_budget; lowest dev CE at: the step of "
+                    "the best token-weighted dev cross-entropy; '(best dev)': "
+                    "the scored weights are that evaluation's, kept by "
+                    "m4moe-train in <model_dir>/best/."),
+      doc.Table(("model", "languages", "steps", "stopped by",
+                 "dev evaluations", "lowest dev CE at", "scored checkpoint"),
+                tuple(rows))]
 
 
 def model_pairs(groups: Sequence[seeds_lib.ModelGroup]
@@ -973,7 +1014,10 @@ def write_report(output_dir: str | pathlib.Path, *,
                         intervals=intervals,
                         num_seeds={g.name: g.num_seeds for g in groups},
                         reliance=reliance, examples=example_sets,
-                        runs=all_runs, example_count=examples, split=split)
+                        runs=all_runs, example_count=examples, split=split,
+                        stopping=_stopping_blocks(
+                            [*merged, *baselines],
+                            {**baseline_logs, **logs}))
   md_path, html_path = output_dir / "report.md", output_dir / "report.html"
   textio.write_text_atomic(md_path, doc.to_markdown(title, blocks))
   textio.write_text_atomic(html_path, doc.to_html(title, blocks))

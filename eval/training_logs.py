@@ -19,8 +19,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 import statistics
 from typing import Any, Sequence
+
+_CKPT_STEP = re.compile(r"ckpt-(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,41 @@ class TrainingCost:
   wall_hours: float | None
   steps: int | None
   tokens: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stopping:
+  """How a run ended (None = not in the log).
+
+  Attributes:
+    steps: the last step trained.
+    stopped_by: the last ``end`` record's reason: ``train_steps``,
+      ``early_stopping``, ``time_budget`` or ``preempted``.
+    evaluations: dev evaluations logged.
+    best_step: the step of the lowest token-weighted dev cross-entropy.
+  """
+
+  steps: int | None
+  stopped_by: str | None
+  evaluations: int
+  best_step: int | None
+
+
+def stopping(records: Sequence[dict]) -> Stopping:
+  """How the run of ``records`` was sized: its stop and best evaluation."""
+  ends = [r for r in records if r.get("kind") == "end"]
+  evals = [r for r in records if r.get("kind") == "eval"
+           and _num(r.get("dev_ce_mean")) is not None
+           and _num(r.get("step")) is not None]
+  train = _train_records(records)
+  steps = [_num(r.get("step")) for r in (*train, *ends, *evals)]
+  steps = [s for s in steps if s is not None]
+  best = min(evals, key=lambda r: r["dev_ce_mean"]) if evals else None
+  return Stopping(
+      steps=int(max(steps)) if steps else None,
+      stopped_by=str(ends[-1].get("stopped_by")) if ends else None,
+      evaluations=len(evals),
+      best_step=int(best["step"]) if best else None)
 
 
 def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
@@ -185,18 +223,31 @@ def router_trajectory(records: Sequence[dict]) -> list[RouterPoint]:
   return points
 
 
-def final_dev_ce(records: Sequence[dict]) -> dict[str, float]:
-  """Per-language dev cross-entropy of the run's last dev evaluation.
+def checkpoint_step(checkpoint: Any) -> int | None:
+  """The step of a checkpoint path prefix ``.../ckpt-<step>`` (None: other)."""
+  match = _CKPT_STEP.search(str(checkpoint or ""))
+  return int(match.group(1)) if match else None
+
+
+def final_dev_ce(records: Sequence[dict], *,
+                 step: int | None = None) -> dict[str, float]:
+  """Per-language dev cross-entropy of the scored step or the last evaluation.
 
   Args:
     records: a metrics log's records, in file order.
+    step: the step of the checkpoint that was scored (e.g. the best dev
+      evaluation, ``m4moe-eval --checkpoint=best``); its dev evaluation is
+      used when the log has one, else the last.
 
   Returns:
-    language -> ``dev_ce`` (nats per target token) of the last ``eval``
-    record whose ``dev_ce`` is a non-empty mapping; non-numeric values are
-    skipped. Empty if no eval record has per-language dev cross-entropies.
+    language -> ``dev_ce`` (nats per target token) of that ``eval`` record
+    (the last one whose ``dev_ce`` is a non-empty mapping); non-numeric
+    values are skipped. Empty if no eval record has per-language dev
+    cross-entropies.
   """
-  for record in reversed(records):
+  at_step = [r for r in records if r.get("kind") == "eval"
+             and step is not None and _num(r.get("step")) == step]
+  for record in reversed(at_step or records):
     dev_ce = record.get("dev_ce")
     if record.get("kind") != "eval" or not isinstance(dev_ce, dict):
       continue

@@ -311,16 +311,20 @@ def load_translator(model_dir: str | pathlib.Path, *,
                     beam: decoding.BeamSearchConfig,
                     max_input_length: int | None = None,
                     batch_size: int = 32,
-                    length_ratio: float | None = None
+                    length_ratio: float | None = None,
+                    checkpoint: str = "latest"
                     ) -> tuple[Translator, rundir.RunFiles]:
   """Finds the run's files, restores the model and builds a Translator.
+
+  ``checkpoint``: latest, best or a step (:func:`m4moe.rundir.resolve_checkpoint`).
 
   Raises:
     rundir.RunDirError: unusable run directory or a vocabulary other than
       the run's.
     TranslatorError: unusable SentencePiece model or settings.
   """
-  files = rundir.find_run_files(model_dir, vocab_dir=vocab_dir)
+  files = rundir.find_run_files(model_dir, vocab_dir=vocab_dir,
+                               checkpoint=checkpoint)
   source_sp = load_sentencepiece(files.source_vocab,
                                  vocab_size=files.config.src_vocab_size)
   target_sp = load_sentencepiece(files.target_vocab,

@@ -289,15 +289,20 @@ RECIPES: dict[str, Recipe] = {
             ModelRun(name="dense_L2", config="tiny/dense",
                      train_steps=_STUDY_MAX_STEPS, seeds=_STUDY_SEEDS,
                      extra_flags=(*_SHALLOW, *_STUDY_MIN_DELTA),
-                     **_STUDY_STOPPING),
+                     lane=0, **_STUDY_STOPPING),
             ModelRun(name="moe_E8_L2", config="tiny/moe",
                      train_steps=_STUDY_MAX_STEPS, seeds=_STUDY_SEEDS,
                      extra_flags=(*_SHALLOW, *_STUDY_MIN_DELTA),
-                     **_STUDY_STOPPING),
+                     lane=1, **_STUDY_STOPPING),
         ),
         baseline=ModelRun(name="bilingual", config="tiny/dense",
                           train_steps=_STUDY_MAX_STEPS, extra_flags=_SHALLOW,
-                          **_STUDY_BASELINE_STOPPING),
+                          lane=0, **_STUDY_BASELINE_STOPPING),
+        # Two lanes of one core each (1.39x the throughput of one two-core
+        # process, eval/results/demo/lanes_benchmark.py): the dense seeds
+        # and the MoE seeds side by side, then the baselines alternating
+        # between the lanes in order of size (larger ones train longer).
+        baseline_lanes=tuple((lang, 1) for lang in _STUDY_LANGUAGES[1::2]),
         report_flags=("--ce_thresholds=4.0,3.0,2.5",),
         batch_tokens=4096,
         sequence_length=64,
@@ -442,6 +447,10 @@ def plan(recipe: Recipe, *, run_dir: pathlib.Path,
                   *([f"--split={split}"] if split != "test" else []),
                   f"--max_sentences={max_sentences}",
                   f"--beam_size={recipe.beam_size}",
+                  # The weights of the best dev evaluation: an early-stopped
+                  # run is scored where dev was best, not `patience`
+                  # evaluations later (eval/results/demo/stopping.md).
+                  "--checkpoint=best",
                   f"--hypotheses_dir={run_dir / out / run}")))
   # Seeds of one model share its name: the report reads the first seed's
   # training log (as it shows the first seed's examples).

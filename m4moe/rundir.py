@@ -13,6 +13,7 @@
     "skipped_lines"    {"<file>": count} malformed corpus lines skipped
   checkpoint           TF's index naming the latest complete ckpt-<step>
   ckpt-<step>.*        model, optimiser slots, step, input iterator
+  best/ckpt-<step>.*   model weights of the best dev evaluation
   metrics.jsonl, train/, eval/   logs and TensorBoard events
 
 The vocabulary fingerprint makes a wrong ``--vocab_dir`` an error even when
@@ -174,7 +175,8 @@ class RunFiles:
   Attributes:
     model_dir: the run directory.
     config: the model config.
-    checkpoint: path prefix of the latest complete checkpoint.
+    checkpoint: path prefix of the checkpoint to restore (the latest, the
+      best on dev or a given step: :func:`resolve_checkpoint`).
     source_vocab, target_vocab: the SentencePiece models that will be used.
     run_config: the whole ``config.json``.
     vocab: the recorded fingerprint (None: a run written before it existed).
@@ -293,9 +295,74 @@ def check_vocab(recorded: VocabFingerprint | None, *,
         f"sha256 {got[:12]}...): {fix}")
 
 
+CHECKPOINT_CHOICES = "latest, best or a step number"
+
+
+def _steps(directory: pathlib.Path) -> list[int]:
+  prefix = checkpointing.PREFIX + "-"
+  return sorted(int(p.name[len(prefix):-len(".index")])
+                for p in directory.glob(f"{prefix}*.index")
+                if p.name[len(prefix):-len(".index")].isdigit())
+
+
+def resolve_checkpoint(model_dir: str | os.PathLike[str],
+                       which: str = "latest") -> str:
+  """Path prefix of one of a run's checkpoints.
+
+  Args:
+    model_dir: the run directory.
+    which: ``latest`` (the newest complete checkpoint), ``best`` (the model
+      weights of the best dev evaluation, ``<model_dir>/best/``; see
+      :func:`m4moe.training.checkpointing.best_keeper`) or a step number N
+      (``ckpt-N`` of the run or of ``best/``).
+
+  Raises:
+    RunDirError: ``which`` is not one of those, or the run has no such
+      checkpoint (the message lists the steps it has).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  model_dir = pathlib.Path(model_dir)
+  best_dir = model_dir / checkpointing.BEST_DIRNAME
+  kept = _steps(model_dir)
+  have = (f"its checkpoints: {', '.join(f'ckpt-{s}' for s in kept)}"
+          if kept else "it has no ckpt-<step> files")
+  which = str(which).strip()
+  if which == "latest":
+    path = tf.train.latest_checkpoint(str(model_dir))
+    if path is None:
+      raise RunDirError(f"{model_dir} has no checkpoint (no 'checkpoint' "
+                        "index file): train first or pass the right dir")
+    return path
+  if which == "best":
+    path = (tf.train.latest_checkpoint(str(best_dir))
+            if best_dir.is_dir() else None)
+    if path is None:
+      raise RunDirError(
+          f"{model_dir} has no best-on-dev checkpoint ({best_dir} is missing "
+          "or empty): the run was trained without a dev set, with "
+          "--nokeep_best, or before m4moe-train kept one; use "
+          f"--checkpoint=latest or a step ({have})")
+    return path
+  if which.isdigit():
+    for directory in (model_dir, best_dir):
+      prefix = directory / f"{checkpointing.PREFIX}-{int(which)}"
+      if prefix.with_name(prefix.name + ".index").is_file():
+        return str(prefix)
+    best = _steps(best_dir) if best_dir.is_dir() else []
+    also = f"; best/: ckpt-{best[0]}" if best else ""
+    raise RunDirError(f"{model_dir} has no checkpoint of step {which} "
+                      f"({have}{also}); pass one of those steps, latest or "
+                      "best")
+  raise RunDirError(f"--checkpoint={which!r}: use {CHECKPOINT_CHOICES}")
+
+
 def find_run_files(model_dir: str | os.PathLike[str], *,
-                   vocab_dir: str | None = None) -> RunFiles:
-  """Locates config, latest checkpoint and SentencePiece models of a run.
+                   vocab_dir: str | None = None,
+                   checkpoint: str = "latest") -> RunFiles:
+  """Locates config, a checkpoint and the SentencePiece models of a run.
+
+  ``checkpoint`` picks the checkpoint (:func:`resolve_checkpoint`: latest,
+  best or a step).
 
   The models are taken from ``vocab_dir``, else from a directory named by
   the run config's ``data`` section (any key containing ``vocab``), else
@@ -305,17 +372,13 @@ def find_run_files(model_dir: str | os.PathLike[str], *,
   Raises:
     RunDirError: naming the missing or wrong file and where it was looked.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   model_dir = pathlib.Path(model_dir)
   run_config = read_run_config(model_dir)
   config = model_config_from_run(model_dir)
   config_path = model_dir / CONFIG_FILENAME
   recorded = _recorded_vocab(run_config, config_path)
   pairs = _recorded_pairs(run_config, config_path)
-  checkpoint = tf.train.latest_checkpoint(str(model_dir))
-  if checkpoint is None:
-    raise RunDirError(f"{model_dir} has no checkpoint (no 'checkpoint' "
-                      "index file): train first or pass the right dir")
+  checkpoint = resolve_checkpoint(model_dir, checkpoint)
   tried = _vocab_candidates(model_dir, run_config, vocab_dir)
   if not vocab_dir and recorded is not None:
     tried.insert(0, pathlib.Path(recorded.source_path).parent)

@@ -105,6 +105,12 @@ class TrainConfig:
       without a new best dev cross-entropy (0: off; needs ``eval_every``).
     early_stopping_min_delta: an evaluation is a new best only if it lowers
       the best dev cross-entropy by more than this (nats per token).
+    keep_best: at every dev evaluation that sets a new best dev
+      cross-entropy (by more than ``early_stopping_min_delta``), save the
+      model weights in ``model_dir/best/`` (one checkpoint, no optimiser
+      state; ``--checkpoint=best`` of m4moe-eval/decode/export reads it), so
+      an early-stopped run is evaluated where dev was best, not
+      ``early_stopping_patience`` evaluations later.
     checkpoint_input: save the input iterator in checkpoints (not on a
       device mesh, whose DTensor checkpoints cannot hold it); if False a
       resumed run skips the batches already consumed instead (for pipelines
@@ -127,6 +133,7 @@ class TrainConfig:
   max_train_seconds: float = 0.0
   early_stopping_patience: int = 0
   early_stopping_min_delta: float = 0.0
+  keep_best: bool = True
   checkpoint_input: bool = True
   batch_tokens: int = dataclasses.field(default=0, metadata=flagutil.metadata(
       not_a_flag="m4moe-train copies the data config's --batch_tokens"))
@@ -217,8 +224,11 @@ class _Loop:
 
   def __init__(self, *, config: TrainConfig, strategy, model, runner,
                counters: _Counters, keeper, iterator, dev_datasets,
-               metrics_log: metrics_lib.MetricsLog):
+               metrics_log: metrics_lib.MetricsLog, best_keeper=None,
+               devices: int = 1):
     self.config = config
+    self.best_keeper = best_keeper
+    self.devices = devices
     self.strategy = strategy
     self.model = model
     self.runner = runner
@@ -308,7 +318,7 @@ class _Loop:
         "z_loss": result.z_loss, "learning_rate": result.learning_rate,
         "grad_norm": result.grad_norm,
         "nonfinite_skipped": int(self.counters.nonfinite_skipped.numpy()),
-        "devices": self.strategy.num_replicas_in_sync,
+        "devices": self.devices,
         "device_kind": distribute.device_kind(self.strategy),
         "batch_tokens": self.config.batch_tokens,
         "grad_accum_steps": self.config.grad_accum_steps,
@@ -328,14 +338,16 @@ class _Loop:
       metrics_lib.write_router_summaries(result.router, step=self.step)
     self.train_writer.flush()
 
-  def _track_best(self, mean: float) -> None:
+  def _track_best(self, mean: float) -> bool:
+    """Updates the early-stopping state; True if ``mean`` is a new best."""
     best = int(self.counters.best_dev_ce_micro.numpy())
     margin = self.config.early_stopping_min_delta
     if best < 0 or mean < best / 1e6 - margin:
       self.counters.best_dev_ce_micro.assign(int(round(mean * 1e6)))
       self.counters.evals_since_best.assign(0)
-    else:
-      self.counters.evals_since_best.assign_add(1)
+      return True
+    self.counters.evals_since_best.assign_add(1)
+    return False
 
   def stop_reason(self) -> str | None:
     """Why training must stop now (None: go on); see the module docstring."""
@@ -362,12 +374,15 @@ class _Loop:
         reliance[lang] = gap
     mean = sum(ce[l] * tokens[l] for l in ce) / max(sum(tokens.values()), 1.0)
     self.last_dev_ce = ce
+    record = {"kind": "eval", "step": self.step, "time": time.time(),
+              "tokens_seen": int(self.counters.tokens_seen.numpy()),
+              "dev_ce": ce, "dev_tokens": tokens, "dev_ce_mean": mean,
+              "source_reliance": reliance}
     if track_best:
-      self._track_best(mean)
-    self.log.write({"kind": "eval", "step": self.step, "time": time.time(),
-                    "tokens_seen": int(self.counters.tokens_seen.numpy()),
-                    "dev_ce": ce, "dev_tokens": tokens, "dev_ce_mean": mean,
-                    "source_reliance": reliance})
+      record["new_best"] = self._track_best(mean)
+      if record["new_best"] and self.best_keeper is not None:
+        self.best_keeper.save(self.step)
+    self.log.write(record)
     logging.info("step %d dev cross-entropy %.4f (%s)", self.step, mean,
                  ", ".join(f"{l} {v:.3f}" for l, v in ce.items()))
     with self.eval_writer.as_default():
@@ -379,6 +394,13 @@ class _Loop:
         metrics_lib.write_scalar(f"dev/source_reliance/{lang}", value,
                                  step=self.step)
     self.eval_writer.flush()
+
+
+def _device_count(strategy, sharding: sharding_lib.Sharding) -> int:
+  """Devices a step runs on: the mesh's, else the strategy's replicas."""
+  if sharding.enabled:
+    return sharding.mesh.size
+  return strategy.num_replicas_in_sync
 
 
 def _restore(keeper: checkpointing.CheckpointKeeper, *, config: TrainConfig,
@@ -529,12 +551,15 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
                       resumed)
     log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
                                  resume_step=int(counters.step.numpy()))
+    best = (checkpointing.best_keeper(model_dir, model=model)
+            if config.keep_best and dev_datasets else None)
     loop = _Loop(config=config, strategy=strategy, model=model,
                  runner=runner, counters=counters, keeper=keeper,
                  iterator=iterator, dev_datasets=dev_datasets,
-                 metrics_log=log)
+                 metrics_log=log, best_keeper=best,
+                 devices=_device_count(strategy, sharding))
     log.write({"kind": "start", "step": loop.step, "time": time.time(),
-               "devices": strategy.num_replicas_in_sync,
+               "devices": loop.devices,
                "mesh": str(sharding.mesh) if sharding.enabled else None,
                "device_kind": distribute.device_kind(strategy),
                "num_params": int(sum(np.prod(v.shape)

@@ -57,6 +57,24 @@ def test_find_run_files_errors_name_the_problem(tmp_path, run_dir):
     rundir.find_run_files(tmp_path)
   with pytest.raises(rundir.RunDirError, match="--vocab_dir"):
     rundir.find_run_files(run_dir, vocab_dir=str(tmp_path))
+  assert rundir.find_run_files(run_dir, checkpoint="1").checkpoint.endswith(
+      "/ckpt-1")
+  with pytest.raises(rundir.RunDirError, match="no checkpoint of step 2 "
+                     r"\(its checkpoints: ckpt-1\)"):
+    rundir.find_run_files(run_dir, checkpoint="2")
+
+
+def test_decode_cli_checkpoint_best_without_one_is_a_usage_error(run_dir,
+                                                                  tmp_path):
+  (tmp_path / "in.txt").write_text("open file\n", encoding="utf-8")
+  proc = _cli("decode", f"--model_dir={run_dir}", "--checkpoint=best",
+              "--source_lang=de", f"--input={tmp_path}/in.txt",
+              f"--output={tmp_path}/out.txt")
+  stderr = proc.stderr.decode()
+  assert proc.returncode != 0
+  assert "no best-on-dev checkpoint" in stderr and "ckpt-1" in stderr
+  assert "Traceback" not in stderr
+  assert not (tmp_path / "out.txt").exists()
 
 
 def test_read_lines_utf8_and_lang_column():

@@ -47,7 +47,7 @@ NON_DEFAULT = {
     "checkpoint_every": 3, "keep_checkpoints": 2, "eval_every": 4,
     "log_every": 1, "max_consecutive_nonfinite": 2, "max_train_seconds": 9.5,
     "early_stopping_patience": 3, "early_stopping_min_delta": 0.01,
-    "checkpoint_input": False, "corpus_dir": "corpus", "vocab_dir": "vocab",
+    "checkpoint_input": False, "keep_best": False, "corpus_dir": "corpus", "vocab_dir": "vocab",
     "tfds_name": "", "tfds_data_dir": "tfds", "synthetic": False,
     "languages": ("de", "ja"), "temperature": 1.0, "sequence_length": 32,
     "batch_tokens": 512, "pack": False, "dev_split": "test",

@@ -97,3 +97,24 @@ def test_study_dry_run_shows_the_new_plan(tmp_path):
                "--split=test_ood", "report_ood", "--seed=2"):
     assert text in proc.stdout, text
   assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_study_runs_in_two_balanced_lanes(tmp_path):
+  """Dense seeds on one core, MoE seeds on the other, baselines alternating;
+  every eval stage in its model's lane, after its train stage."""
+  recipe = main_job.RECIPES["study"]
+  stages = main_job.plan(recipe, run_dir=tmp_path, cache_dir=tmp_path / "c")
+  train = {s.name.removeprefix("train_"): s.lane for s in stages
+           if s.tool == "train"}
+  assert {train[f"dense_L2_s{i}"] for i in (1, 2, 3)} == {0}
+  assert {train[f"moe_E8_L2_s{i}"] for i in (1, 2, 3)} == {1}
+  baseline_lanes = [train[f"bilingual_{lang}"] for lang in recipe.languages]
+  assert baseline_lanes.count(0) == baseline_lanes.count(1) == 8
+  assert baseline_lanes[:2] == [0, 1]  # the two largest languages split
+  for index, stage in enumerate(stages):
+    if stage.tool == "eval":
+      run = stage.name.removeprefix("eval_").removeprefix("ood_")
+      assert stage.lane == train[run], stage.name
+      assert [s.name for s in stages[:index]].count(f"train_{run}") == 1
+  blocks = main_job.parallel_blocks(stages)
+  assert max(len(block) for block in blocks) == 2

@@ -390,3 +390,49 @@ def test_report_dev_ce_rejects_two_baselines_for_one_language(tmp_path):
   with pytest.raises(ValueError, match="bi-de and bi-de-2 both cover de"):
     report.write_report(tmp_path / "dup", models=models,
                         baselines=[*baselines, extra], bounds=BOUNDS)
+
+
+def test_dev_ce_and_stopping_come_from_the_scored_checkpoint(tmp_path):
+  """A baseline early-stopped two evaluations after its best and scored at
+  best/ckpt-200: its dev CE is that of step 200, and the report says how it
+  was sized and which checkpoint was scored."""
+  records = [
+      {"kind": "start", "step": 0},
+      {"kind": "eval", "step": 200, "dev_ce": {"de": 3.0},
+       "dev_ce_mean": 3.0, "new_best": True},
+      {"kind": "train", "step": 300, "train_ce": 2.0},
+      {"kind": "eval", "step": 400, "dev_ce": {"de": 3.2},
+       "dev_ce_mean": 3.2, "new_best": False},
+      {"kind": "eval", "step": 600, "dev_ce": {"de": 3.4},
+       "dev_ce_mean": 3.4, "new_best": False},
+      {"kind": "end", "step": 600, "stopped_by": "early_stopping"}]
+  assert training_logs.checkpoint_step("/r/bi/best/ckpt-200") == 200
+  assert training_logs.checkpoint_step("/r/bi/ckpt-600") == 600
+  assert training_logs.checkpoint_step("/r/bi/model") is None
+  assert training_logs.checkpoint_step(None) is None
+  assert training_logs.final_dev_ce(records, step=200) == {"de": 3.0}
+  assert training_logs.final_dev_ce(records, step=500) == {"de": 3.4}
+  assert training_logs.final_dev_ce(records) == {"de": 3.4}
+  assert training_logs.stopping(records) == training_logs.Stopping(
+      steps=600, stopped_by="early_stopping", evaluations=3, best_step=200)
+  assert training_logs.stopping([]) == training_logs.Stopping(
+      steps=None, stopped_by=None, evaluations=0, best_step=None)
+  bi_dir = tmp_path / "bi-de"
+  bi_dir.mkdir()
+  (bi_dir / "metrics.jsonl").write_text(
+      "\n".join(json.dumps(r) for r in records) + "\n")
+  moe = _result("moe", {"de": 32}, metadata=_write_dev_log(
+      tmp_path / "moe", {"de": 2.5}))
+  moe.metadata["checkpoint"] = str(tmp_path / "moe" / "ckpt-20")
+  baseline = _result("bi-de", {"de": 30}, kind="bilingual", metadata={
+      "model_dir": str(bi_dir), "checkpoint": str(bi_dir / "best/ckpt-200")})
+  files = report.write_report(tmp_path / "out", models=[moe],
+                              baselines=[baseline], bounds=BOUNDS)
+  summary = json.loads(files.summary.read_text())["dev_ce"]
+  assert summary["baseline"] == {"de": 3.0}
+  assert summary["models"]["moe"]["delta"]["de"] == 0.5
+  md = files.markdown.read_text()
+  assert ("## How each model was trained and which checkpoint was scored"
+          in md)
+  assert "| moe | de | 20 | – | 1 | 20 | 20 |" in md  # one eval has a mean
+  assert "| bi-de | de | 600 | early_stopping | 3 | 200 | 200 (best dev) |" in md

@@ -269,6 +269,79 @@ def test_early_stopping_stops_after_patience_and_stays_stopped(tmp_path):
   assert (again.step, again.stopped_by) == (15, "early_stopping")
 
 
+def _model_weights(prefix):
+  reader = tf.train.load_checkpoint(prefix)
+  return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()
+          if n.startswith("model/") and "OPTIMIZER_SLOT" not in n}
+
+
+def test_best_checkpoint_is_the_best_dev_evaluation_not_the_last(tmp_path):
+  """Early stopping stops `patience` evaluations after the best; best/ keeps
+  the weights of that best evaluation, which --checkpoint=best resolves to."""
+  config = _config(tmp_path, train_steps=400, eval_every=5, checkpoint_every=5,
+                   keep_checkpoints=5, early_stopping_patience=2,
+                   early_stopping_min_delta=100.0)
+  _train(config, dev_datasets=_dev())
+  run = tmp_path / "run"
+  records = metrics_lib.read_metrics(run / "metrics.jsonl")
+  evals = [r for r in records if r["kind"] == "eval"]
+  assert [(r["step"], r["new_best"]) for r in evals] == [
+      (5, True), (10, False), (15, False)]
+  assert sorted(p.name for p in (run / "best").glob("*.index")) == [
+      "ckpt-5.index"]
+  best = rundir.resolve_checkpoint(run, "best")
+  assert best == str(run / "best" / "ckpt-5")
+  got, want = _model_weights(best), _model_weights(str(run / "ckpt-5"))
+  assert got.keys() == want.keys() and got
+  for name in want:
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+  # Model weights only: no optimiser slots or counters in best/.
+  keys = tf.train.load_checkpoint(best).get_variable_to_shape_map()
+  assert not [k for k in keys if "OPTIMIZER_SLOT" in k or "step" in k]
+  assert rundir.resolve_checkpoint(run, "latest") == str(run / "ckpt-15")
+  assert rundir.resolve_checkpoint(run, "10") == str(run / "ckpt-10")
+  with pytest.raises(rundir.RunDirError, match=r"step 7 .*ckpt-10, ckpt-15"):
+    rundir.resolve_checkpoint(run, "7")
+  with pytest.raises(rundir.RunDirError, match="latest, best or a step"):
+    rundir.resolve_checkpoint(run, "newest")
+  # A finished run started again evaluates without moving best/.
+  _train(config, dev_datasets=_dev())
+  assert rundir.resolve_checkpoint(run, "best") == best
+
+
+def test_best_checkpoint_follows_the_lowest_dev_cross_entropy(tmp_path):
+  config = _config(tmp_path, train_steps=30, eval_every=3, checkpoint_every=3,
+                   keep_checkpoints=20,
+                   optimizer=optimizer_lib.AdafactorConfig(warmup_steps=5))
+  _train(config, dev_datasets=_dev())
+  run = tmp_path / "run"
+  evals = [r for r in metrics_lib.read_metrics(run / "metrics.jsonl")
+           if r["kind"] == "eval"]
+  best_step = min(evals, key=lambda r: r["dev_ce_mean"])["step"]
+  running = float("inf")
+  for r in evals:  # new_best marks each running minimum
+    assert r["new_best"] == (r["dev_ce_mean"] < running), r
+    running = min(running, r["dev_ce_mean"])
+  best = rundir.resolve_checkpoint(run, "best")
+  assert best.endswith(f"best/ckpt-{best_step}")
+  want = _model_weights(str(run / f"ckpt-{best_step}"))
+  for name, value in _model_weights(best).items():
+    np.testing.assert_array_equal(value, want[name], err_msg=name)
+
+
+def test_no_best_checkpoint_without_dev_data_or_with_nokeep_best(tmp_path):
+  _train(_config(tmp_path, "no_dev", train_steps=4))
+  _train(_config(tmp_path, "off", train_steps=4, eval_every=2, keep_best=False),
+         dev_datasets=_dev())
+  for name in ("no_dev", "off"):
+    assert not (tmp_path / name / "best").exists()
+    with pytest.raises(rundir.RunDirError,
+                       match="no best-on-dev checkpoint.*--checkpoint=latest"):
+      rundir.resolve_checkpoint(tmp_path / name, "best")
+    assert rundir.resolve_checkpoint(tmp_path / name, "latest").endswith(
+        "ckpt-4")
+
+
 def test_early_stopping_resumes_where_an_uninterrupted_run_stops(tmp_path):
   """Patience state lives in the checkpoint: stop at 10 + resume == straight."""
   common = dict(eval_every=2, checkpoint_every=2, early_stopping_patience=3,

@@ -67,6 +67,10 @@ def test_mesh_run_equals_one_device_and_resumes_without_mesh(tmp_path):
   assert plain[1] != plain[3]  # Training moves the loss.
   start = _records(mesh_dir, "start")[0]
   assert start["mesh"] == "data:1,expert:4"
+  # The mesh's devices, not the strategy's single replica (Table 3's
+  # device-hours are computed from it).
+  assert start["devices"] == 4
+  assert {r["devices"] for r in _records(mesh_dir, "train")} == {4}
   saved = json.loads((mesh_dir / "config.json").read_text())
   assert saved["mesh"] == "data:1,expert:4"
   assert proc.returncode == 0

@@ -17,7 +17,11 @@ from m4moe.eval import translator as translator_lib
 
 MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "Run directory written by m4moe-train (config.json + "
-    "checkpoints); the latest checkpoint is used.")
+    "checkpoints).")
+CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "latest", "Which checkpoint of --model_dir: latest, best "
+    "(the weights of the best dev evaluation, which m4moe-train keeps in "
+    "<model_dir>/best/) or a step number N (ckpt-N).")
 VOCAB_DIR = flags.DEFINE_string(
     "vocab_dir", None, "Directory with source.model/target.model (default: "
     "where the run's config.json recorded them, else <model_dir>/vocab). "
@@ -59,7 +63,8 @@ def load_translator_from_flags(
     raise app.UsageError("--model_dir is required")
   ratio = DECODE_LENGTH_RATIO.value if per_batch_length else 0.0
   try:
-    files = rundir.find_run_files(MODEL_DIR.value, vocab_dir=VOCAB_DIR.value)
+    files = rundir.find_run_files(MODEL_DIR.value, vocab_dir=VOCAB_DIR.value,
+                                  checkpoint=CHECKPOINT.value)
     max_length = files.config.max_length
     beam = decoding.BeamSearchConfig(
         beam_size=BEAM_SIZE.value, alpha=ALPHA.value,
@@ -67,7 +72,7 @@ def load_translator_from_flags(
     return translator_lib.load_translator(
         MODEL_DIR.value, vocab_dir=VOCAB_DIR.value, beam=beam,
         max_input_length=MAX_INPUT_LENGTH.value, batch_size=BATCH_SIZE.value,
-        length_ratio=ratio or None)
+        length_ratio=ratio or None, checkpoint=CHECKPOINT.value)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
 

@@ -9,6 +9,8 @@ Layout of a ``--model_dir``::
   train/ eval/            TensorBoard event files
   train.lock              the one writer's lock (m4moe.training.run_lock)
   damaged/ckpt-<step>/    files of checkpoints found damaged (never deleted)
+  best/ckpt-<step>.*      model weights of the best dev evaluation
+                          (:func:`best_keeper`), with its own state file
 
 Crash safety: ``tf.train.CheckpointManager.save`` writes the data and index
 files of ``ckpt-<step>`` first (into ``ckpt-<step>_temp/``, then renamed)
@@ -56,6 +58,7 @@ from m4moe.training import metrics as metrics_lib
 CONFIG_FILENAME = "config.json"
 STATE_FILENAME = "checkpoint"
 DAMAGED_DIRNAME = "damaged"
+BEST_DIRNAME = "best"
 PREFIX = "ckpt"
 
 # Exact names of what CheckpointManager.save writes for ckpt-<step>: the
@@ -355,6 +358,8 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
   """
   model_dir = pathlib.Path(model_dir)
   removed = remove_stale_temp(model_dir)
+  if (model_dir / BEST_DIRNAME).is_dir():
+    removed += remove_stale_temp(model_dir / BEST_DIRNAME)
   on_disk = _checkpoint_files(model_dir)
   listed, problem, stamps = _read_state(model_dir)
   state_path = model_dir / STATE_FILENAME
@@ -539,6 +544,20 @@ class CheckpointKeeper:
     path = self.manager.save(checkpoint_number=step)
     logging.info("Saved %s", path)
     return path
+
+
+def best_keeper(model_dir: str | os.PathLike[str], *,
+                model: Any) -> CheckpointKeeper:
+  """The run's best-on-dev weights: ``<model_dir>/best/ckpt-<step>``.
+
+  Model weights only (no optimiser state, counters or input iterator), one
+  checkpoint: the trainer saves it at every dev evaluation that sets a new
+  best dev cross-entropy, and ``--checkpoint=best`` of m4moe-eval,
+  m4moe-decode and m4moe-export reads it (:func:`m4moe.rundir.find_run_files`).
+  A save killed half-way leaves the previous best named by the state file.
+  """
+  return CheckpointKeeper(str(pathlib.Path(model_dir) / BEST_DIRNAME),
+                          max_to_keep=1, model=model)
 
 
 class PreemptionGuard:

@@ -69,6 +69,12 @@ class NonFiniteError(RuntimeError):
   """Too many consecutive non-finite steps; the message names the step."""
 
 
+# Below this many dev target tokens, early stopping gets a warning: the demo's
+# ia dev set (137 tokens) moved by more between evaluations than training
+# changed it (eval/results/demo/stopping/README.md).
+MIN_STOPPING_DEV_TOKENS = 1000
+
+
 class TrainConfigError(errors.ConfigError):
   """A training setting is invalid; the message names the flag and the fix."""
 
@@ -229,6 +235,7 @@ class _Loop:
     self.config = config
     self.best_keeper = best_keeper
     self.devices = devices
+    self.warned_small_dev = False
     self.strategy = strategy
     self.model = model
     self.runner = runner
@@ -373,6 +380,16 @@ class _Loop:
       if np.isfinite(gap):
         reliance[lang] = gap
     mean = sum(ce[l] * tokens[l] for l in ce) / max(sum(tokens.values()), 1.0)
+    total = sum(tokens.values())
+    if (self.config.early_stopping_patience and not self.warned_small_dev
+        and total < MIN_STOPPING_DEV_TOKENS):
+      self.warned_small_dev = True
+      logging.warning(
+          "Early stopping watches a dev set of only %d target tokens (%s): "
+          "its cross-entropy moves by noise between evaluations, so the run "
+          "may stop at a random point. Use a larger dev split, or a fixed "
+          "--train_steps without --early_stopping_patience.", int(total),
+          ", ".join(f"{l} {int(n)}" for l, n in sorted(tokens.items())))
     self.last_dev_ce = ce
     record = {"kind": "eval", "step": self.step, "time": time.time(),
               "tokens_seen": int(self.counters.tokens_seen.numpy()),

@@ -309,6 +309,23 @@ def test_best_checkpoint_is_the_best_dev_evaluation_not_the_last(tmp_path):
   assert rundir.resolve_checkpoint(run, "best") == best
 
 
+def test_early_stopping_on_a_tiny_dev_set_warns_once(tmp_path, caplog):
+  config = _config(tmp_path, train_steps=6, eval_every=2, checkpoint_every=2,
+                   early_stopping_patience=5)
+  with caplog.at_level("WARNING"):
+    _train(config, dev_datasets=_dev())
+  warnings = [r.getMessage() for r in caplog.records
+              if "Early stopping watches a dev set" in r.getMessage()]
+  assert len(warnings) == 1, warnings
+  assert "xx " in warnings[0] and "--early_stopping_patience" in warnings[0]
+  caplog.clear()
+  with caplog.at_level("WARNING"):  # no early stopping: no warning
+    _train(_config(tmp_path, "plain", train_steps=2, eval_every=2),
+           dev_datasets=_dev())
+  assert not [r for r in caplog.records
+              if "Early stopping watches" in r.getMessage()]
+
+
 def test_best_checkpoint_follows_the_lowest_dev_cross_entropy(tmp_path):
   config = _config(tmp_path, train_steps=30, eval_every=3, checkpoint_every=3,
                    keep_checkpoints=20,

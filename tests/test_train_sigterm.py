@@ -64,10 +64,16 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, sig):
 def test_a_second_ctrl_c_stops_at_once():
   import os  # pylint: disable=g-import-not-at-top
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
-  with checkpointing.PreemptionGuard() as guard:
-    os.kill(os.getpid(), signal.SIGINT)
-    assert guard.requested
-    with pytest.raises(KeyboardInterrupt, match="second Ctrl-C"):
+  # Python's own handler, as in a terminal (a shell starts background jobs
+  # with SIGINT ignored, and pytest may have been started as one).
+  outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with checkpointing.PreemptionGuard() as guard:
       os.kill(os.getpid(), signal.SIGINT)
-  # The previous handler is back: Python's, which raises KeyboardInterrupt.
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+      assert guard.requested
+      with pytest.raises(KeyboardInterrupt, match="second Ctrl-C"):
+        os.kill(os.getpid(), signal.SIGINT)
+    # The previous handler is back: Python's, which raises KeyboardInterrupt.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  finally:
+    signal.signal(signal.SIGINT, outer)

@@ -540,9 +540,11 @@ class MoeLayer(tf.Module):
   def dispatch(self) -> str:
     """The dispatch path before any call's sizes are known.
 
-    :func:`m4moe.dispatch.resolve_dispatch` without a layout: ``moe.dispatch``,
-    ``einsum`` under DTensor, ``index`` for ``sorted`` under XLA or with the
-    expert-choice router. A call may still run ``block`` for ``index``.
+    :func:`m4moe.dispatch.resolve_dispatch` without a layout: ``moe.dispatch``;
+    on a mesh ``grouped_index`` for ``index``/``sorted`` with a
+    token-choice router, else ``einsum`` under DTensor; ``index`` for
+    ``sorted`` with the expert-choice router. A call may still run
+    ``block`` for ``index``.
     """
     return self.resolve_dispatch(training=False, layout=None)
 

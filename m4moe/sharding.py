@@ -82,9 +82,10 @@ reverse AllToAll); the combined output is split on G over the batch axis.
 A G that the batch axis does not divide (an odd eval batch, a decoding
 step) is left whole. Under a mesh the experts use the batched
 einsums (an unstack over E would gather every expert on every device), and
-under DTensor ``MoeLayer`` dispatches with the one-hot einsums whatever
-``--dispatch`` says (``MoeLayer.dispatch``: DTensor cannot partition the
-index path's transposes, gathers and scatters).
+``--dispatch=index`` (or ``sorted``) runs the per-group gathers
+(``grouped_index``, :func:`m4moe.dispatch.resolve_dispatch`) on either
+backend, whose every gather stays within a device's groups; under DTensor
+the expert-choice router dispatches with the one-hot einsums.
 
 What DTensor emits (read from its MLIR after ``DTensorSPMDExpansion``,
 dumped with ``TF_CPP_VMODULE=dtensor_mlir_passes=4`` and

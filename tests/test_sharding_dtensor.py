@@ -248,7 +248,7 @@ def _layer_layouts(mesh_text):
   return seen
 
 
-def _collectives(mesh_text):
+def _collectives(mesh_text, dispatch="einsum"):
   """The DTensor collectives of the MoE layer's forward + backward pass.
 
   DTensor expands a ``tf.function`` into per-device programs with its own
@@ -270,7 +270,7 @@ def _collectives(mesh_text):
   from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
   config = config_lib.load_model_config(
       "tiny/moe", MOE_FLAGS + ("--second_expert_policy=all",
-                               "--dispatch=einsum"))
+                               f"--dispatch={dispatch}"))
   sharding = _make_sharding(mesh_text)
   with sharding.variable_scope():
     layer = moe_layer.MoeLayer(config=config, causal=False, sharding=sharding)
@@ -280,7 +280,7 @@ def _collectives(mesh_text):
   mask = np.ones((8, 4), np.float32)
   mask[::3, 2:] = 0.0
   mask = sharding.put(mask, rows)
-  name = "moe_collectives_" + re.sub(r"\W", "_", mesh_text)
+  name = f"moe_collectives_{dispatch}_" + re.sub(r"\W", "_", mesh_text)
 
   def step(x, mask):
     with tf.GradientTape() as tape:
@@ -304,7 +304,7 @@ def _collectives(mesh_text):
   counts = {}
   for op in re.findall(r'"tf\.(DTensor\w+)"', text):
     counts[op] = counts.get(op, 0) + 1
-  return {"counts": counts, "ops": ops}
+  return {"counts": counts, "ops": ops, "dispatch": layer.dispatch}
 
 
 def _adafactor_step(mesh_text, values):
@@ -371,6 +371,7 @@ def _worker(part: str) -> None:
   if part == "collectives":
     for mesh_text in COLLECTIVE_MESHES:
       report[mesh_text] = _collectives(mesh_text)
+    report["index/expert:4"] = _collectives("expert:4", dispatch="index")
   elif part == "toy":
     values = _initial_values()
     report["reference"] = _run_on(None, values)
@@ -493,9 +494,10 @@ def test_real_moe_layer_matches_one_device(layer_report, mesh_text,
   # per data shard (local group dispatching, GShard's groups per device).
   ref = layer_report[f"moe_layer/{dispatch}/{mesh_text}/one_device"]
   got = layer_report[f"moe_layer/{dispatch}/{mesh_text}"]
-  # Under DTensor the layer dispatches with the einsums whatever --dispatch
-  # says (MoeLayer.dispatch: DTensor cannot partition the index path).
-  assert got["dispatch"] == "einsum"
+  # Under DTensor --dispatch=index runs the per-group gathers (GShard's
+  # Gather form; the one-device index path does not partition).
+  assert got["dispatch"] == {"index": "grouped_index",
+                             "einsum": "einsum"}[dispatch]
   assert "error" not in got, got.get("error")
   np.testing.assert_allclose(got["out"], ref["out"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-5)
@@ -586,6 +588,16 @@ def test_dispatch_and_combine_are_all_to_all(collectives_report, mesh_text):
   assert g_to_e in moves, moves
   assert all(sorted(src) == sorted(dst) == sorted(g_to_e[0])
              for src, dst in moves), moves
+
+
+def test_grouped_index_dispatch_is_all_to_all_too(collectives_report):
+  # --dispatch=index on expert:4: the per-group gathers run on each
+  # device's own groups; the buffers move to the E split and back by
+  # AllToAll, and no tensor is all-gathered.
+  got = collectives_report["index/expert:4"]
+  assert got["dispatch"] == "grouped_index"
+  assert got["counts"].get("DTensorAllToAll", 0) >= 2, got["counts"]
+  assert "DTensorAllGather" not in got["counts"], got["ops"]
 
 
 def test_data_x_expert_mesh_all_gathers_expert_outputs(collectives_report):

@@ -297,10 +297,13 @@ def adafactor_slot_size(shape: Sequence[int]) -> int:
 class DeviceEstimate:
   """Per-device memory (bytes) and compute for one training step on a mesh.
 
-  Layout assumed (GShard, plus Megatron-style tensor parallelism over
-  ``model``): the batch is split over all ``data x expert`` devices (one
-  dispatch group or more per device) and each group of ``model`` devices
-  works on the same tokens; expert weights <E, ...> are split on E over
+  Layout (the one :mod:`m4moe.sharding` gives the model, plus
+  Megatron-style tensor parallelism over ``model``): the batch is split over
+  the batch axis (:attr:`m4moe.mesh.MeshShape.batch_axis`): ``data``, or
+  ``expert`` on a mesh without ``data`` (GShard: tokens and experts on the
+  same devices); on a ``data`` x ``expert`` mesh the devices of a ``data``
+  row hold the same tokens (one tensor dimension maps to one mesh axis), and
+  each group of ``model`` devices works on the same tokens; expert weights <E, ...> are split on E over
   ``expert`` and on the expert hidden H over ``model``; attention weights
   are split on the heads A and dense FFN weights on d_ff over ``model``;
   the rest (embeddings, softmax, router, layer norms) is replicated.
@@ -312,8 +315,9 @@ class DeviceEstimate:
     data_axis, expert_axis, model_axis: mesh axis sizes; num_devices is
       their product.
     batch_tokens: source tokens per global batch (as many target tokens).
-    tokens_per_device: batch_tokens / (data_axis x expert_axis): the model
-      axis splits widths, not tokens.
+    tokens_per_device: batch_tokens / size of the batch axis (data_axis,
+      or expert_axis when data_axis is 1): the model axis splits widths,
+      not tokens.
     replicated_params: non-expert parameters on each device: embeddings,
       softmax, router and layer norms whole, attention and dense FFN weights
       whole or, on a ``model`` axis, 1/model_axis of them.
@@ -405,10 +409,17 @@ def _check_mesh(config: ModelConfig, *, data_axis: int, expert_axis: int,
   mesh_lib.validate_mesh(mesh_lib.MeshShape((
       ("data", data_axis), ("expert", expert_axis), ("model", model_axis))),
                          **widths)
-  if batch_tokens < data_axis * expert_axis:
+  rows = _batch_axis_size(data_axis=data_axis, expert_axis=expert_axis)
+  if batch_tokens < rows:
     raise ValueError(f"batch_tokens={batch_tokens} is smaller than the "
-                     f"{data_axis * expert_axis} devices; give every device "
+                     f"{rows} devices of the batch axis; give every device "
                      "at least one token")
+
+
+def _batch_axis_size(*, data_axis: int, expert_axis: int) -> int:
+  """How many ways the batch is split: the size of the mesh's batch axis."""
+  mesh = mesh_lib.MeshShape((("data", data_axis), ("expert", expert_axis)))
+  return mesh.axis_size(mesh.batch_axis)
 
 
 def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
@@ -420,12 +431,13 @@ def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
   Raises:
     ValueError: an axis < 1, E not divisible by ``expert_axis``, heads,
       d_ff or H not divisible by ``model_axis``, or fewer tokens than
-      ``data_axis x expert_axis``.
+      devices on the batch axis.
   """
   _check_mesh(config, data_axis=data_axis, expert_axis=expert_axis,
               model_axis=model_axis, batch_tokens=batch_tokens)
   length = sequence_length or config.max_length
-  tokens = batch_tokens // (data_axis * expert_axis)
+  tokens = batch_tokens // _batch_axis_size(data_axis=data_axis,
+                                           expert_axis=expert_axis)
   specs = variable_specs(config, share_target_embedding=share_target_embedding)
   local = [(s, s.local_shape(expert_axis=expert_axis, model_axis=model_axis))
            for s in specs]

@@ -31,6 +31,12 @@ static sizes), and may pick ``block`` for no-drop decoding with ``index``:
   O(capacity_factor * K * G*S*M). Static shapes and int32 indices only, so
   it compiles under XLA (``jit_compile=True``).
 
+* :func:`grouped_index_dispatch_combine` (``grouped_index``, chosen on a
+  mesh for ``index`` and ``sorted``) -- the index path's gathers batched
+  over G with in-group indices (the slot view from a per-group sort, not a
+  scatter into the flattened slots), so each device gathers within its own
+  groups; autodiff gradients. Token-choice routers only.
+
 * :func:`sorted_dispatch_combine` (``sorted``) -- no capacity padding in
   the expert matmuls: the T = G*S*K choices of all groups are sorted by
   expert into one ``[T, M]`` table (the dispatched choices first, expert by
@@ -242,6 +248,95 @@ def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   combined = tf.scatter_nd(tf.reshape(flat_rows, [-1, 1]), weighted,
                            tf.stack([num_tokens + 1, model_dim]))
   return tf.reshape(combined[:-1], tf.shape(x))
+
+
+def _group_slot_tokens(routing: RoutingResult) -> tuple[tf.Tensor, tf.Tensor]:
+  """The slot -> token view of each group, computed within the group.
+
+  Every op is batched over G with in-group indices (a stable sort of the
+  group's choice keys and slot ids, its inverse, batched gathers), so a
+  G-split tensor stays G-split: no index reaches into another group, unlike
+  :func:`_buffer_rows` and the router's slot view, which index the flattened
+  ``[G*E*C]`` slots. A choice's key is ``e * C + c``; in the sorted
+  concatenation of ``2 * key`` (choices) and ``2 * j + 1`` (slot j) the
+  choice that fills slot j, if any, sits just before it.
+
+  Args:
+    routing: a token-choice result (``expert_index`` <int32>[G, S, K],
+      ``buffer_position`` <int32>[G, S, K], -1 if dropped).
+
+  Returns:
+    (slot_token <int32>[G, E*C]: the in-group token of each slot, S if empty;
+     choice_slot <int32>[G, S*K]: the slot of each choice, E*C if dropped).
+  """
+  num_slots = routing.num_experts * routing.capacity
+  group_size, num_selected = routing.expert_index.shape[1:]
+  choices = group_size * num_selected
+  choice_slot = tf.reshape(
+      tf.where(routing.buffer_position >= 0,
+               routing.expert_index * routing.capacity +
+               routing.buffer_position, num_slots), [-1, choices])
+  # Slot ids <[G, E*C]> made from a G-shaped tensor, so that under DTensor
+  # they carry its layout (a plain tf.range is not auto-broadcast eagerly).
+  slots = tf.cumsum(tf.tile(tf.ones_like(choice_slot[:, :1]), [1, num_slots]),
+                    axis=1, exclusive=True)
+  keys = tf.concat([2 * choice_slot, 2 * slots + 1], axis=1)
+  order = tf.argsort(keys, axis=-1, stable=True)
+  rank = tf.argsort(order, axis=-1, stable=True)  # Inverse permutation.
+  slot_rank = rank[:, choices:]
+  before = tf.gather(order, tf.maximum(slot_rank - 1, 0), batch_dims=1)
+  filled = (slot_rank > 0) & tf.equal(tf.gather(keys, before, batch_dims=1),
+                                      2 * slots)
+  return tf.where(filled, before // num_selected, group_size), choice_slot
+
+
+def grouped_index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
+                                   expert_fn: ExpertFn) -> tf.Tensor:
+  """The index path's gathers, batched per group (GShard §3.2's Gather form).
+
+  Same values and gradients as :func:`index_dispatch_combine`, but every
+  gather is batched over G with in-group indices
+  (:func:`_group_slot_tokens`): the dispatch reads each group's
+  ``[x_g; 0]`` at its slots' tokens, the combine each group's ``[out_g; 0]``
+  at its tokens' K slots; autodiff's gradients are batched over G too. So
+  with G split over the batch axis of a mesh, each device gathers only its
+  own groups' rows and the only communication is the buffers' relayout to
+  the E split and back (an AllToAll on ``expert:D``). Memory O(G*E*C*M) and
+  O(G*S*K*M), no ``[G, S, E, C]`` tensor. Token-choice routers only (the
+  per-token view).
+
+  Args:
+    x: <dtype>[G, S, M] tokens (dtype = activation dtype).
+    routing: a token-choice router's result for these groups.
+    expert_fn: the experts.
+
+  Returns:
+    <dtype>[G, S, M] combined expert outputs (0 for tokens with no slot).
+
+  Raises:
+    ValueError: ``routing`` has no per-token view (expert choice).
+  """
+  if routing.expert_index is None:
+    raise ValueError("the grouped index dispatch needs a token-choice router "
+                     "(per-token expert_index); expert choice uses einsum")
+  num_groups = tf.shape(x)[0]
+  group_size, model_dim = x.shape[1], x.shape[2]
+  num_experts, capacity = routing.num_experts, routing.capacity
+  num_selected = routing.expert_index.shape[-1]
+  slot_token, choice_slot = _group_slot_tokens(routing)
+  padded = tf.concat([x, tf.zeros_like(x[:, :1, :])], axis=1)  # [G, S+1, M]
+  dispatched = tf.gather(padded, slot_token, batch_dims=1)  # [G, E*C, M]
+  dispatched = tf.transpose(
+      tf.reshape(dispatched, [num_groups, num_experts, capacity, model_dim]),
+      [1, 0, 2, 3])  # [E, G, C, M]
+  outputs = expert_fn(dispatched, output_layout="GECM")  # [G, E, C, M]
+  outputs = tf.reshape(outputs,
+                       [num_groups, num_experts * capacity, model_dim])
+  outputs = tf.concat([outputs, tf.zeros_like(outputs[:, :1, :])], axis=1)
+  picked = tf.reshape(tf.gather(outputs, choice_slot, batch_dims=1),
+                      [num_groups, group_size, num_selected, model_dim])
+  weights = tf.cast(routing.combine_weights, x.dtype)
+  return tf.reduce_sum(picked * tf.expand_dims(weights, -1), axis=2)
 
 
 class RowsFn(Protocol):
@@ -477,6 +572,13 @@ def _index_path(x: tf.Tensor, routing: RoutingResult, experts: Experts, *,
       x, routing, functools.partial(experts, training=training, seed=seed))
 
 
+def _grouped_index_path(x: tf.Tensor, routing: RoutingResult,
+                        experts: Experts, *, training: bool,
+                        seed: tf.Tensor | None) -> tf.Tensor:
+  return grouped_index_dispatch_combine(
+      x, routing, functools.partial(experts, training=training, seed=seed))
+
+
 def _sorted_path(x: tf.Tensor, routing: RoutingResult, experts: Experts, *,
                  training: bool, seed: tf.Tensor | None) -> tf.Tensor:
   return sorted_dispatch_combine(
@@ -492,13 +594,14 @@ def _block_path(x: tf.Tensor, routing: RoutingResult, experts: Experts, *,
 
 
 # Every dispatch implementation, by name. The first three are the values of
-# ``--dispatch`` (:data:`m4moe.config.DISPATCH_IMPLEMENTATIONS`); "block" is
-# chosen by :func:`resolve_dispatch` only.
+# ``--dispatch`` (:data:`m4moe.config.DISPATCH_IMPLEMENTATIONS`); "block" and
+# "grouped_index" are chosen by :func:`resolve_dispatch` only.
 DISPATCH_PATHS: dict[str, DispatchPath] = {
     "einsum": _einsum_path,
     "index": _index_path,
     "sorted": _sorted_path,
     "block": _block_path,
+    "grouped_index": _grouped_index_path,
 }
 
 
@@ -536,31 +639,33 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
 
   The one place the choice is made, in this order:
 
-  1. DTensor backend: ``einsum``, whatever was requested. DTensor (TF 2.21)
-     cannot partition the index path: its ``[G, E, C] -> [E, G, C]``
-     transpose of the slot tables fails ("TransposeOp SPMD needs
-     communication"), and with the tables pinned to G-split the gather and
-     scatter gradients fail shape checks. GShard Algorithm 2's one-hot
-     einsums partition cleanly (same values, more memory).
-  2. ``sorted`` becomes its static-shape equivalent ``index`` under the XLA
-     backend (dynamic per-expert row counts do not compile) and with the
-     expert-choice router (no per-token view to sort). Under the XLA
-     backend ``index`` compiles and computes the same values (tested), but
-     it is not partitioned per data shard: its tables index the flattened
-     ``[G*S]`` tokens and ``[E*G*C]`` buffers (``_buffer_rows``,
-     ``_token_slots``, and the router's slot view scatters into the
-     flattened ``[G*E*C]`` slots), which XLA's SPMD partitioner cannot keep
-     within a shard of G. GShard §3.2's Gather under manual partitioning
-     needs a per-group form (gathers batched over G with in-group
-     indices); it is not implemented, so on a mesh use ``einsum`` (the TPU
-     default).
-  3. ``index`` becomes ``block`` when ``layout`` is given and the block
+  1. On a mesh (DTensor or XLA backend), ``index`` and ``sorted`` with a
+     token-choice router become ``grouped_index``
+     (:func:`grouped_index_dispatch_combine`: GShard §3.2's Gather form,
+     every gather batched over G with in-group indices, so it stays within
+     each device's groups). The one-device ``index`` path cannot be
+     partitioned: its tables index the flattened ``[G*S]`` tokens and
+     ``[E*G*C]`` buffers (``_buffer_rows``, ``_token_slots``, the router's
+     slot view scatters into the flattened ``[G*E*C]`` slots), which no
+     partitioner keeps within a shard of G (DTensor, TF 2.21, refuses its
+     ``[G, E, C] -> [E, G, C]`` transpose: "TransposeOp SPMD needs
+     communication"). The grouped form sorts instead of searching:
+     DTensor has no SPMD expansion for ``tf.searchsorted`` (LowerBound).
+  2. DTensor backend, otherwise (``einsum``, or the expert-choice router,
+     whose slot-only view combines with a scatter): ``einsum``, GShard
+     Algorithm 2's one-hot einsums (the TPU default).
+  3. ``sorted`` becomes its static-shape equivalent ``index`` under the XLA
+     backend (dynamic per-expert row counts do not compile; only the
+     expert-choice router gets here) and with the expert-choice router (no
+     per-token view to sort); under the XLA backend that ``index`` computes
+     the same values but is not partitioned per group (see 1).
+  4. ``index`` becomes ``block`` when ``layout`` is given and the block
      layout computes fewer rows than the ``E*G*C`` buffers (a large capacity
      for few tokens: the no-drop eval capacity C = S, or the one-token
      groups of decoding, C = 1; per-row groups pass G = rows), on one
      device (blocks gather weights across experts), with the per-token view,
      a static G and no expert dropout (blocks draw none).
-  4. Otherwise ``requested``.
+  5. Otherwise ``requested``.
 
   Args:
     requested: ``--dispatch``, one of
@@ -573,7 +678,7 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
       ``block``).
 
   Returns:
-    "einsum", "index", "sorted" or "block".
+    "einsum", "index", "sorted", "block" or "grouped_index".
 
   Raises:
     ValueError: ``requested`` is not a ``--dispatch`` value.
@@ -581,6 +686,9 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
   if requested not in DISPATCH_IMPLEMENTATIONS:
     raise ValueError(f"dispatch implementation {requested!r} unknown; use "
                      f"--dispatch={' or '.join(DISPATCH_IMPLEMENTATIONS)}")
+  if (backend != "none" and requested in ("index", "sorted") and
+      router != "expert_choice"):
+    return "grouped_index"
   if backend == "dtensor":
     return "einsum"
   if requested == "sorted" and (backend == "xla" or router == "expert_choice"):

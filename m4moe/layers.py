@@ -91,7 +91,8 @@ def tensor_parallel(t: tf.Tensor, *, sharding: sharding_lib.Sharding,
     name: name of the annotation.
 
   Returns:
-    ``t``, with B split over ``data`` when that axis divides it.
+    ``t``, with B split over the batch axis (``Sharding.batch_axis``) when
+    that axis divides it.
 
   Raises:
     MeshError: ``model`` does not divide dimension ``model_dim``
@@ -100,8 +101,8 @@ def tensor_parallel(t: tf.Tensor, *, sharding: sharding_lib.Sharding,
   if not sharding.enabled or sharding.mesh.axis_size("model") == 1:
     return t
   spec: list[str | None] = [None] * t.shape.rank
-  if sharding.divides(t.shape[0], "data"):
-    spec[0] = "data"
+  if sharding.divides(t.shape[0], sharding.batch_axis):
+    spec[0] = sharding.batch_axis
   if model_dim is not None:
     spec[model_dim] = "model"
   return sharding.shard(t, tuple(spec), name=name)

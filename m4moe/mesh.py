@@ -111,6 +111,21 @@ class MeshShape:
   def __str__(self) -> str:
     return ",".join(f"{name}:{size}" for name, size in self.axes)
 
+  @property
+  def batch_axis(self) -> str:
+    """The axis that splits batch rows and MoE dispatch groups.
+
+    ``"data"``, except on a mesh with an ``expert`` axis > 1 and no ``data``
+    axis > 1 (``expert:D``, ``data:1,expert:D``, ``expert:D,model:M``):
+    there the same devices hold the tokens and the experts, as in GShard,
+    and the rows are split over ``expert``. A tensor dimension maps to one
+    mesh axis (DTensor layouts), so on a ``data`` x ``expert`` mesh the
+    rows are split over ``data`` only.
+    """
+    if self.axis_size("data") == 1 and self.axis_size("expert") > 1:
+      return "expert"
+    return "data"
+
   def mesh_axes_of(self, spec: PartitionSpec) -> tuple[str | None, ...]:
     """``spec`` with the axes absent from this mesh replaced by None."""
     check_spec(spec)

@@ -193,7 +193,10 @@ def _default_packing(ids: tf.Tensor, segment_ids: tf.Tensor | None,
   if segment_ids is None:
     segment_ids = tf.cast(tf.not_equal(ids, 0), tf.int32)
   if positions is None:
-    positions = tf.broadcast_to(tf.range(tf.shape(ids)[1]), tf.shape(ids))
+    # Built from ids (not broadcast to tf.shape(ids)) so that on a mesh the
+    # positions, and the encodings made from them, keep the rows' split.
+    positions = tf.zeros_like(ids) + tf.range(tf.shape(ids)[1],
+                                              dtype=ids.dtype)
   return tf.cast(segment_ids, tf.int32), tf.cast(positions, tf.int32)
 
 

@@ -17,11 +17,15 @@ dispatch path is :func:`m4moe.dispatch.resolve_dispatch`'s choice, run from
 :data:`m4moe.dispatch.DISPATCH_PATHS`; :class:`FeedForwardExperts` serves
 the paths' three layouts (buffers, expert-sorted rows, blocks).
 
-Local groups: on a mesh whose ``data`` axis (size D) divides B, all of
-this happens within each data shard's B/D rows (:meth:`MoeLayer._group`,
-:meth:`MoeLayer.group_shards`): padding is compacted and groups are formed
-per shard, never across shards (G = D * G_local), as GShard's groups are
-per device; otherwise (no mesh, D = 1) over the whole batch.
+Local groups: on a mesh whose batch axis (size D;
+:attr:`m4moe.sharding.Sharding.batch_axis`: ``data``, or ``expert`` on a
+mesh without ``data``) divides B, all of this happens within each shard's
+B/D rows (:meth:`MoeLayer._group`, :meth:`MoeLayer.group_shards`): padding
+is compacted and groups are formed per shard, never across shards (G = D *
+G_local), as GShard's groups are per device; otherwise (no mesh, D = 1)
+over the whole batch. On ``expert:D`` the groups and the experts are split
+over the same devices and the dispatch is an AllToAll
+(:meth:`FeedForwardExperts._to_experts`).
 
 Group size: S = ``moe.group_size``, or N (N/D per shard) when the (static)
 token count is smaller, so small batches are one group of their real size
@@ -195,7 +199,7 @@ class FeedForwardExperts(tf.Module):
     """
     dtype = dispatched.dtype
     shard = self.sharding
-    groups = "data" if shard.divides(dispatched.shape[1], "data") else None
+    groups = _expert_split_groups(shard, dispatched.shape[1])
     dispatched = self._to_experts(dispatched)
     keep = None
     if training and self.dropout_rate > 0:
@@ -221,17 +225,25 @@ class FeedForwardExperts(tf.Module):
     spec[output_layout.index("E")] = "expert"
     spec[output_layout.index("G")] = groups
     out = shard.shard(out, tuple(spec), name="expert_outputs")
-    # The reverse AllToAll: back to groups for the per-group combine.
+    # The reverse AllToAll (expert:D; an all-gather over expert on a data x
+    # expert mesh): back to groups for the per-group combine.
     return _split_groups(shard, out, dim=output_layout.index("G"),
                          name="expert_outputs_groups")
 
   def _to_experts(self, dispatched: tf.Tensor) -> tf.Tensor:
     """The dispatch's AllToAll: buffers from group-split to expert-split.
 
-    The dispatch works per group, so its buffers come split on G over
-    ``data``; GShard's AllToAll re-splits them on E over ``expert`` (G stays
-    split on ``data``, so a 2-D mesh does not repeat an expert's work per
-    data row). Annotations only: the values are unchanged.
+    The dispatch works per group, so its buffers come split on G over the
+    batch axis (``dispatched_groups``); they are re-split on E over
+    ``expert`` (``dispatched``). On a mesh whose batch axis is ``expert``
+    (``expert:D``: GShard's layout) G becomes whole: each device sends
+    device e the buffers of e's experts for its own groups, an AllToAll
+    (DTensor lowers it to ``DTensorAllToAll``, then
+    ``CollectiveAllToAllV2``). On a ``data`` x ``expert`` mesh G stays
+    split on ``data`` and every device of a ``data`` row holds the same
+    groups, so the E split is a local slice (no communication) and the way
+    back (:meth:`__call__`) an all-gather over ``expert``. Annotations
+    only: the values are unchanged.
 
     Args:
       dispatched: <dtype>[E, G, C, M] expert input buffers.
@@ -240,7 +252,7 @@ class FeedForwardExperts(tf.Module):
       <dtype>[E, G, C, M] the same buffers, annotated E-split.
     """
     shard = self.sharding
-    groups = "data" if shard.divides(dispatched.shape[1], "data") else None
+    groups = _expert_split_groups(shard, dispatched.shape[1])
     dispatched = _split_groups(shard, dispatched, dim=1,
                                name="dispatched_groups")
     return shard.shard(dispatched, ("expert", groups), name="dispatched")
@@ -352,15 +364,33 @@ class FeedForwardExperts(tf.Module):
 
 def _split_groups(sharding: sharding_lib.Sharding, t: tf.Tensor, *, dim: int,
                   name: str) -> tf.Tensor:
-  """Splits the G dimension ``dim`` of ``t`` over ``data`` if it divides.
+  """Splits the G dimension ``dim`` of ``t`` over the batch axis if it divides.
 
-  Training batches are checked to give a G the ``data`` axis divides
-  (:func:`m4moe.mesh.validate_mesh`); an eval batch or a decoding step may
-  not, and then its groups stay whole on every device (same values).
+  The batch axis is :attr:`m4moe.sharding.Sharding.batch_axis`: ``data``, or
+  ``expert`` on a mesh without a ``data`` axis (GShard's layout).
+
+  With rows the batch axis divides, G = D * G_local is a multiple of it
+  (:meth:`MoeLayer.group_shards`); an eval batch or a decoding step may
+  not be, and then its groups stay whole on every device (same values).
   """
-  if not sharding.divides(t.shape[dim], "data"):
+  axis = sharding.batch_axis
+  if not sharding.divides(t.shape[dim], axis):
     return t
-  return sharding.split(t, dim=dim, axis="data", name=name)
+  return sharding.split(t, dim=dim, axis=axis, name=name)
+
+
+def _expert_split_groups(sharding: sharding_lib.Sharding,
+                         num_groups: int | None) -> str | None:
+  """The axis that splits G in the expert-split buffers <[E, G, C, M]>.
+
+  The batch axis when it is not ``expert`` (E takes that one) and divides
+  G, so a ``data`` x ``expert`` mesh does not repeat an expert's work per
+  ``data`` row; otherwise None (G whole on each expert's devices).
+  """
+  axis = sharding.batch_axis
+  if axis == "expert" or not sharding.divides(num_groups, axis):
+    return None
+  return axis
 
 
 def _check_config(config: ModelConfig, *, causal: bool) -> None:
@@ -474,7 +504,7 @@ class MoeLayer(tf.Module):
       config: the model config; ``config.moe`` must have experts.
       causal: True in the decoder (rejects ``--router=expert_choice``).
       name: module name.
-      sharding: GShard annotations (groups split on ``data``, experts on
+      sharding: GShard annotations (groups split on the batch axis, experts on
         ``expert``); the default annotates nothing.
       router: the router; None builds ``routing.make_router(config)``.
       experts: the experts; None builds them from ``config.moe``.
@@ -510,9 +540,11 @@ class MoeLayer(tf.Module):
   def dispatch(self) -> str:
     """The dispatch path before any call's sizes are known.
 
-    :func:`m4moe.dispatch.resolve_dispatch` without a layout: ``moe.dispatch``,
-    ``einsum`` under DTensor, ``index`` for ``sorted`` under XLA or with the
-    expert-choice router. A call may still run ``block`` for ``index``.
+    :func:`m4moe.dispatch.resolve_dispatch` without a layout: ``moe.dispatch``;
+    on a mesh ``grouped_index`` for ``index``/``sorted`` with a
+    token-choice router, else ``einsum`` under DTensor; ``index`` for
+    ``sorted`` with the expert-choice router. A call may still run
+    ``block`` for ``index``.
     """
     return self.resolve_dispatch(training=False, layout=None)
 
@@ -678,16 +710,18 @@ class MoeLayer(tf.Module):
     return x, mask, position, group_capacity
 
   def group_shards(self, num_rows: int | None) -> int:
-    """D: how many data shards group their own tokens, for B = ``num_rows``.
+    """D: how many row shards group their own tokens, for B = ``num_rows``.
 
-    The size of the mesh's ``data`` axis when it divides the static row
-    count B (each data shard then holds B/D whole rows); 1 without a mesh,
-    without a ``data`` axis, or for a B it does not divide or that is
-    unknown statically (an odd eval batch: grouped as one shard).
+    The size of the mesh's batch axis (:attr:`m4moe.sharding.Sharding.
+    batch_axis`: ``data``, or ``expert`` on a mesh without a ``data`` axis)
+    when it divides the static row count B (each shard then holds B/D whole
+    rows); 1 without a mesh, without such an axis, or for a B it does not
+    divide or that is unknown statically (an odd eval batch: grouped as one
+    shard).
     """
     if not self.sharding.enabled:
       return 1
-    data = self.sharding.mesh.axis_size("data")
+    data = self.sharding.mesh.axis_size(self.sharding.batch_axis)
     if data > 1 and num_rows is not None and num_rows % data == 0:
       return data
     return 1
@@ -696,11 +730,11 @@ class MoeLayer(tf.Module):
     """Forms each shard's groups from its own tokens (local group dispatch).
 
     The N tokens (rows of the batch one after the other) are D consecutive
-    shards of N/D tokens, the rows each ``data`` shard holds. Within each
+    shards of N/D tokens, the rows each batch-axis shard holds. Within each
     shard the real tokens move to the front (keeping their order) and the
     shard is cut into G_local groups of S tokens, the last one padded with
     masked tokens; no token leaves its shard, so on a mesh every op here is
-    local to a ``data`` shard (batched over D) and no device gathers the
+    local to a shard (batched over D) and no device gathers the
     other shards' tokens. With D = 1 this is one compaction of the batch.
 
     Args:

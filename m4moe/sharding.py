@@ -34,12 +34,20 @@ Dimensions of the annotation points (glossary letters, :mod:`m4moe`):
   H: expert hidden; B: batch rows; L: length; A: heads; D: d_kv; F: d_ff.
 
 Annotations (GShard Algorithm 2): inputs <[G, S, M]>: split(dim=0,
-axis="data"); router weight <[M, E]>: replicate; dispatched <[E, G, C, M]>:
-split(dim=0, axis="expert") (GShard's AllToAll; on our data x expert
-meshes see below); expert weights <[E, M, H]>, <[E, H, M]>: split on E
-over "expert" and on H over "model"; expert outputs <[E, G, C, M]>:
-split(dim=0, axis="expert"); combined outputs <[G, S, M]>: split(dim=0,
-axis="data").
+axis=batch axis); router weight <[M, E]>: replicate; dispatched
+<[E, G, C, M]>: split(dim=0, axis="expert") (GShard's AllToAll on
+``expert:D``; on data x expert meshes see below); expert weights
+<[E, M, H]>, <[E, H, M]>: split on E over "expert" and on H over "model";
+expert outputs <[E, G, C, M]>: split(dim=0, axis="expert"); combined
+outputs <[G, S, M]>: split(dim=0, axis=batch axis).
+
+The batch axis (:attr:`Sharding.batch_axis`) splits batch rows and dispatch
+groups: ``data``, or ``expert`` on a mesh without a ``data`` axis
+(``expert:D``, ``data:1,expert:D``, ``expert:D,model:M``). There, as in
+GShard, the same D devices hold the tokens (B and G split over ``expert``)
+and the experts (E split over ``expert``): every dense layer runs on B/D
+rows, and the MoE dispatch moves the buffers <[E, G, C, M]> from G-split
+to E-split with one AllToAll, and back for the combine.
 
 Tensor parallelism (Megatron-style; the ``model`` axis; Switch §5's
 data + model + expert mixtures): on a mesh with a ``model`` axis,
@@ -65,30 +73,39 @@ it once read its slots before DTensor had written them, see
 
 Where the model calls it (``MoeLayer(..., sharding=s)``, threaded from
 ``Transformer(..., sharding=s)``): the batch's tokens, as D = size of the
-``data`` axis shards ``<[D, N/D, M]>``, are split on D over ``data``
+batch axis shards ``<[D, N/D, M]>``, are split on D over it
 (``shard_tokens``); after grouping, ``grouped`` and its mask are split on G
-over ``data``; in ``FeedForwardExperts`` the dispatched
-buffers ``<[E, G, C, M]>`` are split on E over ``expert`` with G kept on
-``data`` (so a 2-D mesh does not repeat an expert's work per data row),
-``wi``/``wo`` on E, the expert outputs likewise and then back to G on
-``data`` (the reverse AllToAll); the combined output is split on G over
-``data``. A G that the data axis does not divide (an odd eval batch, a
-decoding step) is left whole. Under a mesh the experts use the batched
+over the batch axis; in ``FeedForwardExperts`` the dispatched
+buffers ``<[E, G, C, M]>`` are split on E over ``expert``, with G kept on
+``data`` on a data x expert mesh (so it does not repeat an expert's work
+per data row) and whole on ``expert:D`` (the AllToAll), ``wi``/``wo`` on
+E, the expert outputs likewise and then back to G on the batch axis (the
+reverse AllToAll); the combined output is split on G over the batch axis.
+A G that the batch axis does not divide (an odd eval batch, a decoding
+step) is left whole. Under a mesh the experts use the batched
 einsums (an unstack over E would gather every expert on every device), and
-under DTensor ``MoeLayer`` dispatches with the one-hot einsums whatever
-``--dispatch`` says (``MoeLayer.dispatch``: DTensor cannot partition the
-index path's transposes, gathers and scatters).
+``--dispatch=index`` (or ``sorted``) runs the per-group gathers
+(``grouped_index``, :func:`m4moe.dispatch.resolve_dispatch`) on either
+backend, whose every gather stays within a device's groups; under DTensor
+the expert-choice router dispatches with the one-hot einsums.
 
-On a data x expert mesh the groups are split on ``data`` only (each data
-row of devices holds the same groups), so the "AllToAll" to the E-split
-buffers is a local slice and the way back to the G-split combine an
-all-gather of the expert outputs over ``expert``; GShard's AllToAll (one
-device axis splitting both G and E) would need the groups split over the
-expert axis as well, which is not done.
+What DTensor emits (read from its MLIR after ``DTensorSPMDExpansion``,
+dumped with ``TF_CPP_VMODULE=dtensor_mlir_passes=4`` and
+``TF_DUMP_GRAPH_PREFIX``; ``tests/test_sharding_dtensor.py``): on
+``expert:4`` and ``expert:8`` the MoE layer's forward and backward pass
+have four ``DTensorAllToAll`` (dispatch, combine and their gradients; later
+lowered to ``CollectiveAllToAllV2``) and no ``DTensorAllGather``. On a
+data x expert mesh (both axes > 1) the groups are split on ``data`` only:
+a DTensor layout maps one tensor dimension to one mesh axis, so G (and B)
+cannot be split over ``data`` and ``expert`` at once, and every device of
+a ``data`` row holds the same groups. Going to the E-split buffers is then
+a local slice (``DTensorAllScatter``) and the way back an all-gather of the
+expert outputs over ``expert`` (``DTensorAllGather``), not GShard's
+AllToAll; for GShard's layout on D devices use ``--mesh=expert:D``.
 
-Local group dispatching (GShard §3.2; ``MoeLayer._group``): each ``data``
-shard forms its groups from its own tokens. With D = size of the ``data``
-axis dividing the batch's B rows (``MoeLayer.group_shards``), the N = B*L
+Local group dispatching (GShard §3.2; ``MoeLayer._group``): each shard of
+the batch axis forms its groups from its own tokens. With D = size of the
+batch axis dividing the batch's B rows (``MoeLayer.group_shards``), the N = B*L
 tokens are D shards of B/D whole rows; within each shard the real tokens
 move to the front and the shard is cut into G_local groups, G = D*G_local,
 group g from shard g // G_local. The compaction (a stable sort per shard)
@@ -290,6 +307,22 @@ class Sharding:
   @property
   def enabled(self) -> bool:
     return self.backend != "none"
+
+  @property
+  def batch_axis(self) -> str:
+    """The mesh axis that splits batch rows and dispatch groups.
+
+    :attr:`m4moe.mesh.MeshShape.batch_axis`: ``"data"``, except on a mesh
+    without a ``data`` axis > 1 but with an ``expert`` axis > 1 (``expert:D``,
+    ``data:1,expert:D``, ``expert:D,model:M``): there the rows and groups
+    are split over ``expert``, the devices that also hold the experts, as in
+    GShard (G and E both split over all D devices; the dispatch is an
+    AllToAll from the G-split to the E-split buffers). A DTensor layout maps
+    one tensor dimension to one mesh axis, so on a ``data`` x ``expert`` mesh
+    (both > 1) the rows and groups are split over ``data`` only. ``"data"``
+    without a mesh (an absent axis means "not split").
+    """
+    return "data" if self.mesh is None else self.mesh.batch_axis
 
   # --- annotations --------------------------------------------------------
 

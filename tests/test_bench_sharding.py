@@ -92,7 +92,31 @@ def test_live_activation_counter():
   finally:
     op_callbacks.remove_op_callback(counter)
   assert counter.peak == 512  # h and r; the scalar loss came after h died
+  assert counter.peak_by_op == {"MatMul": 256, "Relu": 256}
   del outside
+
+
+def test_views_of_tensors_the_step_did_not_compute_are_not_activations():
+  # Under DTensor a DVariable's read runs out of sight of op callbacks; a
+  # relayout, cast or identity of such a tensor re-expresses a weight.
+  counter = sharding._LiveActivations()  # pylint: disable=protected-access
+  read = tf.ones([64, 64])  # made before the step: like an unseen read
+  op_callbacks.add_op_callback(counter)
+  try:
+    with tf.GradientTape() as tape:
+      tape.watch(read)
+      view = tf.identity(read)
+      assert counter.live == 0
+      doubled = view * 2.0  # computed: an activation (16 KiB)
+      assert counter.live == 64 * 64 * 4
+      again = tf.identity(doubled)  # a view of an activation: same buffer
+      assert counter.live == 64 * 64 * 4
+      loss = tf.reduce_sum(again)
+    tape.gradient(loss, read)
+  finally:
+    op_callbacks.remove_op_callback(counter)
+  assert counter.peak_by_op["Mul"] == 64 * 64 * 4
+  assert "Identity" not in counter.peak_by_op
 
 
 @pytest.mark.parametrize("flag, message", [

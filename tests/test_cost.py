@@ -109,7 +109,9 @@ def test_device_estimate_by_hand():
   estimate = cost.estimate_device(config, data_axis=2, expert_axis=3,
                                   batch_tokens=60, sequence_length=5)
   assert estimate.num_devices == 6
-  assert estimate.tokens_per_device == 10
+  # The rows are split over data only (the 3 devices of a data row hold
+  # the same tokens: m4moe.sharding's layout on a data x expert mesh).
+  assert estimate.tokens_per_device == 30
   assert estimate.replicated_params == 644
   assert estimate.expert_params_per_device == 48
   assert estimate.weight_bytes == estimate.gradient_bytes == 4 * (644 + 48)
@@ -119,10 +121,21 @@ def test_device_estimate_by_hand():
   assert estimate.optimizer_bytes == 4 * slots
   # Capacity factor 1.25 with k=2: experts run 2.5 slots per token, not 2.
   forward = cost.flops_per_token(config).forward + int(0.5 * 2 * 48)
-  assert estimate.train_flops == 3 * 10 * forward
+  assert estimate.train_flops == 3 * 30 * forward
   assert estimate.total_bytes == (estimate.weight_bytes * 2 +
                                   estimate.optimizer_bytes +
                                   estimate.activation_bytes)
+
+
+def test_expert_only_mesh_splits_the_batch_over_the_experts_devices():
+  # expert:3 (GShard's layout): tokens and experts on the same 3 devices.
+  config = _micro()
+  for data, expert, tokens in ((1, 3, 20), (2, 3, 30), (2, 1, 30),
+                               (1, 1, 60)):
+    estimate = cost.estimate_device(config, data_axis=data,
+                                    expert_axis=expert, batch_tokens=60,
+                                    sequence_length=5)
+    assert estimate.tokens_per_device == tokens, (data, expert)
 
 
 def test_device_estimate_with_a_model_axis_by_hand():
@@ -183,7 +196,8 @@ def test_model_axis_halves_exactly_the_split_parts():
     (dict(data_axis=1, expert_axis=2, batch_tokens=8), "not divisible"),
     (dict(data_axis=0, expert_axis=1, batch_tokens=8), ">= 1"),
     (dict(data_axis=1, expert_axis=1, model_axis=0, batch_tokens=8), ">= 1"),
-    (dict(data_axis=4, expert_axis=3, batch_tokens=8), "at least one token"),
+    (dict(data_axis=4, expert_axis=3, batch_tokens=3), "at least one token"),
+    (dict(data_axis=1, expert_axis=3, batch_tokens=2), "at least one token"),
     # _micro's d_ff is 5: model:2 cannot split the dense FFN.
     (dict(data_axis=1, expert_axis=1, model_axis=2, batch_tokens=8),
      "--d_ff=5 is not divisible by the mesh's model:2"),

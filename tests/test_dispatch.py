@@ -80,6 +80,66 @@ def test_einsum_and_index_agree_in_values_and_gradients(name, capacity):
   assert (y_index.numpy()[mask.numpy() == 0] == 0).all()
 
 
+TOKEN_CHOICE = sorted(n for n in ROUTERS if n != "expert_choice")
+
+
+@pytest.mark.parametrize("name", TOKEN_CHOICE)
+@pytest.mark.parametrize("capacity", [2, 6])
+def test_grouped_index_equals_index_in_values_and_gradients(name, capacity):
+  # GShard's Gather form per group (what a mesh runs for --dispatch=index):
+  # the same values and gradients as the one-device index path, eagerly and
+  # compiled by XLA.
+  router, experts = ROUTERS[name], _experts()
+  x, mask = _inputs(num_groups=3)
+  y_index, g_index = _run("index", router, experts, x, mask, capacity)
+  y_group, g_group = _run("grouped_index", router, experts, x, mask,
+                          capacity)
+  np.testing.assert_allclose(y_group.numpy(), y_index.numpy(), atol=1e-5)
+  for label, a, b in zip(("x", "wg", "wi", "wo"), g_group, g_index):
+    np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(),
+                               tf.convert_to_tensor(b).numpy(), atol=1e-5,
+                               err_msg=label)
+  assert (y_group.numpy()[mask.numpy() == 0] == 0).all()
+  if name == "top2-random":  # One compiled check (XLA draws its own random).
+    compiled = tf.function(
+        lambda path: _run(path, router, experts, x, mask, capacity),
+        jit_compile=True)
+    y_xla_index, g_xla_index = compiled("index")
+    y_xla_group, g_xla_group = compiled("grouped_index")
+    np.testing.assert_allclose(y_xla_group.numpy(), y_xla_index.numpy(),
+                               atol=1e-5)
+    for a, b in zip(g_xla_group, g_xla_index):
+      np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(),
+                                 tf.convert_to_tensor(b).numpy(), atol=1e-5)
+
+
+def test_group_slot_tokens_are_the_routers_slots_and_stay_in_group():
+  router = ROUTERS["top2-random"]
+  x, mask = _inputs(num_groups=3, seed=4)
+  result = router(x, padding_mask=mask, capacity=3, training=False)
+  slot_token, choice_slot = dispatch._group_slot_tokens(result)  # pylint: disable=protected-access
+  want_token, _ = result.slots()  # [G, E, C], S if empty
+  np.testing.assert_array_equal(slot_token.numpy(),
+                                want_token.numpy().reshape(3, -1))
+  kept = result.buffer_position.numpy() >= 0
+  want_slot = np.where(kept, result.expert_index.numpy() * 3 +
+                       result.buffer_position.numpy(), E * 3)
+  np.testing.assert_array_equal(choice_slot.numpy(), want_slot.reshape(3, -1))
+  # Group 0 alone gives group 0's slots: nothing is read across groups.
+  alone = router(x[:1], padding_mask=mask[:1], capacity=3, training=False)
+  np.testing.assert_array_equal(
+      dispatch._group_slot_tokens(alone)[0].numpy(), slot_token.numpy()[:1])  # pylint: disable=protected-access
+
+
+def test_grouped_index_refuses_expert_choice():
+  x, mask = _inputs()
+  result = ROUTERS["expert_choice"](x, padding_mask=mask, capacity=3,
+                                    training=False)
+  with pytest.raises(ValueError, match="token-choice router"):
+    dispatch.dispatch_combine(x, result, _experts(),
+                              implementation="grouped_index")
+
+
 def _scale_by_expert(dispatched, *, output_layout, training=False, seed=None):
   """Expert e multiplies its buffer by e + 1."""
   del training, seed
@@ -409,7 +469,7 @@ def test_sorted_dispatch_falls_back_where_it_cannot_run():
 
 def test_registry_holds_every_path_with_one_signature():
   assert sorted(dispatch.DISPATCH_PATHS) == sorted(
-      (*DISPATCH_IMPLEMENTATIONS, "block"))
+      (*DISPATCH_IMPLEMENTATIONS, "block", "grouped_index"))
   protocol = list(inspect.signature(
       dispatch.DispatchPath.__call__).parameters.values())[1:]  # no self
   for name, path in dispatch.DISPATCH_PATHS.items():
@@ -441,17 +501,25 @@ _EXPERT_CHOICE = dataclasses.replace(_NO_DROP, num_selected=None)
         ("sorted", "none", "top2", True, 0.0, None, "sorted"),
         ("index", "none", "top1", True, 0.0, None, "index"),
         ("einsum", "none", "top2", True, 0.0, None, "einsum"),
-        ("sorted", "xla", "top2", True, 0.0, None, "index"),
         ("sorted", "none", "expert_choice", False, 0.0, None, "index"),
-        ("sorted", "dtensor", "top2", True, 0.0, None, "einsum"),
-        ("index", "dtensor", "top1", False, 0.0, _NO_DROP, "einsum"),
+        # On a mesh: index and sorted run per group (token choice); expert
+        # choice takes the einsums under DTensor, index under XLA.
+        ("sorted", "xla", "top2", True, 0.0, None, "grouped_index"),
+        ("sorted", "dtensor", "top2", True, 0.0, None, "grouped_index"),
+        ("index", "dtensor", "top1", False, 0.0, _NO_DROP, "grouped_index"),
+        ("index", "dtensor", "top2", True, 0.3, None, "grouped_index"),
+        ("einsum", "dtensor", "top2", True, 0.0, None, "einsum"),
+        ("einsum", "xla", "top2", True, 0.0, None, "einsum"),
+        ("index", "dtensor", "expert_choice", False, 0.0, None, "einsum"),
+        ("sorted", "xla", "expert_choice", False, 0.0, None, "index"),
+        ("index", "xla", "expert_choice", False, 0.0, None, "index"),
         # Blocks: index, one device, per-token view, static G, no dropout,
         # and fewer rows than the buffers.
         ("index", "none", "top2", False, 0.0, _NO_DROP, "block"),
         ("index", "none", "top2", True, 0.0, _NO_DROP, "block"),
         ("index", "none", "top2", True, 0.3, _NO_DROP, "index"),
         ("index", "none", "top2", False, 0.3, _NO_DROP, "block"),
-        ("index", "xla", "top2", False, 0.0, _NO_DROP, "index"),
+        ("index", "xla", "top2", False, 0.0, _NO_DROP, "grouped_index"),
         ("index", "none", "expert_choice", False, 0.0, _EXPERT_CHOICE,
          "index"),
         ("index", "none", "top2", False, 0.0, _DYNAMIC_G, "index"),

@@ -50,10 +50,13 @@ def _outputs_and_input_grads(layer, x, mask):
   return out.outputs.numpy(), tape.gradient(loss, x).numpy()
 
 
-def test_group_shards_is_the_data_axis_when_it_divides_the_rows():
+def test_group_shards_is_the_batch_axis_when_it_divides_the_rows():
   assert _layer(None).group_shards(B) == 1
-  assert _layer("data:1,expert:2").group_shards(B) == 1
-  assert _layer("expert:4").group_shards(B) == 1
+  assert _layer("data:1").group_shards(B) == 1
+  # No data axis: the rows are split over the experts' devices (GShard).
+  assert _layer("data:1,expert:2").group_shards(B) == 2
+  assert _layer("expert:4").group_shards(B) == 4
+  assert _layer("expert:4").group_shards(6) == 1
   two = _layer("data:2,expert:2")
   assert two.group_shards(4) == 2
   # An odd eval batch, or a row count unknown statically: one shard.
@@ -90,7 +93,7 @@ def test_each_group_holds_tokens_of_one_shard_real_ones_first():
 def test_one_shard_groups_the_whole_batch_as_without_a_mesh():
   x, mask = _batch()
   plain = _layer(None)
-  one = _layer("data:1,expert:2")
+  one = _layer("data:1")
   got = _outputs_and_input_grads(one, x, mask)
   want = _outputs_and_input_grads(plain, x, mask)
   for g, w in zip(got, want):
@@ -98,7 +101,7 @@ def test_one_shard_groups_the_whole_batch_as_without_a_mesh():
 
 
 @pytest.mark.parametrize("dispatch", ("einsum", "index"))
-@pytest.mark.parametrize("mesh", ("data:2", "data:4,expert:2"))
+@pytest.mark.parametrize("mesh", ("data:2", "data:4,expert:2", "expert:2"))
 def test_each_shard_computes_as_if_it_were_the_whole_batch(mesh, dispatch):
   # Values and input gradients of shard d's rows equal the layer run on
   # those rows alone (same weights): no token's routing depends on another

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -166,10 +167,11 @@ def _run_moe_layer(mesh_text, dispatch, *, one_device=False):
   with sharding.variable_scope():
     layer = moe_layer.MoeLayer(config=config, causal=False, **kwargs)
   rng = np.random.default_rng(2)
-  x = sharding.put(rng.normal(size=(8, 4, 8)).astype(np.float32), ("data",))
+  rows = (sharding.batch_axis,)  # data, or expert on data:1,expert:4
+  x = sharding.put(rng.normal(size=(8, 4, 8)).astype(np.float32), rows)
   mask = np.ones((8, 4), np.float32)
   mask[::3, 2:] = 0.0
-  mask = sharding.put(mask, ("data",))
+  mask = sharding.put(mask, rows)
   seed = sharding.put(tf.constant([3, 4]))
 
   @tf.function
@@ -196,10 +198,11 @@ def _layer_layouts(mesh_text):
   """DTensor layouts inside the real MoeLayer, run eagerly (op by op).
 
   The grouping (``MoeLayer._group``, which has no annotation inside) is run
-  on a batch split on its rows over ``data``: the layout DTensor's
-  propagation gives its result shows whether any op needed the other
-  shards' tokens (it would then be replicated). The dispatched buffers are
-  recorded where the experts receive them, after the AllToAll annotation.
+  on a batch split on its rows over the batch axis (``data``, or ``expert``
+  on a mesh without ``data``): the layout DTensor's propagation gives its
+  result shows whether any op needed the other shards' tokens (it would
+  then be replicated). The dispatched buffers are recorded where the
+  experts receive them, after the AllToAll annotation.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.experimental import dtensor  # pylint: disable=g-import-not-at-top
@@ -232,7 +235,8 @@ def _layer_layouts(mesh_text):
   x = rng.normal(size=(8, 4, 8)).astype(np.float32)
   mask = np.ones((8, 4), np.float32)
   mask[::3, 2:] = 0.0
-  x, mask = sharding.put(x, ("data",)), sharding.put(mask, ("data",))
+  rows = (sharding.batch_axis,)
+  x, mask = sharding.put(x, rows), sharding.put(mask, rows)
   shards = layer.group_shards(8)
   grouped, grouped_mask, position = layer._group(  # pylint: disable=protected-access
       tf.reshape(x, [-1, 8]), tf.reshape(mask, [-1]), shards=shards)
@@ -242,6 +246,65 @@ def _layer_layouts(mesh_text):
   out = layer(x, padding_mask=mask, training=False).outputs
   seen["outputs"] = describe(out)
   return seen
+
+
+def _collectives(mesh_text, dispatch="einsum"):
+  """The DTensor collectives of the MoE layer's forward + backward pass.
+
+  DTensor expands a ``tf.function`` into per-device programs with its own
+  MLIR passes (not XLA's SPMD partitioner); a relayout becomes
+  ``tf.DTensorAllToAll``, ``tf.DTensorAllGather``, ``tf.DTensorAllScatter``
+  (a local slice) or ``tf.DTensorAllReduce``, which later passes lower to
+  ``CollectiveAllToAllV2``, ``CollectiveGatherV2``... With
+  ``TF_CPP_VMODULE=dtensor_mlir_passes=4`` and ``TF_DUMP_GRAPH_PREFIX`` set
+  (the worker's environment, see ``_run_worker``) DTensor writes the module
+  after every pass; this reads the one after ``DTensorSPMDExpansion``.
+
+  Returns:
+    ``{"counts": {op: n}, "ops": [{"op", "input", "output"}]}``: every
+    DTensor collective with its input and output sharding specs.
+  """
+  import os  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
+  config = config_lib.load_model_config(
+      "tiny/moe", MOE_FLAGS + ("--second_expert_policy=all",
+                               f"--dispatch={dispatch}"))
+  sharding = _make_sharding(mesh_text)
+  with sharding.variable_scope():
+    layer = moe_layer.MoeLayer(config=config, causal=False, sharding=sharding)
+  rng = np.random.default_rng(2)
+  rows = (sharding.batch_axis,)
+  x = sharding.put(rng.normal(size=(8, 4, 8)).astype(np.float32), rows)
+  mask = np.ones((8, 4), np.float32)
+  mask[::3, 2:] = 0.0
+  mask = sharding.put(mask, rows)
+  name = f"moe_collectives_{dispatch}_" + re.sub(r"\W", "_", mesh_text)
+
+  def step(x, mask):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      out = layer(x, padding_mask=mask, training=True)
+      loss = tf.reduce_sum(tf.square(out.outputs)) + out.weighted_loss
+    return loss, tape.gradient(loss, [x] + list(layer.trainable_variables))
+
+  step.__name__ = name
+  tf.function(step)(x, mask)
+  dump = os.environ["TF_DUMP_GRAPH_PREFIX"]
+  expanded = [f for f in os.listdir(dump)
+              if "after_DTensorSPMDExpansion" in f and f"_{name}_" in f]
+  assert len(expanded) == 1, (expanded, sorted(os.listdir(dump))[:40])
+  text = pathlib.Path(dump, expanded[0]).read_text()
+  ops = [{"op": op, "input": src.split(","), "output": dst.split(",")}
+         for op, src, dst in re.findall(
+             r'"tf\.(DTensor\w+)"\(.*?input_layout = #dtensor\.layout<'
+             r'sharding_specs:([\w,]*), .*?output_layout = #dtensor\.layout<'
+             r'sharding_specs:([\w,]*), ', text)]
+  counts = {}
+  for op in re.findall(r'"tf\.(DTensor\w+)"', text):
+    counts[op] = counts.get(op, 0) + 1
+  return {"counts": counts, "ops": ops, "dispatch": layer.dispatch}
 
 
 def _adafactor_step(mesh_text, values):
@@ -305,7 +368,11 @@ def _worker(part: str) -> None:
   sharding_lib.configure_virtual_cpus(8)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   report = {}
-  if part == "toy":
+  if part == "collectives":
+    for mesh_text in COLLECTIVE_MESHES:
+      report[mesh_text] = _collectives(mesh_text)
+    report["index/expert:4"] = _collectives("expert:4", dispatch="index")
+  elif part == "toy":
     values = _initial_values()
     report["reference"] = _run_on(None, values)
     for mesh_text in MESHES:
@@ -332,10 +399,11 @@ def _worker(part: str) -> None:
   print("REPORT " + json.dumps(report))
 
 
-def _run_worker(part: str) -> dict:
+def _run_worker(part: str, *, env: dict[str, str] | None = None) -> dict:
   proc = subprocess.run([sys.executable, str(pathlib.Path(__file__)), part],
                         capture_output=True, text=True, timeout=900,
-                        check=False)
+                        check=False,
+                        env=None if env is None else {**os.environ, **env})
   lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
   assert proc.returncode == 0 and lines, (
       f"worker {part!r} failed (exit code {proc.returncode}); a crash "
@@ -352,6 +420,14 @@ def report():
 @pytest.fixture(scope="module")
 def layer_report():
   return _run_worker("moe_layer")
+
+
+@pytest.fixture(scope="module")
+def collectives_report(tmp_path_factory):
+  dump = tmp_path_factory.mktemp("dtensor_mlir")
+  return _run_worker("collectives", env={
+      "TF_DUMP_GRAPH_PREFIX": str(dump),
+      "TF_CPP_VMODULE": "dtensor_mlir_passes=4"})
 
 
 @pytest.mark.parametrize("mesh_text", MESHES)
@@ -418,9 +494,10 @@ def test_real_moe_layer_matches_one_device(layer_report, mesh_text,
   # per data shard (local group dispatching, GShard's groups per device).
   ref = layer_report[f"moe_layer/{dispatch}/{mesh_text}/one_device"]
   got = layer_report[f"moe_layer/{dispatch}/{mesh_text}"]
-  # Under DTensor the layer dispatches with the einsums whatever --dispatch
-  # says (MoeLayer.dispatch: DTensor cannot partition the index path).
-  assert got["dispatch"] == "einsum"
+  # Under DTensor --dispatch=index runs the per-group gathers (GShard's
+  # Gather form; the one-device index path does not partition).
+  assert got["dispatch"] == {"index": "grouped_index",
+                             "einsum": "einsum"}[dispatch]
   assert "error" not in got, got.get("error")
   np.testing.assert_allclose(got["out"], ref["out"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-5)
@@ -439,18 +516,13 @@ def test_real_moe_layer_matches_one_device(layer_report, mesh_text,
 @pytest.mark.parametrize("dispatch", ("index", "einsum"))
 @pytest.mark.parametrize("mesh_text", LAYER_MESHES)
 def test_groups_are_per_data_shard(layer_report, mesh_text, dispatch):
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  # Every mesh here splits the rows (over data, or over expert on
+  # data:1,expert:4). Rows 0, 3, 6 are half padding: compacted per shard,
+  # the real tokens share groups with other tokens than in one compaction
+  # of the batch, and with capacity 1 per group that reroutes some of them.
   global_groups = layer_report[f"moe_layer/{dispatch}/None"]
   local_groups = layer_report[f"moe_layer/{dispatch}/{mesh_text}/one_device"]
-  if MeshShape.parse(mesh_text).axis_size("data") == 1:
-    # One data shard: exactly today's grouping of the whole batch.
-    np.testing.assert_array_equal(local_groups["out"], global_groups["out"])
-    assert local_groups["loss"] == global_groups["loss"]
-  else:
-    # Rows 0, 3, 6 are half padding: compacted per shard, the real tokens
-    # share groups with other tokens than in one compaction of the batch,
-    # and with capacity 1 per group that reroutes some of them.
-    assert not np.allclose(local_groups["out"], global_groups["out"])
+  assert not np.allclose(local_groups["out"], global_groups["out"])
 
 
 # Meshes whose layouts inside the layer are checked (data x expert).
@@ -469,22 +541,76 @@ def test_grouping_stays_on_each_data_shard(layer_report, mesh_text):
     return [a if a != "unsharded" and shape.axis_size(a) > 1 else None
             for a in got[name]["specs"]]
 
-  assert got["shards"] == data
-  # Grouped tokens <[G, S, M]>, G = 8: split on G over data by the layout
-  # propagation of the grouping's own ops (no annotation inside _group),
-  # so no device held another shard's tokens.
-  assert split("grouped") == ["data" if data > 1 else None, None, None]
-  assert got["grouped"]["local"] == [[G // data, S, 8]] * shape.size
-  assert got["grouped_mask"]["local"] == [[G // data, S]] * shape.size
+  # The batch axis: data, or expert on a mesh without data (GShard's
+  # layout: groups and experts split over the same devices).
+  axis, rows = ("data", data) if data > 1 or expert == 1 else ("expert",
+                                                                expert)
+  assert got["shards"] == rows
+  # Grouped tokens <[G, S, M]>, G = 8: split on G over the batch axis by the
+  # layout propagation of the grouping's own ops (no annotation inside
+  # _group), so no device held another shard's tokens.
+  assert split("grouped") == [axis if rows > 1 else None, None, None]
+  assert got["grouped"]["local"] == [[G // rows, S, 8]] * shape.size
+  assert got["grouped_mask"]["local"] == [[G // rows, S]] * shape.size
   # Positions <[D, N/D]>: each shard's own.
-  assert got["position"]["local"] == [[1, 32 // data]] * shape.size
+  assert got["position"]["local"] == [[1, 32 // rows]] * shape.size
   # Dispatched buffers <[E, G, C, M]> (eval capacity C = S): E split over
-  # expert, G still over data.
+  # expert; G still over data on a data x expert mesh, whole on expert:4
+  # (the AllToAll: each device now holds its experts' buffers of all G).
+  groups = data if axis == "data" else 1
   assert split("dispatched") == ["expert" if expert > 1 else None,
-                                 "data" if data > 1 else None, None, None]
+                                 "data" if groups > 1 else None, None, None]
   assert got["dispatched"]["local"] == [
-      [E // expert, G // data, S, 8]] * shape.size
-  assert got["outputs"]["local"] == [[8 // data, 4, 8]] * shape.size
+      [E // expert, G // groups, S, 8]] * shape.size
+  assert got["outputs"]["local"] == [[8 // rows, 4, 8]] * shape.size
+
+
+# Meshes whose DTensor collectives are read: GShard's layout (G and E
+# split over the same devices) and a data x expert mesh for contrast.
+COLLECTIVE_MESHES = ("expert:4", "expert:8", "data:2,expert:2")
+
+
+@pytest.mark.parametrize("mesh_text", ("expert:4", "expert:8"))
+def test_dispatch_and_combine_are_all_to_all(collectives_report, mesh_text):
+  # On expert:D the groups are split over the devices that hold the
+  # experts: the dispatch (G-split -> E-split buffers), the combine (back)
+  # and their two gradients are four AllToAlls, and no token activation is
+  # ever all-gathered (no AllGather at all).
+  got = collectives_report[mesh_text]
+  assert got["counts"].get("DTensorAllToAll") == 4, got["counts"]
+  assert "DTensorAllGather" not in got["counts"], got["ops"]
+  moves = [(o["input"], o["output"]) for o in got["ops"]
+           if o["op"] == "DTensorAllToAll"]
+  # Buffers <[E, G, C, M]> (EGCM in, GECM out of the experts): the expert
+  # axis moves between G and E, nothing else is split.
+  g_to_e = (["unsharded", "expert", "unsharded", "unsharded"],
+            ["expert", "unsharded", "unsharded", "unsharded"])
+  assert g_to_e in moves, moves
+  assert all(sorted(src) == sorted(dst) == sorted(g_to_e[0])
+             for src, dst in moves), moves
+
+
+def test_grouped_index_dispatch_is_all_to_all_too(collectives_report):
+  # --dispatch=index on expert:4: the per-group gathers run on each
+  # device's own groups; the buffers move to the E split and back by
+  # AllToAll, and no tensor is all-gathered.
+  got = collectives_report["index/expert:4"]
+  assert got["dispatch"] == "grouped_index"
+  assert got["counts"].get("DTensorAllToAll", 0) >= 2, got["counts"]
+  assert "DTensorAllGather" not in got["counts"], got["ops"]
+
+
+def test_data_x_expert_mesh_all_gathers_expert_outputs(collectives_report):
+  # On data:2,expert:2 DTensor splits the rows and groups over data only
+  # (one mesh axis per tensor dimension), so every device of a data row
+  # holds the same groups: going to the E-split buffers is a local slice
+  # (AllScatter) and coming back an AllGather over expert, not an AllToAll.
+  got = collectives_report["data:2,expert:2"]
+  assert "DTensorAllToAll" not in got["counts"], got["ops"]
+  gathers = [(o["input"], o["output"]) for o in got["ops"]
+             if o["op"] == "DTensorAllGather"]
+  assert gathers and all("expert" in src and "expert" not in dst
+                         for src, dst in gathers), gathers
 
 
 if __name__ == "__main__":

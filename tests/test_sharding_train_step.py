@@ -99,7 +99,8 @@ def _one_step(mesh_text, *, extra_flags=(), remat=False, one_device=False,
   """One trainer step on ``mesh_text`` (None: one device, no mesh).
 
   With ``one_device``, the step runs on one device but groups the MoE
-  layers' tokens as the mesh does, one set of groups per ``data`` shard: the
+  layers' tokens as the mesh does, one set of groups per batch-axis shard
+  (``data``, or ``expert`` without ``data``): the
   model is built with the XLA backend's annotations, identities outside XLA.
   With ``checkpoint`` (a path prefix) the model and optimiser are written
   there after the step.
@@ -158,10 +159,16 @@ def _one_step(mesh_text, *, extra_flags=(), remat=False, one_device=False,
 
 
 def _reference_key(mesh_text: str) -> str:
-  """The report key of the one-device step grouping like ``mesh_text``."""
+  """The report key of the one-device step grouping like ``mesh_text``.
+
+  The mesh's batch axis (``data``, or ``expert`` on ``data:1,expert:4``)
+  and its size name the grouping, e.g. "reference/expert:4".
+  """
   from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
-  data = MeshShape.parse(mesh_text).axis_size("data")
-  return "reference" if data == 1 else f"reference/data:{data}"
+  shape = MeshShape.parse(mesh_text)
+  axis = shape.batch_axis
+  rows = shape.axis_size(axis)
+  return "reference" if rows == 1 else f"reference/{axis}:{rows}"
 
 
 def _worker(part: str, workdir: str | None = None) -> None:
@@ -169,7 +176,7 @@ def _worker(part: str, workdir: str | None = None) -> None:
   sharding_lib.configure_virtual_cpus(8)
   report = {}
   # The one-device references group like the mesh (one set of groups per
-  # data shard): one per data-axis size, e.g. "reference/data:2".
+  # batch-axis shard): one per batch axis and size, e.g. "reference/data:2".
   if part == "meshes":
     report["reference"] = _one_step(None)
     for mesh_text in MESHES:

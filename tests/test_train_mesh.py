@@ -10,8 +10,11 @@ width split, Adafactor's update of the split weights included) log the same
 finite losses as one device too; bad meshes fail early with actionable
 messages.
 
-The equality run has one ``data`` shard: with data:D > 1 each shard groups
-its own tokens (local group dispatching), so with padding the routing is
+The equality run's batches have 6 rows, which the mesh's batch axis
+(``expert`` on ``data:1,expert:4``: GShard's layout, rows and groups split
+over the experts' devices) does not divide, so they are put replicated and
+grouped whole, as on one device. With rows it divides, each shard groups
+its own tokens (local group dispatching) and with padding the routing is
 not that of one device grouping the whole batch; that case is compared
 with one device grouping per shard in ``test_sharding_train_step.py``.
 """
@@ -30,8 +33,10 @@ SMALL = ["--config=tiny/moe", "--d_model=32", "--num_heads=2", "--d_kv=16",
          "--eval_every=0", "--deterministic", "--warmup_steps=100",
          "--dev_batch_size=6"]
 MESH = ["--num_cpu_devices=4", "--mesh=data:2,expert:2"]
-# Expert parallelism with one data shard: groups as on one device.
-EQUAL_MESH = ["--num_cpu_devices=4", "--mesh=data:1,expert:4"]
+# Expert parallelism on batches of 6 rows (96 tokens of 16), which the
+# expert axis does not divide: grouped whole, as on one device.
+EQUAL_BATCH = ["--batch_tokens=96"]
+EQUAL_MESH = ["--num_cpu_devices=4", "--mesh=data:1,expert:4", *EQUAL_BATCH]
 # Tensor parallelism alone (no data axis: groups as on one device).
 MODEL_MESH = ["--num_cpu_devices=2", "--mesh=model:2"]
 
@@ -57,7 +62,8 @@ def test_mesh_run_equals_one_device_and_resumes_without_mesh(tmp_path):
   proc = _run(*SMALL, *EQUAL_MESH, f"--model_dir={mesh_dir}",
               "--train_steps=3")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  proc = _run(*SMALL, f"--model_dir={plain_dir}", "--train_steps=4")
+  proc = _run(*SMALL, *EQUAL_BATCH, f"--model_dir={plain_dir}",
+              "--train_steps=4")
   assert proc.returncode == 0, proc.stderr[-3000:]
   mesh, plain = _losses(mesh_dir), _losses(plain_dir)
   assert sorted(mesh) == [1, 2, 3]
@@ -76,7 +82,8 @@ def test_mesh_run_equals_one_device_and_resumes_without_mesh(tmp_path):
   assert proc.returncode == 0
   # The mesh checkpoint (DVariables, experts split on E) restores on one
   # device and continues exactly like the run that never had a mesh.
-  proc = _run(*SMALL, f"--model_dir={mesh_dir}", "--train_steps=4")
+  proc = _run(*SMALL, *EQUAL_BATCH, f"--model_dir={mesh_dir}",
+              "--train_steps=4")
   assert proc.returncode == 0, proc.stderr[-3000:]
   resumed = _losses(mesh_dir)
   np.testing.assert_allclose(resumed[4], plain[4], rtol=1e-4)

@@ -159,15 +159,18 @@ class _LiveActivations:
     self.live = 0
     self.peak = 0
     self.tensors = 0
-    # id(tensor) -> (weak reference, buffer [bytes, holders]).
-    self._buffers: dict[int, tuple[weakref.ref, list[int]]] = {}
+    # Live bytes by the op type that produced them, and their copy at the peak.
+    self.live_by_op: dict[str, int] = {}
+    self.peak_by_op: dict[str, int] = {}
+    # id(tensor) -> (weak reference, buffer [bytes, holders, op type]).
+    self._buffers: dict[int, tuple[weakref.ref, list[Any]]] = {}
     self._weights: dict[int, weakref.ref] = {}
 
   def _is_weight(self, t: Any) -> bool:
     ref = self._weights.get(id(t))
     return ref is not None and ref() is t
 
-  def _buffer(self, t: Any) -> list[int] | None:
+  def _buffer(self, t: Any) -> list[Any] | None:
     entry = self._buffers.get(id(t))
     return entry[1] if entry is not None and entry[0]() is t else None
 
@@ -179,8 +182,11 @@ class _LiveActivations:
       return None
     if isinstance(op_type, bytes):
       op_type = op_type.decode()
+    # A view of a tensor the step did not compute (a DVariable's read runs in
+    # DTensor's device, out of sight of op callbacks) is a weight view too.
     weight_view = op_type in _WEIGHT_VIEW_OPS and (
-        op_type == "ReadVariableOp" or (inputs and self._is_weight(inputs[0])))
+        op_type == "ReadVariableOp" or (inputs and (
+            self._is_weight(inputs[0]) or self._buffer(inputs[0]) is None)))
     for out in outputs:
       key = id(out)
       if weight_view:
@@ -194,20 +200,24 @@ class _LiveActivations:
         if buffer is not None and buffer[0] != size:
           buffer = None
       if buffer is None:
-        buffer = [size, 0]
+        buffer = [size, 0, op_type]
         self.live += size
+        self.live_by_op[op_type] = self.live_by_op.get(op_type, 0) + size
         self.tensors += 1
-        self.peak = max(self.peak, self.live)
+        if self.live > self.peak:
+          self.peak = self.live
+          self.peak_by_op = dict(self.live_by_op)
       buffer[1] += 1
       self._buffers[key] = (weakref.ref(
           out, lambda _, k=key, b=buffer: self._dead(k, b)), buffer)
     return None
 
-  def _dead(self, key: int, buffer: list[int]) -> None:
+  def _dead(self, key: int, buffer: list[Any]) -> None:
     self._buffers.pop(key, None)
     buffer[1] -= 1
     if not buffer[1]:
       self.live -= buffer[0]
+      self.live_by_op[buffer[2]] -= buffer[0]
 
 
 def measure(point: ShardingPoint) -> dict[str, Any]:
@@ -278,6 +288,9 @@ def measure(point: ShardingPoint) -> dict[str, Any]:
       "mesh": point.mesh, "experts": point.experts, "rows": point.rows,
       "per_device_activation_bytes": counter.peak,
       "activation_tensors": counter.tensors,
+      "activation_bytes_by_op": dict(sorted(
+          ((op, n) for op, n in counter.peak_by_op.items() if n),
+          key=lambda item: -item[1])),
       "per_device_expert_weight_bytes": expert_bytes,
       "per_device_weight_bytes": weight_bytes,
       "per_device_gradient_bytes": weight_bytes,

@@ -235,16 +235,18 @@ class StepRunner:
         router=tf.nest.map_structure(host, router))
 
   def put(self, batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """A host batch on the mesh, rows split over ``data`` (else as is).
+    """A host batch on the mesh, rows split over the batch axis (else as is).
 
-    A batch whose row count the ``data`` axis does not divide (e.g. the
-    last dev batch) is put replicated.
+    The batch axis is :attr:`m4moe.sharding.Sharding.batch_axis` (``data``,
+    or ``expert`` on a mesh without a ``data`` axis). A batch whose row count
+    that axis does not divide (e.g. the last dev batch) is put replicated.
     """
     if not self.sharding.enabled:
       return dict(batch)
     rows = {tf.convert_to_tensor(v).shape[0] for v in batch.values()}
-    spec = ("data",) if all(self.sharding.divides(r, "data")
-                            for r in rows) else ()
+    axis = self.sharding.batch_axis
+    spec = (axis,) if all(self.sharding.divides(r, axis)
+                          for r in rows) else ()
     return {k: self.sharding.put(v, spec) for k, v in batch.items()}
 
   def host(self, t: tf.Tensor) -> np.ndarray:

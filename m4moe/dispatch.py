@@ -194,6 +194,88 @@ def _gather_combine(expert_rows: tf.Tensor, weights: tf.Tensor,
   return combined, grad
 
 
+def gather_rows(table: tf.Tensor, rows: tf.Tensor,
+                inverse: tf.Tensor) -> tf.Tensor:
+  """``[table; 0][rows]``, whose gradient is a gather through ``inverse``.
+
+  For a gather that reads every row of ``table`` at most K times (the
+  dispatch gathers, and the expert-padded layout of :func:`padded_rows`),
+  given the inverse map: autodiff's scatter-add becomes a gather.
+
+  Args:
+    table: <dtype>[N, M] rows.
+    rows: <int32>[P] row of ``table`` each output row reads (N: zero row).
+    inverse: <int32>[N, K] the output rows that read each table row (P:
+      none).
+
+  Returns:
+    <dtype>[P, M].
+  """
+  return _gather_dispatch(table, rows, inverse)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedRows:
+  """Expert-sorted rows laid out as ``[E, W]`` per-expert blocks of W rows.
+
+  W = ``width`` is at least the largest expert's row count, so one batched
+  matmul pair ``[E, W, M] x [E, M, H]`` runs every expert; padding rows are
+  zero rows. Built by :func:`padded_rows`.
+
+  Attributes:
+    width: <int32>[] W.
+    slot_row: <int32>[E * W] sorted row in each padded slot (T: padding).
+    row_slot: <int32>[T, 1] padded slot of each sorted row (E * W for the
+      rows past ``sum(counts)``, not dispatched): ``slot_row``'s inverse.
+  """
+
+  width: tf.Tensor
+  slot_row: tf.Tensor
+  row_slot: tf.Tensor
+
+  def pad(self, rows: tf.Tensor) -> tf.Tensor:
+    """<dtype>[T, M] sorted rows -> <dtype>[E, W, M] (zeros in padding)."""
+    padded = gather_rows(rows, self.slot_row, self.row_slot)
+    return tf.reshape(padded, [-1, self.width, rows.shape[-1]])
+
+  def unpad(self, padded: tf.Tensor) -> tf.Tensor:
+    """<dtype>[E, W, M] -> <dtype>[T, M] sorted rows (zeros past the sum)."""
+    flat = tf.reshape(padded, [-1, padded.shape[-1]])
+    return gather_rows(flat, tf.reshape(self.row_slot, [-1]),
+                       tf.reshape(self.slot_row, [-1, 1]))
+
+
+def padded_rows(counts: tf.Tensor, *, num_rows: tf.Tensor,
+                block: int) -> PaddedRows:
+  """The ``[E, W]`` layout of expert-sorted rows, W a multiple of ``block``.
+
+  Args:
+    counts: <int32>[E] rows of each expert (expert 0's first, ...).
+    num_rows: <int32>[] T, all sorted rows (>= ``sum(counts)``).
+    block: W is ``max(counts)`` rounded up to a multiple of it (>= 1); a
+      few distinct widths keep the number of traced shapes small.
+
+  Returns:
+    The :class:`PaddedRows` maps.
+  """
+  if block < 1:
+    raise ValueError(f"padded_rows: block={block} must be >= 1")
+  num_experts = tf.shape(counts)[0]
+  width = (tf.reduce_max(counts) + block - 1) // block * block
+  end = tf.cumsum(counts)
+  start = end - counts
+  column = tf.range(width)[tf.newaxis, :]
+  slot_row = tf.where(column < counts[:, tf.newaxis],
+                      start[:, tf.newaxis] + column, num_rows)  # [E, W]
+  row = tf.range(num_rows)
+  expert = tf.searchsorted(end, row, side="right")  # E past the sum
+  rank = row - tf.gather(start, tf.minimum(expert, num_experts - 1))
+  row_slot = tf.where(expert < num_experts, expert * width + rank,
+                      num_experts * width)
+  return PaddedRows(width=width, slot_row=tf.reshape(slot_row, [-1]),
+                    row_slot=row_slot[:, tf.newaxis])
+
+
 def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
                            expert_fn: ExpertFn) -> tf.Tensor:
   """Gathers into the buffers and back; same result as the einsums.

@@ -105,21 +105,12 @@ class MoeOutput:
 # With at most this many experts, the "EGCM" (index dispatch) path runs one
 # 2-D matmul per expert instead of a batched einsum: XLA:CPU runs the former
 # multi-threaded and the latter much slower (forward+backward for E=8,
-# [640, 128] x [128, 256] per expert: 60 ms vs 83 ms on 2 cores).
-_PER_EXPERT_MATMUL_MAX_EXPERTS = 32
-
-
-# With at least this many experts, the sorted dispatch's rows run as one
-# batched matmul pair over ``[E, W, M]`` (each expert's rows padded to the
-# largest count W, a multiple of ``_BATCHED_ROWS_BLOCK``) instead of one 2-D
-# matmul pair per expert; see FeedForwardExperts.rows.
-_BATCHED_ROWS_MIN_EXPERTS = 64
-_BATCHED_ROWS_BLOCK = 8
-
-
-def _with_zero_row(rows: tf.Tensor) -> tf.Tensor:
-  """<dtype>[P + 1, ...]: ``rows`` <dtype>[P, ...] and a zero row at P."""
-  return tf.concat([rows, tf.zeros_like(rows[:1])], axis=0)
+# [640, 128] x [128, 256] per expert: 60 ms vs 83 ms on 2 cores; the whole
+# index layer at E=128, top-2, in CPU seconds vs a dense FFN: 0.62-0.64x
+# instead of 0.35-0.42x under XLA, 0.57x instead of 0.35x without). The
+# price is compile time: ~4x longer at E=128 (88-131 s instead of 22-27 s
+# under XLA on a loaded machine; eval/results/benchmarks.md, session 5).
+_PER_EXPERT_MATMUL_MAX_EXPERTS = 128
 
 
 def _times_transposed(a: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
@@ -180,24 +171,9 @@ class FeedForwardExperts(tf.Module):
   def __init__(self, *, num_experts: int, model_dim: int, hidden_dim: int,
                init_scale: float, dropout_rate: float = 0.0,
                sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
-               batched_rows: bool | None = None, name: str = "experts"):
-    """Creates the weights.
-
-    Args:
-      num_experts: E; model_dim: M; hidden_dim: H.
-      init_scale: init variance scale (sigma = sqrt(init_scale / fan_in)).
-      dropout_rate: expert dropout on the hidden layer when training.
-      sharding: the mesh layout of the weights and buffers.
-      batched_rows: the form of :meth:`rows`: True for one batched matmul
-        pair on per-expert padded rows, False for one 2-D matmul pair per
-        expert, None for the faster one measured at this E (batched from
-        ``_BATCHED_ROWS_MIN_EXPERTS`` experts on). Same values either way.
-      name: module name.
-    """
+               name: str = "experts"):
     super().__init__(name=name)
     self.dropout_rate = dropout_rate
-    self.batched_rows = (num_experts >= _BATCHED_ROWS_MIN_EXPERTS
-                         if batched_rows is None else batched_rows)
     self.sharding = sharding
     with self.name_scope:
       self.wi = initializers.init_variable(
@@ -279,11 +255,8 @@ class FeedForwardExperts(tf.Module):
            seed: tf.Tensor | None = None) -> tf.Tensor:
     """Applies expert e to its ``counts[e]`` expert-sorted rows.
 
-    One 2-D matmul pair per expert on exactly its rows (no capacity padding)
-    or, with ``batched_rows``, one batched
-    matmul pair on the rows padded per expert to the largest count
-    (:func:`m4moe.dispatch.padded_rows`); the row counts are dynamic, so
-    this runs outside XLA only. Expert
+    One 2-D matmul pair per expert on exactly its rows (no capacity padding);
+    the row counts are dynamic, so this runs outside XLA only. Expert
     dropout is drawn over the ``[E, G, C, H]`` buffers, as by ``__call__``,
     and each row takes its slot's draws: the same masks as the buffer paths.
 
@@ -305,7 +278,10 @@ class FeedForwardExperts(tf.Module):
                        "device; under a mesh use --dispatch=einsum")
     dtype = rows.dtype
     num_experts, hidden_dim = self.wi.shape[0], self.wi.shape[2]
-    keep = None
+    sizes = tf.concat([counts, [tf.shape(rows)[0] - tf.reduce_sum(counts)]],
+                      axis=0)
+    pieces = tf.split(rows, sizes, num=num_experts + 1)
+    keeps = [None] * num_experts
     if training and self.dropout_rate > 0:
       if seed is None:
         raise ValueError("expert dropout needs seed=<int32>[2] when training")
@@ -315,40 +291,13 @@ class FeedForwardExperts(tf.Module):
           tf.concat([buffer_shape, tf.shape(rows)[-1:]], axis=0),
           dtype=dtype, seed=seed)
       keep = tf.gather(tf.reshape(keep, [-1, hidden_dim]), row_slots)
-    if self.batched_rows:
-      return self._batched_rows(rows, counts, keep)
-    sizes = tf.concat([counts, [tf.shape(rows)[0] - tf.reduce_sum(counts)]],
-                      axis=0)
-    pieces = tf.split(rows, sizes, num=num_experts + 1)
-    keeps = ([None] * num_experts if keep is None else
-             tf.split(keep, sizes, num=num_experts + 1))
+      keeps = tf.split(keep, sizes, num=num_experts + 1)
     wi = tf.unstack(tf.cast(self.wi, dtype))
     wo = tf.unstack(tf.cast(self.wo, dtype))
     outputs = [_expert_ffn(pieces[e], wi[e], wo[e], keeps[e])
                for e in range(num_experts)]
     outputs.append(tf.zeros_like(pieces[num_experts]))
     return tf.concat(outputs, axis=0)
-
-  def _batched_rows(self, rows: tf.Tensor, counts: tf.Tensor,
-                    keep: tf.Tensor | None) -> tf.Tensor:
-    """:meth:`rows` as one batched matmul pair on per-expert padded rows.
-
-    Args:
-      rows: <dtype>[T, M] rows sorted by expert; counts: <int32>[E].
-      keep: <dtype>[T, H] each row's expert-dropout scale, or None.
-
-    Returns:
-      <dtype>[T, M] expert outputs, zeros past ``sum(counts)``.
-    """
-    dtype = rows.dtype
-    layout = dispatch_lib.padded_rows(counts, num_rows=tf.shape(rows)[0],
-                                      block=_BATCHED_ROWS_BLOCK)
-    x = layout.pad(rows)  # [E, W, M]
-    h = tf.nn.relu(tf.linalg.matmul(x, tf.cast(self.wi, dtype)))
-    if keep is not None:
-      h *= tf.reshape(tf.gather(_with_zero_row(keep), layout.slot_row),
-                      tf.shape(h))
-    return layout.unpad(tf.linalg.matmul(h, tf.cast(self.wo, dtype)))
 
   def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor, *,
              training: bool = False,

@@ -70,7 +70,7 @@ def test_moe_layer_tiny(capsys):
                                num_tokens=32, group_size=16, top_k=1)
   records = list(moe_layer.run_point(
       point, dispatches=("sorted", "index", "einsum"), jits=(False,), reps=1,
-      matmul_size=32))
+      matmul_size=32, clock="cpu"))
   cases = {r["case"]: r for r in records}
   assert set(cases) == {"moe_sorted_nojit", "moe_index_nojit",
                         "moe_einsum_nojit", "dense_nojit"}
@@ -78,27 +78,9 @@ def test_moe_layer_tiny(capsys):
     _finite_positive(cases[name], "speed_vs_dense", "fraction_of_matmul",
                      "useful_gflops_per_sec", "total_bytes")
     assert cases[name]["num_experts"] == 4 and cases[name]["top_k"] == 1
+    assert cases[name]["clock"] == "cpu"
   timing.emit(records[0])
   assert json.loads(capsys.readouterr().out)["benchmark"] == "moe_layer"
-
-
-def test_moe_layer_times_each_form_of_the_sorted_rows():
-  point = moe_layer.LayerPoint(num_experts=4, model_dim=8, hidden_dim=16,
-                               num_tokens=32, group_size=16, top_k=2)
-  records = list(moe_layer.run_point(
-      point, dispatches=("sorted",), jits=(False,), reps=1, matmul_size=0,
-      sorted_rows=("auto", "per-expert", "batched"), clock="cpu"))
-  cases = {r["case"]: r for r in records}
-  assert set(cases) == {"moe_sorted_nojit", "moe_sorted-per-expert_nojit",
-                        "moe_sorted-batched_nojit", "dense_nojit"}
-  assert {r["clock"] for r in records} == {"cpu"}
-  # The forms share the sorted tables' accounting.
-  assert (cases["moe_sorted-batched_nojit"]["total_bytes"] ==
-          moe_layer.buffer_bytes(point, dispatch="sorted")["total_bytes"])
-  with pytest.raises(ValueError, match="--sorted_rows=ragged: use any of "
-                     "auto,per-expert,batched"):
-    moe_layer.cases(point, dispatches=("sorted",), jits=(False,),
-                    matmul_size=0, sorted_rows=("ragged",))
 
 
 @pytest.fixture(scope="module")
@@ -153,17 +135,6 @@ def test_cli_rejects_unknown_dispatch():
       bench.main(["m4moe-bench", "moe_layer"])
   finally:
     flag_values["dispatches"].unparse()
-
-
-def test_cli_rejects_unknown_sorted_rows_form():
-  flag_values = bench.flags.FLAGS
-  flag_values(["m4moe-bench", "--sorted_rows=batched,ragged"])
-  try:
-    with pytest.raises(bench.app.UsageError, match="--sorted_rows: unknown "
-                       "ragged; use any of auto,per-expert,batched"):
-      bench.main(["m4moe-bench", "moe_layer"])
-  finally:
-    flag_values["sorted_rows"].unparse()
 
 
 def test_pipeline_measure_counts_tokens_and_packed_examples():

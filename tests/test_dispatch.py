@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import dispatch, moe_layer, routing
+from m4moe import dispatch, routing
 from m4moe.config import DISPATCH_IMPLEMENTATIONS, ModelConfig, MoeConfig
 from m4moe.moe_layer import FeedForwardExperts, MoeLayer
 
@@ -338,42 +338,7 @@ def test_expert_sorted_order_by_hand():
   assert counts.numpy().tolist() == [2, 1, 2, 1]
 
 
-@pytest.fixture(params=["per_expert", "batched"])
-def rows_form(request, monkeypatch):
-  """Runs a test with either form of FeedForwardExperts.rows."""
-  if request.param == "batched":
-    monkeypatch.setattr(moe_layer, "_BATCHED_ROWS_MIN_EXPERTS", 1)
-  else:
-    monkeypatch.setattr(moe_layer, "_BATCHED_ROWS_MIN_EXPERTS", 10**6)
-  return request.param
-
-
-def test_padded_rows_by_hand():
-  # Experts 0, 1, 2 own sorted rows 0-1, none, 2-4; row 5 not dispatched.
-  layout = dispatch.padded_rows(tf.constant([2, 0, 3]), num_rows=6, block=2)
-  assert int(layout.width) == 4  # max count 3, rounded up to the block
-  assert layout.slot_row.numpy().tolist() == [0, 1, 6, 6, 6, 6, 6, 6,
-                                              2, 3, 4, 6]
-  assert layout.row_slot.numpy().ravel().tolist() == [0, 1, 8, 9, 10, 12]
-  rows = tf.reshape(tf.range(1, 7, dtype=tf.float32), [6, 1])
-  padded = layout.pad(rows)
-  assert padded.numpy()[..., 0].tolist() == [[1, 2, 0, 0], [0, 0, 0, 0],
-                                             [3, 4, 5, 0]]
-  # unpad(pad(rows)) returns the dispatched rows, 0 for the one after them;
-  # both gathers' gradients are gathers through the inverse map.
-  with tf.GradientTape() as tape:
-    tape.watch(rows)
-    back = layout.unpad(layout.pad(rows) * 2.0)
-    loss = tf.reduce_sum(back * tf.range(6.0)[:, None])
-  assert back.numpy().ravel().tolist() == [2, 4, 6, 8, 10, 0]
-  grad = tape.gradient(loss, rows)
-  assert grad.numpy().ravel().tolist() == [0, 2, 4, 6, 8, 0]
-  with pytest.raises(ValueError, match="block=0 must be >= 1"):
-    dispatch.padded_rows(tf.constant([1]), num_rows=1, block=0)
-
-
-def test_sorted_rows_meet_their_experts_weights_by_hand(rows_form):
-  del rows_form
+def test_sorted_rows_meet_their_experts_weights_by_hand():
   experts = FeedForwardExperts(num_experts=2, model_dim=1, hidden_dim=1,
                                init_scale=1.0)
   experts.wi.assign([[[1.0]], [[2.0]]])
@@ -386,9 +351,7 @@ def test_sorted_rows_meet_their_experts_weights_by_hand(rows_form):
 
 @pytest.mark.parametrize("name", [n for n in ROUTERS if n != "expert_choice"])
 @pytest.mark.parametrize("capacity", [2, 6, 10])  # drops ... none (C = S)
-def test_sorted_dispatch_matches_index_in_values_and_gradients(name, capacity,
-                                                              rows_form):
-  del rows_form
+def test_sorted_dispatch_matches_index_in_values_and_gradients(name, capacity):
   x, mask = _inputs()
   experts = _experts()
   y_index, g_index = _run("index", ROUTERS[name], experts, x, mask, capacity)
@@ -413,9 +376,7 @@ def test_sorted_dispatch_rejects_the_expert_choice_router():
 @pytest.mark.parametrize("router", ["top2", "top1", "noisy_topk"])
 @pytest.mark.parametrize("training", [True, False])
 def test_sorted_layer_equals_index_layer_with_dropout_and_drops(router,
-                                                                training,
-                                                                rows_form):
-  del rows_form
+                                                                training):
   results = _layer_results(router, ("index", "sorted"), training=training)
   for a, b in zip(results["sorted"], results["index"]):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -77,23 +77,12 @@ def _inputs(point: LayerPoint) -> tf.Tensor:
        point.model_dim)), tf.float32)
 
 
-# Forms of the sorted dispatch's expert matmuls (FeedForwardExperts.rows):
-# auto = the layer's own choice by E; None/True/False = its batched_rows.
-SORTED_ROWS = {"auto": None, "per-expert": False, "batched": True}
-
-
-def moe_case(point: LayerPoint, *, dispatch: str, jit: bool,
-             sorted_rows: str = "auto") -> Callable[[], Any]:
-  """A blocking zero-argument call: MoE forward+backward (x and weights).
-
-  ``sorted_rows`` (a key of :data:`SORTED_ROWS`) forces the form of the
-  sorted dispatch's expert matmuls ("auto": the layer's choice).
-  """
+def moe_case(point: LayerPoint, *, dispatch: str,
+             jit: bool) -> Callable[[], Any]:
+  """A blocking zero-argument call: MoE forward+backward (x and weights)."""
   tf.random.set_seed(0)  # seeded init: works with op determinism enabled
   layer = moe_layer.MoeLayer(config=model_config(point, dispatch=dispatch),
                              causal=False)
-  if SORTED_ROWS[sorted_rows] is not None:
-    layer.experts.batched_rows = SORTED_ROWS[sorted_rows]
   x = _inputs(point)
   mask = tf.ones(x.shape[:2], tf.float32)
   seed = tf.constant([1, 2], tf.int32)
@@ -151,7 +140,6 @@ def buffer_bytes(point: LayerPoint, *, dispatch: str) -> dict[str, int]:
   and output tables of the T = G*S*K choices (no capacity padding) and four
   ``<int32>[T]`` maps.
   """
-  dispatch = dispatch.split("-")[0]  # sorted-batched: the sorted tables
   g = point.num_tokens // point.group_size
   s, e, c, k, m = (point.group_size, point.num_experts, point.capacity,
                    point.top_k, point.model_dim)
@@ -170,29 +158,20 @@ def buffer_bytes(point: LayerPoint, *, dispatch: str) -> dict[str, int]:
 
 
 def cases(point: LayerPoint, *, dispatches: tuple[str, ...],
-          jits: tuple[bool, ...], matmul_size: int,
-          sorted_rows: tuple[str, ...] = ("auto",)
-          ) -> dict[str, Callable[[], Any]]:
+          jits: tuple[bool, ...],
+          matmul_size: int) -> dict[str, Callable[[], Any]]:
   """The blocking zero-argument calls :func:`run_point` times, by case name.
 
   ``moe_<dispatch>_<jit|nojit>`` (no ``sorted`` under XLA: its per-expert
-  row counts are dynamic; ``sorted`` once per form in ``sorted_rows``,
-  named ``sorted-<form>`` unless "auto"), ``dense_<jit|nojit>``, and
-  ``matmul`` (the GFLOP/s reference) if ``matmul_size``.
+  row counts are dynamic), ``dense_<jit|nojit>``, and ``matmul`` (the GFLOP/s
+  reference) if ``matmul_size``.
   """
-  unknown = [f for f in sorted_rows if f not in SORTED_ROWS]
-  if unknown or not sorted_rows:
-    raise ValueError(f"--sorted_rows={','.join(sorted_rows)}: use any of "
-                     f"{','.join(SORTED_ROWS)}")
   out = {}
   for dispatch, jit in itertools.product(dispatches, jits):
     if dispatch == "sorted" and jit:
       continue  # dynamic per-expert row counts: not compilable by XLA
-    suffix = "jit" if jit else "nojit"
-    for form in sorted_rows if dispatch == "sorted" else ("auto",):
-      name = dispatch if form == "auto" else f"{dispatch}-{form}"
-      out[f"moe_{name}_{suffix}"] = moe_case(point, dispatch=dispatch,
-                                             jit=jit, sorted_rows=form)
+    out[f"moe_{dispatch}_{'jit' if jit else 'nojit'}"] = moe_case(
+        point, dispatch=dispatch, jit=jit)
   for jit in jits:
     out[f"dense_{'jit' if jit else 'nojit'}"] = dense_case(point, jit=jit)
   if matmul_size:
@@ -204,19 +183,18 @@ def run_point(point: LayerPoint, *,
               dispatches: tuple[str, ...] = ("sorted", "index", "einsum"),
               jits: tuple[bool, ...] = (True, False), reps: int = 3,
               warmup: int = 1, matmul_size: int = 2048,
-              sorted_rows: tuple[str, ...] = ("auto",),
               clock: str = "wall") -> Iterator[dict[str, Any]]:
   """Times one point's cases interleaved; yields one JSON record per case.
 
-  ``sorted`` is timed without XLA only (dynamic shapes), once per form in
-  ``sorted_rows``. Each MoE record has ``speed_vs_dense`` = median(dense,
-  same jit) / median(MoE) (the issue's ratio, target >= 0.8) and
+  ``sorted`` is timed without XLA only (dynamic shapes). Each MoE record
+  has ``speed_vs_dense`` = median(dense, same jit) / median(MoE) (the
+  issue's ratio, target >= 0.8) and
   ``fraction_of_matmul`` = useful GFLOP/s / the square matmul's GFLOP/s;
-  seconds are ``clock`` seconds (:data:`timing.CLOCKS`: with "cpu" the
+  seconds are ``clock`` seconds (:data:`timing.CLOCKS`; with "cpu" the
   GFLOP/s are per CPU-second of the process, not per second).
   """
   calls = cases(point, dispatches=dispatches, jits=jits,
-                matmul_size=matmul_size, sorted_rows=sorted_rows)
+                matmul_size=matmul_size)
   times = timing.interleaved(calls, reps=reps, warmup=warmup, clock=clock)
   matmul_gflops = (2.0 * matmul_size ** 3 / times.median("matmul") / 1e9
                    if matmul_size else None)

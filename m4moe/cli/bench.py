@@ -4,8 +4,7 @@ Usage:
   m4moe-bench moe_layer [--experts=8,32,128] [--top_ks=1,2]
       [--dispatches=sorted,index,einsum] [--jit=on,off] [--model_dim=512]
       [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
-      [--capacity_factor=1.25] [--matmul_size=2048]
-      [--sorted_rows=auto,per-expert,batched] [--clock=wall|cpu]
+      [--capacity_factor=1.25] [--matmul_size=2048] [--clock=wall|cpu]
       [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench train_step [--batch_size=64] [--sequence_length=32]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
@@ -59,11 +58,6 @@ _DISPATCHES = flags.DEFINE_list(
     "moe_layer: dispatch implementations (sorted is timed with --jit=off "
     "only: its per-expert row counts are dynamic, which XLA cannot compile).")
 _JIT = flags.DEFINE_list("jit", ["on", "off"], "moe_layer: XLA on/off.")
-_SORTED_ROWS = flags.DEFINE_list(
-    "sorted_rows", ["auto"], "moe_layer: forms of the sorted dispatch's "
-    "expert matmuls to time (cases moe_sorted-<form>_nojit): auto (the "
-    "layer's choice by E), per-expert (one 2-D matmul pair per expert), "
-    "batched (one batched pair on rows padded per expert).")
 _CLOCK = flags.DEFINE_enum(
     "clock", "wall", ["wall", "cpu"], "moe_layer: time wall-clock seconds, "
     "or the CPU seconds of this process (all threads), which other "
@@ -154,8 +148,7 @@ def _profile_point(point: moe_layer.LayerPoint, *,
   from m4moe.benchmarks import profile  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
   calls = moe_layer.cases(point, dispatches=tuple(_DISPATCHES.value),
-                          jits=_jits(), matmul_size=0,
-                          sorted_rows=tuple(_SORTED_ROWS.value))
+                          jits=_jits(), matmul_size=0)
   for case, fn in calls.items():
     trace = profile.profile_call(
         fn, logdir=profile_dir / f"{_point_name(point)}_{case}",
@@ -178,11 +171,6 @@ def _moe_layer() -> None:
     raise app.UsageError(
         f"--dispatches: unknown {', '.join(unknown)}; use any of "
         f"{','.join(config_lib.DISPATCH_IMPLEMENTATIONS)}")
-  bad = [f for f in _SORTED_ROWS.value if f not in moe_layer.SORTED_ROWS]
-  if bad:
-    raise app.UsageError(
-        f"--sorted_rows: unknown {', '.join(bad)}; use any of "
-        f"{','.join(moe_layer.SORTED_ROWS)}")
   for e in _EXPERTS.value:
     for k in _TOP_KS.value:
       point = moe_layer.LayerPoint(
@@ -193,8 +181,7 @@ def _moe_layer() -> None:
       for record in moe_layer.run_point(
           point, dispatches=tuple(_DISPATCHES.value), jits=_jits(),
           reps=_REPS.value, warmup=_WARMUP.value,
-          matmul_size=_MATMUL_SIZE.value,
-          sorted_rows=tuple(_SORTED_ROWS.value), clock=_CLOCK.value):
+          matmul_size=_MATMUL_SIZE.value, clock=_CLOCK.value):
         timing.emit(record)
       if _PROFILE_DIR.value:
         _profile_point(point, profile_dir=pathlib.Path(_PROFILE_DIR.value))

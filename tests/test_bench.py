@@ -137,6 +137,19 @@ def test_cli_rejects_unknown_dispatch():
     flag_values["dispatches"].unparse()
 
 
+def test_cli_rejects_cpu_clock_outside_moe_layer_and_zero_reps():
+  flag_values = bench.flags.FLAGS
+  flag_values(["m4moe-bench", "--clock=cpu"])
+  try:
+    with pytest.raises(bench.app.UsageError, match="--clock=cpu times "
+                       "moe_layer only; train_step times wall-clock"):
+      bench.main(["m4moe-bench", "train_step"])
+  finally:
+    flag_values["clock"].unparse()
+  with pytest.raises(bench.flags.IllegalFlagValueError):
+    flag_values["reps"].parse("0")
+
+
 def test_pipeline_measure_counts_tokens_and_packed_examples():
   # Row 1 packs 2 pairs, row 2 three; 0 is padding.
   batch = {"inputs_segment_ids": tf.constant([[1, 2, 2, 0], [1, 1, 2, 3]]),

@@ -49,8 +49,10 @@ from m4moe import cli
 if TYPE_CHECKING:
   from m4moe.benchmarks import moe_layer
 
-_REPS = flags.DEFINE_integer("reps", 3, "Timed repetitions per case.")
-_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls per case first.")
+_REPS = flags.DEFINE_integer("reps", 3, "Timed repetitions per case.",
+                             lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls per case first.",
+                               lower_bound=0)
 _EXPERTS = flags.DEFINE_list("experts", ["32"], "moe_layer: E values.")
 _TOP_KS = flags.DEFINE_list("top_ks", ["2"], "moe_layer: k values (1, 2).")
 _DISPATCHES = flags.DEFINE_list(
@@ -260,6 +262,9 @@ def main(argv: Sequence[str]) -> None:
   if _PROFILE_DIR.value and argv[1] != "moe_layer":
     raise app.UsageError(f"--profile_dir profiles moe_layer only, not "
                          f"{argv[1]}: drop the flag")
+  if _CLOCK.value != "wall" and argv[1] != "moe_layer":
+    raise app.UsageError(f"--clock={_CLOCK.value} times moe_layer only; "
+                         f"{argv[1]} times wall-clock seconds: drop the flag")
   {"moe_layer": _moe_layer, "train_step": _train_step, "decode": _decode,
    "input_pipeline": _input_pipeline, "sharding": _sharding}[argv[1]]()
 

@@ -109,8 +109,12 @@ class MoeOutput:
 # With at most this many experts, the "EGCM" (index dispatch) path runs one
 # 2-D matmul per expert instead of a batched einsum: XLA:CPU runs the former
 # multi-threaded and the latter much slower (forward+backward for E=8,
-# [640, 128] x [128, 256] per expert: 60 ms vs 83 ms on 2 cores).
-_PER_EXPERT_MATMUL_MAX_EXPERTS = 32
+# [640, 128] x [128, 256] per expert: 60 ms vs 83 ms on 2 cores; the whole
+# index layer at E=128, top-2, in CPU seconds vs a dense FFN: 0.62-0.64x
+# instead of 0.35-0.42x under XLA, 0.57x instead of 0.35x without). The
+# price is compile time: ~4x longer at E=128 (88-131 s instead of 22-27 s
+# under XLA on a loaded machine; eval/results/benchmarks.md, session 5).
+_PER_EXPERT_MATMUL_MAX_EXPERTS = 128
 
 
 def _times_transposed(a: tf.Tensor, w: tf.Tensor) -> tf.Tensor:

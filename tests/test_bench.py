@@ -33,6 +33,16 @@ def test_interleaved_runs_round_robin_after_warmup():
     timing.interleaved({"a": lambda: None}, reps=0)
 
 
+def test_interleaved_reads_the_chosen_clock(monkeypatch):
+  ticks = iter(range(0, 100, 5))  # a fake CPU clock: 5 s per reading
+  monkeypatch.setitem(timing.CLOCKS, "cpu", lambda: next(ticks))
+  times = timing.interleaved({"a": lambda: None, "b": lambda: None}, reps=2,
+                             clock="cpu")
+  assert times.seconds == {"a": [5, 5], "b": [5, 5]}
+  with pytest.raises(ValueError, match="--clock=gpu: use wall or cpu"):
+    timing.interleaved({"a": lambda: None}, reps=1, clock="gpu")
+
+
 def test_emit_prints_one_json_line(capsys):
   timing.emit({"x": 1.23456789, "y": [0.5], "z": "s"})
   out = capsys.readouterr().out
@@ -60,7 +70,7 @@ def test_moe_layer_tiny(capsys):
                                num_tokens=32, group_size=16, top_k=1)
   records = list(moe_layer.run_point(
       point, dispatches=("sorted", "index", "einsum"), jits=(False,), reps=1,
-      matmul_size=32))
+      matmul_size=32, clock="cpu"))
   cases = {r["case"]: r for r in records}
   assert set(cases) == {"moe_sorted_nojit", "moe_index_nojit",
                         "moe_einsum_nojit", "dense_nojit"}
@@ -68,6 +78,7 @@ def test_moe_layer_tiny(capsys):
     _finite_positive(cases[name], "speed_vs_dense", "fraction_of_matmul",
                      "useful_gflops_per_sec", "total_bytes")
     assert cases[name]["num_experts"] == 4 and cases[name]["top_k"] == 1
+    assert cases[name]["clock"] == "cpu"
   timing.emit(records[0])
   assert json.loads(capsys.readouterr().out)["benchmark"] == "moe_layer"
 
@@ -124,6 +135,19 @@ def test_cli_rejects_unknown_dispatch():
       bench.main(["m4moe-bench", "moe_layer"])
   finally:
     flag_values["dispatches"].unparse()
+
+
+def test_cli_rejects_cpu_clock_outside_moe_layer_and_zero_reps():
+  flag_values = bench.flags.FLAGS
+  flag_values(["m4moe-bench", "--clock=cpu"])
+  try:
+    with pytest.raises(bench.app.UsageError, match="--clock=cpu times "
+                       "moe_layer only; train_step times wall-clock"):
+      bench.main(["m4moe-bench", "train_step"])
+  finally:
+    flag_values["clock"].unparse()
+  with pytest.raises(bench.flags.IllegalFlagValueError):
+    flag_values["reps"].parse("0")
 
 
 def test_pipeline_measure_counts_tokens_and_packed_examples():

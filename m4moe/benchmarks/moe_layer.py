@@ -182,22 +182,25 @@ def cases(point: LayerPoint, *, dispatches: tuple[str, ...],
 def run_point(point: LayerPoint, *,
               dispatches: tuple[str, ...] = ("sorted", "index", "einsum"),
               jits: tuple[bool, ...] = (True, False), reps: int = 3,
-              warmup: int = 1,
-              matmul_size: int = 2048) -> Iterator[dict[str, Any]]:
+              warmup: int = 1, matmul_size: int = 2048,
+              clock: str = "wall") -> Iterator[dict[str, Any]]:
   """Times one point's cases interleaved; yields one JSON record per case.
 
   ``sorted`` is timed without XLA only (dynamic shapes). Each MoE record
   has ``speed_vs_dense`` = median(dense, same jit) / median(MoE) (the
   issue's ratio, target >= 0.8) and
-  ``fraction_of_matmul`` = useful GFLOP/s / the square matmul's GFLOP/s.
+  ``fraction_of_matmul`` = useful GFLOP/s / the square matmul's GFLOP/s;
+  seconds are ``clock`` seconds (:data:`timing.CLOCKS`; with "cpu" the
+  GFLOP/s are per CPU-second of the process, not per second).
   """
   calls = cases(point, dispatches=dispatches, jits=jits,
                 matmul_size=matmul_size)
-  times = timing.interleaved(calls, reps=reps, warmup=warmup)
+  times = timing.interleaved(calls, reps=reps, warmup=warmup, clock=clock)
   matmul_gflops = (2.0 * matmul_size ** 3 / times.median("matmul") / 1e9
                    if matmul_size else None)
   base = {"benchmark": "moe_layer", **dataclasses.asdict(point),
-          "capacity": point.capacity, "reps": reps, **timing.machine()}
+          "capacity": point.capacity, "reps": reps, "clock": clock,
+          **timing.machine()}
   for name in calls:
     if name == "matmul":
       continue

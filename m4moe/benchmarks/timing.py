@@ -33,8 +33,14 @@ class Timings:
     return self.median(slow) / self.median(fast)
 
 
+# What ``interleaved`` measures: wall-clock seconds, or the CPU seconds of
+# this process (all its threads; other processes' load does not add to it,
+# only their contention for caches and memory bandwidth does).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def interleaved(cases: Mapping[str, Callable[[], Any]], *, reps: int,
-                warmup: int = 1) -> Timings:
+                warmup: int = 1, clock: str = "wall") -> Timings:
   """Times ``cases`` round-robin: warm-up calls, then ``reps`` rounds.
 
   Args:
@@ -42,21 +48,25 @@ def interleaved(cases: Mapping[str, Callable[[], Any]], *, reps: int,
       done (e.g. end with ``.numpy()``).
     reps: R, timed calls per case (>= 1).
     warmup: untimed calls per case first (tracing, compilation, caches).
+    clock: a key of :data:`CLOCKS`, "wall" or "cpu".
 
   Returns:
     The :class:`Timings`.
   """
   if reps < 1:
     raise ValueError(f"--reps={reps} must be >= 1")
+  if clock not in CLOCKS:
+    raise ValueError(f"--clock={clock}: use {' or '.join(CLOCKS)}")
+  now = CLOCKS[clock]
   for _ in range(warmup):
     for fn in cases.values():
       fn()
   seconds = {name: [] for name in cases}
   for _ in range(reps):
     for name, fn in cases.items():
-      start = time.perf_counter()
+      start = now()
       fn()
-      seconds[name].append(time.perf_counter() - start)
+      seconds[name].append(now() - start)
   return Timings(seconds=seconds)
 
 

@@ -4,7 +4,7 @@ Usage:
   m4moe-bench moe_layer [--experts=8,32,128] [--top_ks=1,2]
       [--dispatches=sorted,index,einsum] [--jit=on,off] [--model_dim=512]
       [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
-      [--capacity_factor=1.25] [--matmul_size=2048]
+      [--capacity_factor=1.25] [--matmul_size=2048] [--clock=wall|cpu]
       [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench train_step [--batch_size=64] [--sequence_length=32]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
@@ -49,8 +49,10 @@ from m4moe import cli
 if TYPE_CHECKING:
   from m4moe.benchmarks import moe_layer
 
-_REPS = flags.DEFINE_integer("reps", 3, "Timed repetitions per case.")
-_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls per case first.")
+_REPS = flags.DEFINE_integer("reps", 3, "Timed repetitions per case.",
+                             lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls per case first.",
+                               lower_bound=0)
 _EXPERTS = flags.DEFINE_list("experts", ["32"], "moe_layer: E values.")
 _TOP_KS = flags.DEFINE_list("top_ks", ["2"], "moe_layer: k values (1, 2).")
 _DISPATCHES = flags.DEFINE_list(
@@ -58,6 +60,10 @@ _DISPATCHES = flags.DEFINE_list(
     "moe_layer: dispatch implementations (sorted is timed with --jit=off "
     "only: its per-expert row counts are dynamic, which XLA cannot compile).")
 _JIT = flags.DEFINE_list("jit", ["on", "off"], "moe_layer: XLA on/off.")
+_CLOCK = flags.DEFINE_enum(
+    "clock", "wall", ["wall", "cpu"], "moe_layer: time wall-clock seconds, "
+    "or the CPU seconds of this process (all threads), which other "
+    "processes' load inflates less; each JSON line records it.")
 _MODEL_DIM = flags.DEFINE_integer("model_dim", 512, "moe_layer: M.")
 _HIDDEN_DIM = flags.DEFINE_integer("hidden_dim", 2048, "moe_layer: H.")
 _NUM_TOKENS = flags.DEFINE_integer("num_tokens", 4096, "moe_layer: N.")
@@ -177,7 +183,7 @@ def _moe_layer() -> None:
       for record in moe_layer.run_point(
           point, dispatches=tuple(_DISPATCHES.value), jits=_jits(),
           reps=_REPS.value, warmup=_WARMUP.value,
-          matmul_size=_MATMUL_SIZE.value):
+          matmul_size=_MATMUL_SIZE.value, clock=_CLOCK.value):
         timing.emit(record)
       if _PROFILE_DIR.value:
         _profile_point(point, profile_dir=pathlib.Path(_PROFILE_DIR.value))
@@ -256,6 +262,9 @@ def main(argv: Sequence[str]) -> None:
   if _PROFILE_DIR.value and argv[1] != "moe_layer":
     raise app.UsageError(f"--profile_dir profiles moe_layer only, not "
                          f"{argv[1]}: drop the flag")
+  if _CLOCK.value != "wall" and argv[1] != "moe_layer":
+    raise app.UsageError(f"--clock={_CLOCK.value} times moe_layer only; "
+                         f"{argv[1]} times wall-clock seconds: drop the flag")
   {"moe_layer": _moe_layer, "train_step": _train_step, "decode": _decode,
    "input_pipeline": _input_pipeline, "sharding": _sharding}[argv[1]]()
 

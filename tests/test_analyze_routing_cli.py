@@ -79,6 +79,7 @@ def _real_tokens(corpus_dir, vocab_dir, lang, max_length):
               for s, t in zip(sources, targets)))
 
 
+@pytest.mark.slow
 def test_cli_writes_json_figures_and_html(run_dir, corpus_dir, tmp_path):
   out = tmp_path / "routing"
   proc = _cli(f"--model_dir={run_dir}", f"--corpus_dir={corpus_dir}",
@@ -113,6 +114,7 @@ def test_cli_writes_json_figures_and_html(run_dir, corpus_dir, tmp_path):
   assert "normalised MI (first choice)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_bad_input_names_the_problem(run_dir, corpus_dir, tmp_path):
   proc = _cli(f"--model_dir={run_dir}", f"--corpus_dir={corpus_dir}",
               f"--output_dir={tmp_path}/o", "--languages=de,xx")

@@ -97,6 +97,7 @@ def one_layer_configs(tmp_path_factory):
   return tuple(paths)
 
 
+@pytest.mark.slow
 def test_train_step_tiny(one_layer_configs):
   point = train_step.StepPoint(batch_size=2, length=4, vocab_size=50)
   moe, dense = train_step.run(point, configs=one_layer_configs, reps=1,

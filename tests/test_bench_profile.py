@@ -185,6 +185,7 @@ def _bench(*args, **kwargs):
                         capture_output=True, text=True, check=False, **kwargs)
 
 
+@pytest.mark.slow
 def test_cli_profile_dir_prints_one_line_per_case(tmp_path):
   proc = _bench(
       "moe_layer", "--experts=4", "--top_ks=1", "--dispatches=index",

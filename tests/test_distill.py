@@ -372,6 +372,7 @@ def _tool(tool, *args):
        *args], capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_distill_cli_runs_and_names_bad_flags(tmp_path):
   teacher = tmp_path / "teacher"
   proc = _tool("train", "--config=tiny/moe", "--num_experts=4",

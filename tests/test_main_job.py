@@ -66,6 +66,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                         check=False)
 
 
+@pytest.mark.slow
 def test_smoke_recipe_runs_every_stage_then_resumes(tmp_path):
   run_dir = tmp_path / "smoke"
   first = _run("--recipe=smoke", f"--run_dir={run_dir}")

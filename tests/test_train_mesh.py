@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 SMALL = ["--config=tiny/moe", "--d_model=32", "--num_heads=2", "--d_kv=16",
          "--d_ff=64", "--num_encoder_layers=2", "--num_decoder_layers=2",
@@ -57,6 +58,7 @@ def _losses(model_dir):
           for r in _records(model_dir, "train")}
 
 
+@pytest.mark.slow
 def test_mesh_run_equals_one_device_and_resumes_without_mesh(tmp_path):
   mesh_dir, plain_dir = tmp_path / "mesh", tmp_path / "plain"
   proc = _run(*SMALL, *EQUAL_MESH, f"--model_dir={mesh_dir}",
@@ -89,6 +91,7 @@ def test_mesh_run_equals_one_device_and_resumes_without_mesh(tmp_path):
   np.testing.assert_allclose(resumed[4], plain[4], rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_model_axis_run_equals_one_device(tmp_path):
   model_dir, plain_dir = tmp_path / "model", tmp_path / "plain"
   proc = _run(*SMALL, *MODEL_MESH, f"--model_dir={model_dir}",

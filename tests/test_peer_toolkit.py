@@ -348,7 +348,7 @@ def test_driver_throughput_log_reads_onmt_step_lines():
 
 
 @pytest.mark.parametrize("flag, match", [
-    ("--systems=m4moe,fairseq", "name each of m4moe, m4moe-moe, opennmt-tf"),
+    ("--systems=m4moe,fairseq", "name each of m4moe, m4moe-moe, m4moe-factored, opennmt-tf"),
     ("--budget_seconds=0", "--budget_seconds=0.0: use a positive"),
     ("--language=xx", "train/xx.tsv does not exist"),
     ("--test_sentences=9", "has 8 test sentences, fewer than"),

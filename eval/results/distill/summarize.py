@@ -16,10 +16,11 @@ the same formula gives the share of the CE reduction), mean BLEU and mean
 chrF++ (unweighted means over the languages). A fraction is null when the
 teacher is not better than the dense model trained from scratch (no gain to
 keep). The dev CE of the two students is also compared at every evaluation
-step they share. With the hypotheses m4moe-eval kept
-(``OUT_DIR/<model>.hyp/``) and the corpus, every BLEU/chrF++ (per language
-and the mean) gets sacrebleu's 95% bootstrap interval, and each model minus
-dense_scratch a paired bootstrap interval and p-value
+step they share (and, if ``OUT_DIR/init_only`` exists, the dev CE of
+run.sh's teacher-weight-0 ablation at its steps). With the hypotheses
+m4moe-eval kept (``OUT_DIR/<model>.hyp/``) and the corpus, every BLEU/chrF++
+(per language and the mean) gets sacrebleu's 95% bootstrap interval, and
+each model minus dense_scratch a paired bootstrap interval and p-value
 (m4moe.eval.significance, the resampling m4moe-report uses). Prints a
 Markdown table.
 """
@@ -187,6 +188,14 @@ def summarize(out_dir: pathlib.Path, teacher_dir: pathlib.Path, *,
                 scratch=scratch_curve[step]["dev_ce_mean"],
                 teacher=teacher["dev_ce"])}
            for step in sorted(set(scratch_curve) & set(student_curve))]
+  # The ablation of run.sh (teacher weight 0: the teacher's weights without
+  # its targets), if it was run: its dev CE at the steps it shares.
+  init_only = out_dir / "init_only" / "metrics.jsonl"
+  if init_only.is_file():
+    init_curve = dev_curve(init_only)
+    for point in curve:
+      if point["step"] in init_curve:
+        point["init_only"] = init_curve[point["step"]]["dev_ce_mean"]
   return {"models": models, "fraction_kept": kept, "dev_ce_curve": curve,
           "student_steps": student["steps"], "teacher_steps": teacher["steps"],
           "test_intervals": score_intervals(out_dir, MODELS,

@@ -43,6 +43,18 @@ m4moe-train --config=tiny/dense "${common[@]}" \
 m4moe-distill --teacher_dir="$teacher" --student_config=tiny/dense \
   "${common[@]}" --distill_teacher_weight=0.25 --model_dir="$out/distilled"
 
+# Ablation: the student's initialisation without the teacher's targets
+# (--distill_teacher_weight=0: ground truth only, from the teacher's
+# non-expert weights) for the first INIT_ONLY_STEPS (default STEPS/2; 0
+# skips it) steps, same data and seed: separates what the teacher's weights
+# give from what its probabilities give (dev CE at the shared steps).
+init_steps=${INIT_ONLY_STEPS:-$(( steps / 2 ))}
+if (( init_steps > 0 )); then
+  m4moe-distill --teacher_dir="$teacher" --student_config=tiny/dense \
+    "${common[@]}" --train_steps="$init_steps" --distill_teacher_weight=0 \
+    --model_dir="$out/init_only"
+fi
+
 # The demo already scored its MoE this way (m4moe-run --recipe=demo: the
 # first 200 test sentences, beam 4): reuse that eval JSON and hypotheses.
 if [[ ! -f "$out/teacher.json" && -f "$demo/eval/moe.json" ]]; then

@@ -20,7 +20,8 @@ step they share (and, if ``OUT_DIR/init_only`` exists, the dev CE of
 run.sh's teacher-weight-0 ablation at its steps). With the hypotheses
 m4moe-eval kept (``OUT_DIR/<model>.hyp/``) and the corpus, every BLEU/chrF++
 (per language and the mean) gets sacrebleu's 95% bootstrap interval, and
-each model minus dense_scratch a paired bootstrap interval and p-value
+each model minus dense_scratch and minus the teacher a paired bootstrap
+interval and p-value
 (m4moe.eval.significance, the resampling m4moe-report uses). Prints a
 Markdown table.
 """
@@ -188,6 +189,13 @@ def summarize(out_dir: pathlib.Path, teacher_dir: pathlib.Path, *,
                 scratch=scratch_curve[step]["dev_ce_mean"],
                 teacher=teacher["dev_ce"])}
            for step in sorted(set(scratch_curve) & set(student_curve))]
+  intervals = {}
+  for baseline in ("dense_scratch", "teacher"):
+    got = score_intervals(out_dir, MODELS, baseline=baseline,
+                          corpus_dir=corpus_dir)
+    for name, metrics in got.items():
+      for metric, entry in metrics.items():
+        intervals.setdefault(name, {}).setdefault(metric, {}).update(entry)
   # The ablation of run.sh (teacher weight 0: the teacher's weights without
   # its targets), if it was run: its dev CE at the steps it shares.
   init_only = out_dir / "init_only" / "metrics.jsonl"
@@ -198,9 +206,7 @@ def summarize(out_dir: pathlib.Path, teacher_dir: pathlib.Path, *,
         point["init_only"] = init_curve[point["step"]]["dev_ce_mean"]
   return {"models": models, "fraction_kept": kept, "dev_ce_curve": curve,
           "student_steps": student["steps"], "teacher_steps": teacher["steps"],
-          "test_intervals": score_intervals(out_dir, MODELS,
-                                           baseline="dense_scratch",
-                                           corpus_dir=corpus_dir)}
+          "test_intervals": intervals}
 
 
 def with_interval(value: float | None, interval: dict | None) -> str:
@@ -210,29 +216,35 @@ def with_interval(value: float | None, interval: dict | None) -> str:
   return f"{value:.1f}" + (f" ±{interval['ci']:.1f}" if interval else "")
 
 
+def format_delta(difference: dict | None) -> str:
+  """``+Δ ±ci`` with ``*`` when significant (p < 0.05), ``–`` if absent."""
+  if difference is None:
+    return "–"
+  return (f"{difference['score']:+.1f} ±{difference['ci']:.1f}"
+          + ("*" if difference["significant"] else ""))
+
+
 def markdown(summary: dict) -> str:
   """The models' table (mean test scores with 95% intervals) and the gain."""
   fmt = lambda v, d=2: "–" if v is None else f"{v:.{d}f}"
   intervals = summary.get("test_intervals", {})
   lines = ["| model | steps | params | dev CE | BLEU | chrF++ |"
-           " BLEU − dense_scratch |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           " BLEU − dense_scratch | BLEU − teacher |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for name in MODELS:
     m = summary["models"][name]
     got = intervals.get(name, {})
     mean = lambda metric: got.get(metric, {}).get("mean")
-    delta = got.get("bleu", {}).get("minus_dense_scratch", {}).get("mean")
-    delta_text = "–" if delta is None else (
-        f"{delta['score']:+.1f} ±{delta['ci']:.1f}"
-        + ("*" if delta["significant"] else ""))
+    delta_text = lambda baseline: format_delta(
+        got.get("bleu", {}).get(f"minus_{baseline}", {}).get("mean"))
     lines.append(f"| {name} | {m['steps']} | {m['num_params']:,} | "
                  f"{fmt(m['dev_ce'], 3)} | "
                  f"{with_interval(m['bleu'], mean('bleu'))} | "
                  f"{with_interval(m['chrf'], mean('chrf'))} | "
-                 f"{delta_text} |")
+                 f"{delta_text('dense_scratch')} | {delta_text('teacher')} |")
   kept = summary["fraction_kept"]
   lines.append(f"| fraction of the gain kept | | | {fmt(kept['dev_ce'])} | "
-               f"{fmt(kept['bleu'])} | {fmt(kept['chrf'])} | |")
+               f"{fmt(kept['bleu'])} | {fmt(kept['chrf'])} | | |")
   return "\n".join(lines)
 
 

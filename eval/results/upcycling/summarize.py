@@ -104,11 +104,8 @@ def markdown(summary: dict) -> str:
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
 
   def delta(name: str, baseline: str) -> str:
-    d = intervals[name]["bleu"].get(f"minus_{baseline}", {}).get("mean")
-    if d is None:
-      return "–"
-    return (f"{d['score']:+.1f} ±{d['ci']:.1f}"
-            + ("*" if d["significant"] else ""))
+    return distill_summary.format_delta(
+        intervals[name]["bleu"].get(f"minus_{baseline}", {}).get("mean"))
 
   for name, run in summary["runs"].items():
     got = intervals[name]

@@ -45,10 +45,11 @@ m4moe-distill --teacher_dir="$teacher" --student_config=tiny/dense \
 
 # Ablation: the student's initialisation without the teacher's targets
 # (--distill_teacher_weight=0: ground truth only, from the teacher's
-# non-expert weights) for the first INIT_ONLY_STEPS (default STEPS/2; 0
-# skips it) steps, same data and seed: separates what the teacher's weights
-# give from what its probabilities give (dev CE at the shared steps).
-init_steps=${INIT_ONLY_STEPS:-$(( steps / 2 ))}
+# non-expert weights) for INIT_ONLY_STEPS (default STEPS; 0 skips it)
+# steps, same data and seed: separates what the teacher's weights give from
+# what its probabilities give. Scored like the students when it reaches
+# STEPS.
+init_steps=${INIT_ONLY_STEPS:-$steps}
 if (( init_steps > 0 )); then
   m4moe-distill --teacher_dir="$teacher" --student_config=tiny/dense \
     "${common[@]}" --train_steps="$init_steps" --distill_teacher_weight=0 \
@@ -61,7 +62,9 @@ if [[ ! -f "$out/teacher.json" && -f "$demo/eval/moe.json" ]]; then
   cp -r "$demo/eval/moe" "$out/teacher.hyp"
   cp "$demo/eval/moe.json" "$out/teacher.json"
 fi
-for name in teacher dense_scratch distilled; do
+names=(teacher dense_scratch distilled)
+(( init_steps == steps )) && names+=(init_only)
+for name in "${names[@]}"; do
   dir=$out/$name
   [[ $name == teacher ]] && dir=$teacher
   [[ -f "$out/$name.json" ]] || {

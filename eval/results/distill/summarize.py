@@ -17,7 +17,10 @@ chrF++ (unweighted means over the languages). A fraction is null when the
 teacher is not better than the dense model trained from scratch (no gain to
 keep). The dev CE of the two students is also compared at every evaluation
 step they share (and, if ``OUT_DIR/init_only`` exists, the dev CE of
-run.sh's teacher-weight-0 ablation at its steps). With the hypotheses
+run.sh's teacher-weight-0 ablation at its steps; once
+``OUT_DIR/init_only.json`` exists the ablation is a fourth model of the
+table, with its own fraction of the gain, and the baseline of a third
+set of paired differences). With the hypotheses
 m4moe-eval kept (``OUT_DIR/<model>.hyp/``) and the corpus, every BLEU/chrF++
 (per language and the mean) gets sacrebleu's 95% bootstrap interval, and
 each model minus dense_scratch and minus the teacher a paired bootstrap
@@ -39,6 +42,7 @@ from m4moe.eval import results as results_lib
 from m4moe.eval import significance
 
 MODELS = ("teacher", "dense_scratch", "distilled")
+ABLATION = "init_only"  # run.sh's teacher-weight-0 student
 
 
 def _records(path: pathlib.Path) -> list[dict]:
@@ -159,9 +163,13 @@ def score_intervals(out_dir: pathlib.Path, names: Sequence[str], *,
 def summarize(out_dir: pathlib.Path, teacher_dir: pathlib.Path, *,
               corpus_dir: pathlib.Path | None = None) -> dict:
   run_dirs = {"teacher": teacher_dir, "dense_scratch": out_dir / "dense_scratch",
-              "distilled": out_dir / "distilled"}
+              "distilled": out_dir / "distilled",
+              "init_only": out_dir / "init_only"}
+  # The ablation joins the table once it was trained and scored.
+  names = MODELS + ((ABLATION,) if (out_dir / f"{ABLATION}.json").is_file()
+                    else ())
   models = {}
-  for name in MODELS:
+  for name in names:
     curve = dev_curve(run_dirs[name] / "metrics.jsonl")
     if not curve:
       sys.exit(f"summarize.py: {run_dirs[name]}/metrics.jsonl has no dev "
@@ -172,6 +180,11 @@ def summarize(out_dir: pathlib.Path, teacher_dir: pathlib.Path, *,
                     "dev_ce_per_language": last["dev_ce"],
                     **eval_scores(out_dir / f"{name}.json")}
   teacher, scratch, student = (models[n] for n in MODELS)
+  if ABLATION in models:
+    models[ABLATION]["fraction_kept"] = {
+        key: fraction_kept(student=models[ABLATION][key],
+                           scratch=scratch[key], teacher=teacher[key])
+        for key in ("dev_ce", "bleu", "chrf")}
   if scratch["steps"] != student["steps"]:
     sys.exit(f"summarize.py: the students stopped at different steps "
              f"({scratch['steps']} from scratch, {student['steps']} "
@@ -190,15 +203,15 @@ def summarize(out_dir: pathlib.Path, teacher_dir: pathlib.Path, *,
                 teacher=teacher["dev_ce"])}
            for step in sorted(set(scratch_curve) & set(student_curve))]
   intervals = {}
-  for baseline in ("dense_scratch", "teacher"):
-    got = score_intervals(out_dir, MODELS, baseline=baseline,
+  for baseline in ("dense_scratch", "teacher") + tuple(names[len(MODELS):]):
+    got = score_intervals(out_dir, names, baseline=baseline,
                           corpus_dir=corpus_dir)
     for name, metrics in got.items():
       for metric, entry in metrics.items():
         intervals.setdefault(name, {}).setdefault(metric, {}).update(entry)
   # The ablation of run.sh (teacher weight 0: the teacher's weights without
   # its targets), if it was run: its dev CE at the steps it shares.
-  init_only = out_dir / "init_only" / "metrics.jsonl"
+  init_only = out_dir / ABLATION / "metrics.jsonl"
   if init_only.is_file():
     init_curve = dev_curve(init_only)
     for point in curve:
@@ -231,7 +244,7 @@ def markdown(summary: dict) -> str:
   lines = ["| model | steps | params | dev CE | BLEU | chrF++ |"
            " BLEU − dense_scratch | BLEU − teacher |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-  for name in MODELS:
+  for name in summary["models"]:
     m = summary["models"][name]
     got = intervals.get(name, {})
     mean = lambda metric: got.get(metric, {}).get("mean")

@@ -5,7 +5,7 @@
 # and identical outputs on the first 200 test pairs (measure.py).
 #   eval/results/task_routing/regenerate.sh [DEMO_RUN] [WORK_DIR] [STEPS]
 set -euo pipefail
-demo=${1:-/work/runs/demo}; work=${2:-/work/runs/task_routing}
+demo=${1:-/work/runs/demo3}; work=${2:-/work/runs/lang17/task_routing}
 steps=${3:-600}
 here=$(cd "$(dirname "$0")" && pwd)
 m4moe-train --config=tiny/moe --route_by=language --num_encoder_layers=2 \

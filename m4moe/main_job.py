@@ -450,7 +450,7 @@ def plan(recipe: Recipe, *, run_dir: pathlib.Path,
                   f"--beam_size={recipe.beam_size}",
                   # The weights of the best dev evaluation: an early-stopped
                   # run is scored where dev was best, not `patience`
-                  # evaluations later (eval/results/demo/stopping.md).
+                  # evaluations later (eval/results/demo/stopping/README.md).
                   "--checkpoint=best",
                   f"--hypotheses_dir={run_dir / out / run}")))
   # Seeds of one model share its name: the report reads the first seed's

@@ -284,15 +284,17 @@ def test_real_moe_layer_hlo_annotations(dispatch):
   np.testing.assert_allclose(loss, ref, rtol=1e-5)
 
 
-def test_transformer_train_step_hlo_annotates_every_moe_layer():
+def _train_step_hlo(mesh: str, *, num_experts: int) -> str:
+  """HLO of a tiny Transformer's XLA train step annotated for ``mesh``."""
   from m4moe import config as config_lib, losses, model  # pylint: disable=g-import-not-at-top,g-multiple-import
   config = config_lib.load_model_config("tiny/moe", (
       "--d_model=16", "--num_heads=2", "--d_kv=8", "--d_ff=32",
       "--num_encoder_layers=2", "--num_decoder_layers=2",
-      "--src_vocab_size=32", "--tgt_vocab_size=32", "--num_experts=8",
+      "--src_vocab_size=32", "--tgt_vocab_size=32",
+      f"--num_experts={num_experts}",
       "--expert_hidden_dim=16", "--group_size=8", "--dropout_rate=0",
       "--attention_dropout_rate=0", "--second_expert_policy=all"))
-  s = sharding_lib.make_sharding("data:2,expert:4", backend="xla")
+  s = sharding_lib.make_sharding(mesh, backend="xla")
   transformer = model.Transformer(config=config, sharding=s)
   batch = {"inputs": tf.fill([4, 4], 5), "targets": tf.fill([4, 4], 6)}
 
@@ -304,7 +306,11 @@ def test_transformer_train_step_hlo_annotates_every_moe_layer():
       loss = xent / weight + out.moe_loss
     return loss, tape.gradient(loss, transformer.trainable_variables)
 
-  hlo = step.experimental_get_compiler_ir(batch)(stage="hlo")
+  return step.experimental_get_compiler_ir(batch)(stage="hlo")
+
+
+def test_transformer_train_step_hlo_annotates_every_moe_layer():
+  hlo = _train_step_hlo("data:2,expert:4", num_experts=8)
   # One MoE layer per stack (interval 2, offset 1): 2 layers, each with its
   # wi/wo split on E forwards and backwards.
   assert hlo.count(_EXPERT3) == 2 * 2 * 2
@@ -315,27 +321,8 @@ def test_transformer_train_step_hlo_annotates_every_moe_layer():
 
 
 def test_transformer_hlo_annotates_tensor_parallel_blocks():
-  from m4moe import config as config_lib, losses, model  # pylint: disable=g-import-not-at-top,g-multiple-import
-  config = config_lib.load_model_config("tiny/moe", (
-      "--d_model=16", "--num_heads=2", "--d_kv=8", "--d_ff=32",
-      "--num_encoder_layers=2", "--num_decoder_layers=2",
-      "--src_vocab_size=32", "--tgt_vocab_size=32", "--num_experts=4",
-      "--expert_hidden_dim=16", "--group_size=8", "--dropout_rate=0",
-      "--attention_dropout_rate=0", "--second_expert_policy=all"))
-  s = sharding_lib.make_sharding("data:2,expert:2,model:2", backend="xla")
-  transformer = model.Transformer(config=config, sharding=s)
-  batch = {"inputs": tf.fill([4, 4], 5), "targets": tf.fill([4, 4], 6)}
-
-  @tf.function(jit_compile=True)
-  def step(batch):
-    with tf.GradientTape() as tape:
-      out = transformer(batch, training=True)
-      xent, weight = losses.token_cross_entropy(out.logits, batch["targets"])
-      loss = xent / weight + out.moe_loss
-    return loss, tape.gradient(loss, transformer.trainable_variables)
-
   found = sharding_lib.hlo_shardings(
-      step.experimental_get_compiler_ir(batch)(stage="hlo"))
+      _train_step_hlo("data:2,expert:2,model:2", num_experts=4))
   forward = {k: v for k, v in found.items()
              if not k.startswith("gradient_tape")}
 

@@ -261,6 +261,13 @@ def markdown(summary: dict) -> str:
   return "\n".join(lines)
 
 
+def write_summary(summary: dict, output: pathlib.Path) -> None:
+  """Writes ``summary`` as JSON atomically (temporary file + rename)."""
+  tmp = output.with_name(output.name + ".tmp")
+  tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+  tmp.replace(output)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("out_dir", type=pathlib.Path)
@@ -272,9 +279,7 @@ def main() -> None:
   args = parser.parse_args()
   summary = summarize(args.out_dir, args.teacher_dir,
                       corpus_dir=args.corpus_dir)
-  tmp = args.output.with_name(args.output.name + ".tmp")
-  tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-  tmp.replace(args.output)
+  write_summary(summary, args.output)
   print(markdown(summary))
 
 

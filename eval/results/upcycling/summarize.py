@@ -126,9 +126,7 @@ def main() -> None:
                       "eval JSONs' metadata.corpus_dir).")
   args = parser.parse_args()
   summary = summarize(args.out_dir, corpus_dir=args.corpus_dir)
-  tmp = args.output.with_name(args.output.name + ".tmp")
-  tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-  tmp.replace(args.output)
+  distill_summary.write_summary(summary, args.output)
   print(markdown(summary))
 
 

@@ -230,7 +230,8 @@ class _Loop:
 
   def __init__(self, *, config: TrainConfig, strategy, model, runner,
                counters: _Counters, keeper, iterator, dev_datasets,
-               metrics_log: metrics_lib.MetricsLog, best_keeper=None,
+               metrics_log: metrics_lib.MetricsLog,
+               best_keeper: checkpointing.CheckpointKeeper | None = None,
                devices: int = 1):
     self.config = config
     self.best_keeper = best_keeper
@@ -379,8 +380,8 @@ class _Loop:
       ce[lang], tokens[lang] = total / max(count, 1.0), count
       if np.isfinite(gap):
         reliance[lang] = gap
-    mean = sum(ce[l] * tokens[l] for l in ce) / max(sum(tokens.values()), 1.0)
     total = sum(tokens.values())
+    mean = sum(ce[l] * tokens[l] for l in ce) / max(total, 1.0)
     if (self.config.early_stopping_patience and not self.warned_small_dev
         and total < MIN_STOPPING_DEV_TOKENS):
       self.warned_small_dev = True

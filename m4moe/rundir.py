@@ -298,13 +298,6 @@ def check_vocab(recorded: VocabFingerprint | None, *,
 CHECKPOINT_CHOICES = "latest, best or a step number"
 
 
-def _steps(directory: pathlib.Path) -> list[int]:
-  prefix = checkpointing.PREFIX + "-"
-  return sorted(int(p.name[len(prefix):-len(".index")])
-                for p in directory.glob(f"{prefix}*.index")
-                if p.name[len(prefix):-len(".index")].isdigit())
-
-
 def resolve_checkpoint(model_dir: str | os.PathLike[str],
                        which: str = "latest") -> str:
   """Path prefix of one of a run's checkpoints.
@@ -323,7 +316,7 @@ def resolve_checkpoint(model_dir: str | os.PathLike[str],
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   model_dir = pathlib.Path(model_dir)
   best_dir = model_dir / checkpointing.BEST_DIRNAME
-  kept = _steps(model_dir)
+  kept = checkpointing.checkpoint_steps(model_dir)
   have = (f"its checkpoints: {', '.join(f'ckpt-{s}' for s in kept)}"
           if kept else "it has no ckpt-<step> files")
   which = str(which).strip()
@@ -348,7 +341,7 @@ def resolve_checkpoint(model_dir: str | os.PathLike[str],
       prefix = directory / f"{checkpointing.PREFIX}-{int(which)}"
       if prefix.with_name(prefix.name + ".index").is_file():
         return str(prefix)
-    best = _steps(best_dir) if best_dir.is_dir() else []
+    best = checkpointing.checkpoint_steps(best_dir)
     also = f"; best/: ckpt-{best[0]}" if best else ""
     raise RunDirError(f"{model_dir} has no checkpoint of step {which} "
                       f"({have}{also}); pass one of those steps, latest or "

@@ -314,6 +314,16 @@ def _checkpoint_files(model_dir: pathlib.Path) -> dict[int, list[pathlib.Path]]:
   return out
 
 
+def checkpoint_steps(directory: str | os.PathLike[str]) -> list[int]:
+  """Steps of the ``ckpt-<step>`` checkpoints in ``directory`` that have an
+  index file, ascending (none if the directory does not exist)."""
+  directory = pathlib.Path(directory)
+  if not directory.is_dir():
+    return []
+  return sorted(step for step, files in _checkpoint_files(directory).items()
+                if any(f.name.endswith(".index") for f in files))
+
+
 def _move_aside(model_dir: pathlib.Path, step: int,
                 files: list[pathlib.Path]) -> str | None:
   """Moves a damaged checkpoint's files into ``damaged/ckpt-<step>[.n]/``."""

@@ -72,3 +72,57 @@ def test_gradient_of_smoothed_loss_is_softmax_minus_target_distribution():
   q = np.full(4, eps / 4)
   q[2] += 1 - eps
   np.testing.assert_allclose(grad, probs - q, rtol=1e-5, atol=1e-7)
+
+
+def _reference_losses(logits, targets, eps):
+  """The textbook formulation: gather from log_softmax (autodiff gradient)."""
+  log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+  nll = -tf.gather(log_probs, targets, axis=-1, batch_dims=targets.shape.rank)
+  return nll, (1 - eps) * nll - eps * tf.reduce_mean(log_probs, axis=-1)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_one_pass_losses_and_gradient_equal_the_autodiff_reference(eps):
+  rng = np.random.default_rng(3)
+  logits = tf.Variable(rng.normal(scale=4.0, size=(3, 5, 13)).astype(
+      np.float32))
+  targets = tf.constant(rng.integers(0, 13, size=(3, 5)), tf.int32)
+  # Different upstream gradients on the two outputs exercise both terms.
+  up_nll = tf.constant(rng.normal(size=(3, 5)).astype(np.float32))
+  up_smooth = tf.constant(rng.normal(size=(3, 5)).astype(np.float32))
+  with tf.GradientTape(persistent=True) as tape:
+    got = losses.per_token_losses(logits, targets, label_smoothing=eps)
+    want = _reference_losses(logits, targets, eps)
+    got_obj = tf.reduce_sum(got.nll * up_nll + got.smoothed * up_smooth)
+    want_obj = tf.reduce_sum(want[0] * up_nll + want[1] * up_smooth)
+    # Only one output used: the other's upstream gradient is None.
+    got_only = tf.reduce_sum(got.smoothed * up_smooth)
+    want_only = tf.reduce_sum(want[1] * up_smooth)
+  np.testing.assert_allclose(got.nll.numpy(), want[0].numpy(), rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(got.smoothed.numpy(), want[1].numpy(),
+                             rtol=1e-5, atol=1e-5)
+  if eps == 0:
+    np.testing.assert_array_equal(got.nll.numpy(), got.smoothed.numpy())
+  for g_obj, w_obj in ((got_obj, want_obj), (got_only, want_only)):
+    np.testing.assert_allclose(tape.gradient(g_obj, logits).numpy(),
+                               tape.gradient(w_obj, logits).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_one_pass_losses_repeated_target_rows_and_bfloat16_gradient():
+  # Every row targets the same id (the scatter must not merge rows), and
+  # bfloat16 logits get a bfloat16 gradient of the right values.
+  logits = tf.Variable(tf.constant([[[1.0, 2.0, 0.5], [0.0, 0.0, 3.0]]],
+                                   tf.bfloat16))
+  targets = tf.constant([[2, 2]])
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(losses.per_token_losses(
+        logits, targets, label_smoothing=0.3).smoothed)
+  grad = tape.gradient(loss, logits)
+  assert grad.dtype == tf.bfloat16
+  probs = tf.nn.softmax(tf.cast(logits, tf.float32)).numpy()[0]
+  q = np.full(3, 0.1)
+  q[2] += 0.7
+  np.testing.assert_allclose(tf.cast(grad, tf.float32).numpy()[0], probs - q,
+                             atol=1e-2)

@@ -141,17 +141,17 @@ class StepRunner:
     weights = tf.cast(tf.not_equal(local["targets"], 0), tf.float32)
     with tf.GradientTape() as tape:
       out = self.model(local, training=True, seed=seed)
-      ce_sum, _ = losses.token_cross_entropy(out.logits, local["targets"],
-                                             weights=weights)
-      ls_sum = ce_sum
+      # One pass over the [B, L, V] logits gives both the metric and the
+      # label-smoothed objective.
+      per_token = losses.per_token_losses(
+          out.logits, local["targets"], label_smoothing=self.label_smoothing)
+      ce_sum = tf.reduce_sum(per_token.nll * weights)
       if self.token_loss is not None:
         ls_sum = self.token_loss(logits=out.logits, batch=local,
                                  weights=weights,
                                  label_smoothing=self.label_smoothing)
-      elif self.label_smoothing:
-        ls_sum, _ = losses.token_cross_entropy(
-            out.logits, local["targets"], weights=weights,
-            label_smoothing=self.label_smoothing)
+      else:
+        ls_sum = tf.reduce_sum(per_token.smoothed * weights)
       moe_share = num_micro * float(replicas)
       objective = ls_sum / total_tokens + out.moe_loss / moe_share
     grads = tape.gradient(objective, self.variables)

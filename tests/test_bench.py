@@ -5,12 +5,15 @@ assertions)."""
 import json
 import math
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
+from m4moe import losses
 from m4moe.benchmarks import decode
 from m4moe.benchmarks import input_pipeline
+from m4moe.benchmarks import loss
 from m4moe.benchmarks import moe_layer
 from m4moe.benchmarks import timing
 from m4moe.benchmarks import train_step
@@ -106,6 +109,32 @@ def test_train_step_tiny(one_layer_configs):
   _finite_positive(moe, "tokens_per_sec",
                    f"tokens_per_sec_vs_{dense['config']}")
   assert moe["tokens_per_step"] == 16
+
+
+def test_loss_comparator_computes_the_same_losses():
+  # The benchmark's "before" formulation must compute what the trainer
+  # computes, or its ratio compares different work.
+  logits = tf.random.stateless_normal([2, 3, 17], seed=[1, 2]) * 3.0
+  targets = tf.constant([[1, 16, 0], [5, 5, 2]])
+  new = losses.per_token_losses(logits, targets, label_smoothing=0.1)
+  old = loss.log_softmax_losses(logits, targets, label_smoothing=0.1)
+  for got, want in zip(new, old):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+
+
+def test_loss_and_loss_step_tiny(one_layer_configs):
+  point = loss.LossPoint(batch_size=2, length=3, model_dim=8, vocab_size=50)
+  one_pass, old = loss.run_layer(point, reps=1)
+  assert (one_pass["formulation"], old["formulation"]) == (
+      "one_pass", "log_softmax")
+  assert one_pass["benchmark"] == "loss" and one_pass["vocab_size"] == 50
+  _finite_positive(one_pass, "median_sec", "speedup_vs_log_softmax")
+  step_point = train_step.StepPoint(batch_size=2, length=4, vocab_size=50)
+  records = list(loss.run_step(step_point, config=one_layer_configs[1],
+                               reps=1))
+  assert [r["formulation"] for r in records] == ["one_pass", "log_softmax"]
+  assert records[0]["config"] == one_layer_configs[1]
+  _finite_positive(records[0], "speedup_vs_log_softmax")
 
 
 def test_decode_tiny(one_layer_configs):

@@ -7,6 +7,10 @@ Usage:
       [--capacity_factor=1.25] [--matmul_size=2048] [--clock=wall|cpu]
       [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench train_step [--batch_size=64] [--sequence_length=32]
+  m4moe-bench loss [--batch_size=64] [--sequence_length=64]
+      [--vocab_size=8000] [--model_dim=128]
+  m4moe-bench loss_step [--batch_size=64] [--sequence_length=64]
+      [--vocab_size=8000] [--step_configs=tiny/dense]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
       [--max_decode_length=64] [--source_length=16] [--vocab_size=8000]
       [--decode_configs=tiny/moe,tiny/dense]
@@ -20,6 +24,11 @@ Usage:
 Every sub-benchmark times the cases it compares interleaved in one process
 (this machine's speed drifts) and prints medians over R reps after W warm-up
 calls, plus the ratios of issue 7 (see ``m4moe/benchmarks``).
+
+``loss`` and ``loss_step`` time the one-pass cross-entropy of
+``m4moe.losses`` against the log-softmax formulation the trainer used
+before, on the output layer alone and in the real trainer step
+(``m4moe/benchmarks/loss.py``).
 
 ``sharding`` times nothing: it measures the per-device memory of the real
 sharded training step on D = 1, 2, 4, 8 virtual CPU devices with
@@ -64,7 +73,7 @@ _CLOCK = flags.DEFINE_enum(
     "clock", "wall", ["wall", "cpu"], "moe_layer: time wall-clock seconds, "
     "or the CPU seconds of this process (all threads), which other "
     "processes' load inflates less; each JSON line records it.")
-_MODEL_DIM = flags.DEFINE_integer("model_dim", 512, "moe_layer: M.")
+_MODEL_DIM = flags.DEFINE_integer("model_dim", 512, "moe_layer: M (loss: default 128).")
 _HIDDEN_DIM = flags.DEFINE_integer("hidden_dim", 2048, "moe_layer: H.")
 _NUM_TOKENS = flags.DEFINE_integer("num_tokens", 4096, "moe_layer: N.")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 1024, "moe_layer: S.")
@@ -85,20 +94,22 @@ _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", None, "train_step: rows (default 64); decode: sentences "
     "(default 32).")
 _SEQUENCE_LENGTH = flags.DEFINE_integer(
-    "sequence_length", 32, "train_step: tokens per row (each side).")
+    "sequence_length", 32, "train_step: tokens per row (each side; loss, "
+    "loss_step: default 64).")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "decode: beam.")
 _MAX_DECODE_LENGTH = flags.DEFINE_integer("max_decode_length", 64,
                                           "decode: max target tokens.")
 _SOURCE_LENGTH = flags.DEFINE_integer("source_length", 16,
                                       "decode: source tokens.")
 _VOCAB_SIZE = flags.DEFINE_integer(
-    "vocab_size", 8000, "decode: source and target vocabulary of the random "
+    "vocab_size", 8000, "decode, loss, loss_step: vocabulary of the random "
     "model.")
 _DECODE_CONFIGS = flags.DEFINE_list(
     "decode_configs", ["tiny/moe", "tiny/dense"], "decode: zoo configs.")
 _STEP_CONFIGS = flags.DEFINE_list(
     "step_configs", ["tiny/moe", "tiny/dense"],
-    "train_step: the two zoo configs compared (first vs second).")
+    "train_step: the two zoo configs compared (first vs second); loss_step: "
+    "the configs measured (default tiny/dense).")
 _CORPUS_DIR = flags.DEFINE_string(
     "corpus_dir", None, "input_pipeline: built corpus (default: a synthetic "
     "fixture corpus in a temporary directory).")
@@ -125,8 +136,8 @@ _TOKENS_PER_DEVICE = flags.DEFINE_integer(
     "tokens_per_device", 64, "sharding: source tokens per device (rows of "
     "8 tokens; one dispatch group per device).", lower_bound=1)
 
-BENCHMARKS = ("moe_layer", "train_step", "decode", "input_pipeline",
-              "sharding")
+BENCHMARKS = ("moe_layer", "train_step", "loss", "loss_step", "decode",
+              "input_pipeline", "sharding")
 
 
 def _jits() -> tuple[bool, ...]:
@@ -201,6 +212,36 @@ def _train_step() -> None:
     timing.emit(record)
 
 
+def _given(flag: flags.FlagHolder, default: int) -> int:
+  """``flag``'s value if given on the command line, else ``default``."""
+  return flag.value if flag.present else default
+
+
+def _loss() -> None:
+  from m4moe.benchmarks import loss  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  point = loss.LossPoint(batch_size=_BATCH_SIZE.value or 64,
+                         length=_given(_SEQUENCE_LENGTH, 64),
+                         model_dim=_given(_MODEL_DIM, 128),
+                         vocab_size=_VOCAB_SIZE.value)
+  for record in loss.run_layer(point, reps=_REPS.value, warmup=_WARMUP.value):
+    timing.emit(record)
+
+
+def _loss_step() -> None:
+  from m4moe.benchmarks import loss  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  point = train_step.StepPoint(batch_size=_BATCH_SIZE.value or 64,
+                               length=_given(_SEQUENCE_LENGTH, 64),
+                               vocab_size=_VOCAB_SIZE.value)
+  configs = _STEP_CONFIGS.value if _STEP_CONFIGS.present else ["tiny/dense"]
+  for config in configs:
+    for record in loss.run_step(point, config=config, reps=_REPS.value,
+                                warmup=_WARMUP.value):
+      timing.emit(record)
+
+
 def _decode() -> None:
   from m4moe.benchmarks import decode  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
@@ -265,7 +306,8 @@ def main(argv: Sequence[str]) -> None:
   if _CLOCK.value != "wall" and argv[1] != "moe_layer":
     raise app.UsageError(f"--clock={_CLOCK.value} times moe_layer only; "
                          f"{argv[1]} times wall-clock seconds: drop the flag")
-  {"moe_layer": _moe_layer, "train_step": _train_step, "decode": _decode,
+  {"moe_layer": _moe_layer, "train_step": _train_step, "loss": _loss,
+   "loss_step": _loss_step, "decode": _decode,
    "input_pipeline": _input_pipeline, "sharding": _sharding}[argv[1]]()
 
 

@@ -140,3 +140,20 @@ def test_unknown_execution_and_model_axis_are_refused():
   with pytest.raises(ValueError, match="model axis of 2"):
     cost.estimate_device(_micro(d_ff=4), data_axis=1, expert_axis=1,
                          model_axis=2, batch_tokens=8, execution="unfused")
+
+
+def test_info_shows_the_unfused_estimate_or_why_not():
+  from m4moe import cost_tables  # pylint: disable=g-import-not-at-top
+  from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  mesh = mesh_lib.MeshShape.parse("data:2")
+  info = cost_tables.collect(_micro(), source="micro", batch_tokens=16,
+                             sequence_length=4, mesh=mesh)
+  assert info["device"]["execution"] == "fused"
+  unfused = info["device_unfused"]
+  assert unfused["activation_bytes"] == 23064
+  assert (unfused["total_bytes"] - unfused["activation_bytes"] ==
+          info["device"]["total_bytes"] - info["device"]["activation_bytes"])
+  info = cost_tables.collect(_micro(dropout_rate=0.1), source="micro",
+                             batch_tokens=16, sequence_length=4, mesh=mesh)
+  assert "--dropout_rate=0.1 (use 0)" in info["device_unfused"]["unavailable"]
+  assert "activation_bytes" not in info["device_unfused"]

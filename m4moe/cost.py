@@ -28,6 +28,13 @@ layer norms'):
   wi <E, M, H> and wo <E, H, M>; a layer norm (scale <M>, bias <M>) before
   every sub-layer, and a final layer norm per stack.
 
+Activations (:func:`estimate_device`) are counted for one of two executions
+(:data:`EXECUTIONS`): ``fused``, one tensor per sub-layer, the residency of a
+compiled XLA/TPU program; ``unfused``, every tensor TensorFlow's
+kernel-by-kernel gradient tape keeps, listed per sub-layer in
+:mod:`m4moe.cost_unfused` and equal to what ``m4moe-bench sharding``
+measures on eager DTensor.
+
 FLOPs are forward multiply-adds times 2 per "token", where a token means one
 source token through the encoder plus one target token through the decoder
 (the paper's batches count source tokens; MT pairs have about as many target

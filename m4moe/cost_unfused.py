@@ -17,8 +17,8 @@ checked, op type by op type, against ``m4moe-bench sharding``'s
 ``activation_bytes_by_op`` (the live tensors at the step's peak, which is in
 the loss, after the whole forward pass). Shapes use the glossary letters of
 :mod:`m4moe.cost` plus: N tokens of the stream on this device (B rows of L),
-Q queries, U keys, G groups, and m the ``model`` axis size. Every tensor is
-float32 unless its dtype is given.
+Q queries, U keys, G groups on this device. Every tensor is float32 unless
+its dtype is given.
 
 ========================  ====================================  =============
 sub-layer (count)         kept tensors (op type)                 shape
@@ -32,18 +32,19 @@ layer norm (2 per enc,    Mean (mean, variance)                 2 x [N, 1]
 3 per dec layer, +1 per   SquaredDifference, Sub (x - mean),    5 x [N, M]
 stack)                    Mul (normed), Mul (scale), AddV2
                           Rsqrt                                 [N, 1]
-attention (self per       Einsum q, Mul (q x D^-0.5), Einsum    5 x [N, A/m, D]
+attention (self per       Einsum q, Mul (q x D^-0.5), Einsum    5 x [N, A, D]
 layer, cross per dec      k, v (memory tokens), Einsum context
-layer)                    Einsum scores, Softmax                2 x [B, A/m, Q, U]
+layer)                    Einsum scores, Softmax                2 x [B, A, Q, U]
                           Einsum output                         [N, M]
 residual (one per         AddV2                                 [N, M]
 sub-layer)
-dense FFN                 Relu                                  [N, F/m]
+dense FFN                 Relu                                  [N, F]
                           Einsum output                         [N, M]
-MoE: grouping             Reshape [N, M], Reshape [D, N/D, M],  4 x [N, M]
-                          GatherV2, Reshape [G, S, M]
-                          SelectV2 (position), GatherV2         3 x <int32 or
-                          (source), Reshape (group mask)        float32>[G, S]
+MoE: grouping             Reshape [N, M], Reshape [D, N/D, M]   2 x [N, M]
+                          GatherV2, Reshape [G, S, M]           2 x [G, S, M]
+                          SelectV2 (position)                   <int32>[N]
+                          GatherV2 (source)                     <int32>[G, S]
+                          Reshape (group mask)                  [G, S]
 MoE: router               Einsum logits, Softmax gates,         13 x [G, S, E]
                           SelectV2 (logits without e1), 2 x
                           (OneHot, Mul) (g1, g2), ExpandDims
@@ -67,7 +68,7 @@ MoE: einsum dispatch      OneHot (experts), Mul (weighted)      2 x [G, S, K, E]
                           array)
                           Einsum dispatched, Einsum expert      2 x [E, G, C, M]
                           outputs
-                          Relu (expert hidden)                  [E, G, C, H/m]
+                          Relu (expert hidden)                  [E, G, C, H]
 MoE: combine              Einsum combined, Reshape              2 x [G, S, M]
                           GatherV2, Reshape [B, L, M]           2 x [N, M]
 loss                      Einsum logits, Reshape, Sub (z -      4 x [N, Vt]
@@ -78,18 +79,18 @@ loss                      Einsum logits, Reshape, Sub (z -      4 x [N, Vt]
 The binary dispatch mask's two one-hots are made from integer indices only,
 so the tape does not record them (nothing it watches flows in) and they die
 after their einsum; the combine array's one-hots meet the differentiable
-gates and are kept. Not listed: scalars and per-group vectors (bytes, not per token), and
-``Reshape`` outputs are counted as tensors of their own, as the benchmark
-counts them (TensorFlow's reshape may share its input's buffer; the
-benchmark does not assume it). The residual
-``m4moe-bench sharding`` leaves against this table is in
+gates and are kept. ``Reshape`` outputs are counted as tensors of their
+own, as the benchmark counts them (TensorFlow's reshape may share its
+input's buffer; the benchmark does not assume it). Not listed: scalars and
+per-group vectors (a few hundred bytes, not per token): the residual
+``m4moe-bench sharding`` leaves against this table, by op type, is in
 ``eval/results/benchmarks.md`` ("Run 4").
 
 The table holds for the configuration it was derived from: the ``top2``
 router with token routing and without No-Token-Left-Behind, the ``einsum``
-dispatch, float32 activations, no dropout (dropout keeps its masks and
-scaled copies too, and the bfloat16 casts add copies: neither is listed),
-and meshes without a ``model`` axis (its relayouts are not measured).
+dispatch, float32 activations, no dropout (dropout's masks and the
+bfloat16 casts would add tensors that were not measured), and meshes
+without a ``model`` axis (its relayouts were not measured either).
 :func:`check_supported` refuses anything else.
 """
 

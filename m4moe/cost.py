@@ -28,6 +28,13 @@ layer norms'):
   wi <E, M, H> and wo <E, H, M>; a layer norm (scale <M>, bias <M>) before
   every sub-layer, and a final layer norm per stack.
 
+Activations (:func:`estimate_device`) are counted for one of two executions
+(:data:`EXECUTIONS`): ``fused``, one tensor per sub-layer, the residency of a
+compiled XLA/TPU program; ``unfused``, every tensor TensorFlow's
+kernel-by-kernel gradient tape keeps, listed per sub-layer in
+:mod:`m4moe.cost_unfused` and equal to what ``m4moe-bench sharding``
+measures on eager DTensor.
+
 FLOPs are forward multiply-adds times 2 per "token", where a token means one
 source token through the encoder plus one target token through the decoder
 (the paper's batches count source tokens; MT pairs have about as many target
@@ -45,6 +52,7 @@ import dataclasses
 import math
 from typing import Sequence
 
+from m4moe import cost_unfused
 from m4moe import mesh as mesh_lib
 from m4moe.config import ModelConfig
 
@@ -52,6 +60,12 @@ KINDS = ("embedding", "output", "attention", "ffn", "router", "expert",
          "layer_norm")
 _ACTIVATION_BYTES = {"float32": 4, "bfloat16": 2}
 _WEIGHT_BYTES = 4  # Weights, gradients and optimizer slots are float32.
+# How the step runs, which decides the activations it keeps: "fused", a
+# compiled (XLA/TPU) program, one tensor per sub-layer
+# (_activations_per_token); "unfused", TensorFlow kernel by kernel (eager,
+# DTensor without XLA), every tensor the gradient tape keeps
+# (m4moe.cost_unfused, the table measured by m4moe-bench sharding).
+EXECUTIONS = ("fused", "unfused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +328,8 @@ class DeviceEstimate:
   Attributes:
     data_axis, expert_axis, model_axis: mesh axis sizes; num_devices is
       their product.
+    execution: ``fused`` or ``unfused`` (:data:`EXECUTIONS`), which
+      ``activation_bytes`` counts.
     batch_tokens: source tokens per global batch (as many target tokens).
     tokens_per_device: batch_tokens / size of the batch axis (data_axis,
       or expert_axis when data_axis is 1): the model axis splits widths,
@@ -326,7 +342,9 @@ class DeviceEstimate:
     weight_bytes, gradient_bytes, optimizer_bytes: float32 copies of the
       local weights, their gradients and Adafactor's factored slots.
     activation_bytes: activations kept for the backward pass without
-      rematerialisation (rough: see ``_activations_per_token``).
+      rematerialisation: for ``fused`` one tensor per sub-layer (rough: see
+      ``_activations_per_token``), for ``unfused`` every tensor of
+      :mod:`m4moe.cost_unfused`'s table.
     train_flops: forward + backward FLOPs on this device per step, experts
       computed at their full capacity (empty buffer slots cost too); the
       attention, dense FFN and expert matmuls divided over ``model``, the
@@ -336,6 +354,7 @@ class DeviceEstimate:
   data_axis: int
   expert_axis: int
   model_axis: int = 1
+  execution: str = "fused"
   batch_tokens: int
   tokens_per_device: int
   replicated_params: int
@@ -425,16 +444,29 @@ def _batch_axis_size(*, data_axis: int, expert_axis: int) -> int:
 def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
                     batch_tokens: int, model_axis: int = 1,
                     sequence_length: int | None = None,
-                    share_target_embedding: bool = False) -> DeviceEstimate:
+                    share_target_embedding: bool = False,
+                    execution: str = "fused") -> DeviceEstimate:
   """Per-device memory and FLOPs for one training step (see DeviceEstimate).
+
+  ``execution`` (:data:`EXECUTIONS`) chooses what the activations count:
+  ``fused`` (a compiled program, the default) or ``unfused`` (TensorFlow
+  kernel by kernel; :mod:`m4moe.cost_unfused`). Weights, gradients,
+  optimizer slots and FLOPs do not depend on it.
 
   Raises:
     ValueError: an axis < 1, E not divisible by ``expert_axis``, heads,
-      d_ff or H not divisible by ``model_axis``, or fewer tokens than
-      devices on the batch axis.
+      d_ff or H not divisible by ``model_axis``, fewer tokens than
+      devices on the batch axis, an unknown ``execution``, or ``unfused``
+      for a setting its table does not describe
+      (:func:`m4moe.cost_unfused.check_supported`).
   """
+  if execution not in EXECUTIONS:
+    raise ValueError(f"execution={execution!r} is unknown; use one of "
+                     f"{', '.join(EXECUTIONS)}")
   _check_mesh(config, data_axis=data_axis, expert_axis=expert_axis,
               model_axis=model_axis, batch_tokens=batch_tokens)
+  if execution == "unfused":
+    cost_unfused.check_supported(config, model_axis=model_axis)
   length = sequence_length or config.max_length
   tokens = batch_tokens // _batch_axis_size(data_axis=data_axis,
                                            expert_axis=expert_axis)
@@ -456,9 +488,16 @@ def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
   whole = flops.forward - split  # Router and softmax projection.
   forward = tokens * (whole + split // model_axis + flops.einsum_dispatch +
                       int(capacity_extra * expert_flops) // model_axis)
-  act_bytes = _ACTIVATION_BYTES[config.activation_dtype]
+  if execution == "unfused":
+    activations = cost_unfused.activation_bytes(
+        config, tokens=tokens, source_length=length, target_length=length)
+  else:
+    activations = _ACTIVATION_BYTES[config.activation_dtype] * tokens * (
+        _activations_per_token(config, source_length=length,
+                               target_length=length, model_axis=model_axis))
   return DeviceEstimate(
       data_axis=data_axis, expert_axis=expert_axis, model_axis=model_axis,
+      execution=execution,
       batch_tokens=batch_tokens, tokens_per_device=tokens,
       replicated_params=non_expert_local,
       expert_params_per_device=expert_local,
@@ -466,9 +505,7 @@ def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
       gradient_bytes=_WEIGHT_BYTES * (non_expert_local + expert_local),
       optimizer_bytes=_WEIGHT_BYTES * sum(adafactor_slot_size(shape)
                                           for _, shape in local),
-      activation_bytes=act_bytes * tokens * _activations_per_token(
-          config, source_length=length, target_length=length,
-          model_axis=model_axis),
+      activation_bytes=activations,
       train_flops=3 * forward)
 
 

@@ -2,7 +2,8 @@
 
 :func:`collect` gathers the counts of :mod:`m4moe.cost` for one config
 (parameters, experts, FLOPs, the per-device estimate on a (data, expert,
-model) mesh) and, for a GShard Table 1 configuration, the paper's rounded weight
+model) mesh, for a compiled program and, where :mod:`m4moe.cost_unfused`
+describes the setting, for TensorFlow's kernel-by-kernel execution) and, for a GShard Table 1 configuration, the paper's rounded weight
 count and the relative difference (:func:`paper_row`).
 
 :func:`table1` is the paper's section 5 memory claim for the zoo's Table 1
@@ -20,6 +21,7 @@ from typing import Any, Sequence
 
 from m4moe import config as config_lib
 from m4moe import cost
+from m4moe import cost_unfused
 from m4moe import mesh as mesh_lib
 
 # GShard Table 1 (E, L) -> (total experts, weights as the paper rounds them).
@@ -172,4 +174,32 @@ def collect(config: config_lib.ModelConfig, *, source: str,
                       "num_devices": device.num_devices,
                       "params_per_device": device.params_per_device,
                       "total_bytes": device.total_bytes}
+    info["device_unfused"] = _unfused_device(
+        config, mesh=mesh, batch_tokens=batch_tokens,
+        sequence_length=sequence_length,
+        share_target_embedding=share_target_embedding)
   return info
+
+
+def _unfused_device(config: config_lib.ModelConfig, *, mesh: mesh_lib.MeshShape,
+                    batch_tokens: int, sequence_length: int,
+                    share_target_embedding: bool) -> dict[str, Any]:
+  """The same estimate for TensorFlow's kernel-by-kernel execution.
+
+  ``activation_bytes`` and ``total_bytes`` of
+  :func:`m4moe.cost.estimate_device` with ``execution="unfused"`` (the
+  rest equals the fused estimate), or ``unavailable`` saying why its table
+  (:mod:`m4moe.cost_unfused`) does not describe this setting.
+  """
+  try:
+    cost_unfused.check_supported(config, model_axis=mesh.axis_size("model"))
+  except ValueError as e:
+    return {"execution": "unfused", "unavailable": str(e)}
+  device = cost.estimate_device(
+      config, data_axis=mesh.axis_size("data"),
+      expert_axis=mesh.axis_size("expert"),
+      model_axis=mesh.axis_size("model"), batch_tokens=batch_tokens,
+      sequence_length=sequence_length or None,
+      share_target_embedding=share_target_embedding, execution="unfused")
+  return {"execution": "unfused", "activation_bytes": device.activation_bytes,
+          "total_bytes": device.total_bytes}

@@ -72,6 +72,57 @@ def test_cost_model_fields_are_m4moe_cost(records):
             record["per_device_expert_weight_bytes"])
 
 
+@pytest.fixture(scope="module")
+def data_records():
+  return {d: sharding.measure_in_subprocess(
+      sharding.ShardingPoint(devices=d, layout="data")) for d in (1, 2)}
+
+
+def test_unfused_cost_model_matches_the_measured_activations(records,
+                                                             data_records):
+  # The eager DTensor step keeps what TensorFlow's tape keeps: the unfused
+  # table (m4moe.cost_unfused) must account for it within 10% on both
+  # layouts (it is within 0.1%: only scalars are not listed); the fused
+  # estimate (one tensor per sub-layer) describes another execution.
+  for layout, by_devices in (("expert", records), ("data", data_records)):
+    for d, record in by_devices.items():
+      assert record["mesh"] == f"{layout}:{d}"
+      measured = record["per_device_activation_bytes"]
+      unfused = record["cost_model_unfused_activation_bytes"]
+      assert abs(unfused / measured - 1) <= 0.10, (layout, d, unfused,
+                                                   measured)
+      assert record["cost_model_unfused_activations_vs_measured"] == (
+          pytest.approx(unfused / measured))
+      assert abs(record["cost_model_unfused_total_vs_measured"] - 1) <= 0.10
+      assert record["cost_model_activation_bytes"] < 0.5 * measured
+      # Only the activations differ between the two estimates.
+      assert (record["cost_model_unfused_total_bytes"] - unfused ==
+              record["cost_model_total_bytes"] -
+              record["cost_model_activation_bytes"])
+
+
+def test_unfused_table_splits_like_the_measured_op_types(records):
+  # The rows' op types against the record's activation_bytes_by_op, at
+  # E = 8 on expert:2: every listed op type within 1%, or within 256 bytes
+  # for the op types that also make the losses' scalars the table omits.
+  from collections import Counter  # pylint: disable=g-import-not-at-top
+  from m4moe import cost_unfused  # pylint: disable=g-import-not-at-top
+  point = sharding.ShardingPoint(devices=2)
+  config = config_lib.load_model_config("tiny/moe", point.model_flags())
+  estimated = Counter()
+  for row in cost_unfused.kept_tensors(config, tokens=64, source_length=8,
+                                       target_length=8):
+    for op in row.ops:
+      estimated[op] += row.bytes // len(row.ops)
+  measured = records[2]["activation_bytes_by_op"]
+  for op, want in estimated.items():
+    got = measured.get(op, 0)
+    assert abs(got - want) <= max(0.01 * want, 256), (op, got, want)
+  unlisted = sum(n for op, n in measured.items() if op not in estimated)
+  # Shape and StridedSlice scalars, DivNoNan per-group <[G, E]> fractions.
+  assert unlisted <= 256, unlisted
+
+
 def test_live_activation_counter():
   counter = sharding._LiveActivations()  # pylint: disable=protected-access
   w = tf.Variable(tf.ones([8, 16]))
@@ -124,6 +175,10 @@ def test_views_of_tensors_the_step_did_not_compute_are_not_activations():
     ("--sharding_devices=0", "must be >= 1"),
     ("--sharding_layouts=model", "unknown"),
     ("--tokens_per_device=12", "multiple of --sequence_length=8"),
+    ("--sequence_length=128", "multiple of --sequence_length=128"),
+    ("--model_dim=0", "--model_dim=0 must be >= 1"),
+    ("--hidden_dim=-4", "--hidden_dim=-4 must be >= 1"),
+    ("--num_heads=0", "--num_heads=0 must be >= 1"),
 ])
 def test_cli_rejects_bad_flags(flag, message):
   flag_values = bench.flags.FLAGS

@@ -37,9 +37,15 @@ read from those layouts, never from :mod:`m4moe.cost`:
   (the sum :class:`m4moe.cost.DeviceEstimate` estimates as ``total_bytes``).
 
 ``cost_model_*`` are :func:`m4moe.cost.estimate_device` for the same model,
-mesh axes and batch. Eager DTensor keeps what TensorFlow's eager tape keeps,
-not what a compiled program would (XLA fuses and frees earlier), so the
-activation figure is an upper bound of the compiled step's.
+mesh axes and batch, for both executions (:data:`m4moe.cost.EXECUTIONS`):
+``cost_model_activation_bytes`` / ``cost_model_total_bytes`` are the
+``fused`` estimate (what a compiled XLA/TPU program keeps, one tensor per
+sub-layer); ``cost_model_unfused_*`` the ``unfused`` one (every tensor
+TensorFlow's kernel-by-kernel tape keeps, :mod:`m4moe.cost_unfused`), the
+execution this benchmark measures: eager DTensor keeps what the eager tape
+keeps, so ``cost_model_unfused_activations_vs_measured`` is the check of the
+model, and the measured activations are an upper bound of a compiled
+step's.
 """
 
 from __future__ import annotations
@@ -74,8 +80,10 @@ class ShardingPoint:
     tokens_per_device: T source tokens per device (B*L/D; as many targets).
     sequence_length: L; T must be a multiple of it.
     layout: ``"expert"`` (mesh ``expert:D``) or ``"data"`` (``data:D``).
-    d_model, d_ff, expert_hidden_dim, num_layers, vocab_size: model size
-      (num_layers per stack, every other FFN an MoE layer).
+    d_model, num_heads, d_kv, d_ff, expert_hidden_dim, num_layers,
+      vocab_size: model size (num_layers per stack, every other FFN an MoE
+      layer). The defaults are the tiny model of runs 1-3 in
+      ``eval/results/benchmarks.md``.
   """
 
   devices: int
@@ -84,12 +92,23 @@ class ShardingPoint:
   sequence_length: int = 8
   layout: str = "expert"
   d_model: int = 32
+  num_heads: int = 2
+  d_kv: int = 16
   d_ff: int = 64
   expert_hidden_dim: int = 64
   num_layers: int = 2
   vocab_size: int = 64
 
   def __post_init__(self) -> None:
+    # Named by m4moe-bench's flags (--hidden_dim sets F and H).
+    sizes = (("model_dim", self.d_model), ("num_heads", self.num_heads),
+             ("d_kv", self.d_kv), ("hidden_dim", self.d_ff),
+             ("hidden_dim", self.expert_hidden_dim),
+             ("sequence_length", self.sequence_length),
+             ("vocab_size", self.vocab_size), ("num_layers", self.num_layers))
+    for name, value in sizes:
+      if value < 1:
+        raise ValueError(f"--{name}={value} must be >= 1")
     if self.devices < 1 or self.experts_per_device < 1:
       raise ValueError(f"devices={self.devices} and experts_per_device="
                        f"{self.experts_per_device} must be >= 1")
@@ -117,7 +136,8 @@ class ShardingPoint:
 
   def model_flags(self) -> tuple[str, ...]:
     """Flags over ``tiny/moe``: one dispatch group of T tokens per device."""
-    return (f"--d_model={self.d_model}", "--num_heads=2", "--d_kv=16",
+    return (f"--d_model={self.d_model}", f"--num_heads={self.num_heads}",
+            f"--d_kv={self.d_kv}",
             f"--d_ff={self.d_ff}", f"--num_encoder_layers={self.num_layers}",
             f"--num_decoder_layers={self.num_layers}",
             f"--num_experts={self.experts}",
@@ -278,11 +298,12 @@ def measure(point: ShardingPoint) -> dict[str, Any]:
   optimizer_bytes = sum(_local_bytes(v.read_value())
                         for v in optimizer.variables)
   total = 2 * weight_bytes + optimizer_bytes + counter.peak
-  estimate = cost.estimate_device(
+  estimate, unfused = (cost.estimate_device(
       config, data_axis=point.devices if point.layout == "data" else 1,
       expert_axis=point.devices if point.layout == "expert" else 1,
       batch_tokens=point.devices * point.tokens_per_device,
-      sequence_length=point.sequence_length)
+      sequence_length=point.sequence_length, execution=execution)
+                       for execution in ("fused", "unfused"))
   return {
       "benchmark": "sharding", **dataclasses.asdict(point),
       "mesh": point.mesh, "experts": point.experts, "rows": point.rows,
@@ -301,6 +322,11 @@ def measure(point: ShardingPoint) -> dict[str, Any]:
           4 * estimate.expert_params_per_device,
       "cost_model_total_bytes": estimate.total_bytes,
       "cost_model_total_vs_measured": estimate.total_bytes / total,
+      "cost_model_unfused_activation_bytes": unfused.activation_bytes,
+      "cost_model_unfused_total_bytes": unfused.total_bytes,
+      "cost_model_unfused_activations_vs_measured":
+          unfused.activation_bytes / counter.peak,
+      "cost_model_unfused_total_vs_measured": unfused.total_bytes / total,
       "loss": result.objective, "update_applied": result.applied,
       **timing.machine(),
   }

@@ -18,7 +18,8 @@ Usage:
       [--batch_tokens=4096] [--batches_per_rep=20]
   m4moe-bench sharding [--sharding_devices=1,2,4,8]
       [--sharding_layouts=expert,data] [--experts_per_device=4]
-      [--tokens_per_device=64]
+      [--tokens_per_device=64] [--sequence_length=8] [--model_dim=32]
+      [--num_heads=2] [--d_kv=16] [--hidden_dim=64] [--vocab_size=64]
   common: [--reps=R] [--warmup=W]
 
 Every sub-benchmark times the cases it compares interleaved in one process
@@ -33,7 +34,11 @@ before, on the output layer alone and in the real trainer step
 ``sharding`` times nothing: it measures the per-device memory of the real
 sharded training step on D = 1, 2, 4, 8 virtual CPU devices with
 E = 4*D experts and a fixed number of tokens per device, one process per D,
-next to m4moe.cost's estimate (``m4moe/benchmarks/sharding.py``).
+next to m4moe.cost's estimate (``m4moe/benchmarks/sharding.py``). Its
+model size defaults to the tiny MoE of runs 1-3 in
+``eval/results/benchmarks.md``; ``--model_dim``, ``--num_heads``,
+``--d_kv``, ``--hidden_dim`` (dense FFN and expert hidden), ``--vocab_size``
+and ``--sequence_length`` change it.
 
 With ``--profile_dir``, moe_layer then traces each case of each point (not
 the matmul reference) for R calls with tf.profiler into
@@ -73,8 +78,11 @@ _CLOCK = flags.DEFINE_enum(
     "clock", "wall", ["wall", "cpu"], "moe_layer: time wall-clock seconds, "
     "or the CPU seconds of this process (all threads), which other "
     "processes' load inflates less; each JSON line records it.")
-_MODEL_DIM = flags.DEFINE_integer("model_dim", 512, "moe_layer: M (loss: default 128).")
-_HIDDEN_DIM = flags.DEFINE_integer("hidden_dim", 2048, "moe_layer: H.")
+_MODEL_DIM = flags.DEFINE_integer(
+    "model_dim", 512, "moe_layer: M (loss: default 128; sharding: default 32).")
+_HIDDEN_DIM = flags.DEFINE_integer(
+    "hidden_dim", 2048, "moe_layer: H (sharding: dense FFN F and expert H, "
+    "default 64).")
 _NUM_TOKENS = flags.DEFINE_integer("num_tokens", 4096, "moe_layer: N.")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 1024, "moe_layer: S.")
 _CAPACITY_FACTOR = flags.DEFINE_float("capacity_factor", 1.25,
@@ -95,7 +103,7 @@ _BATCH_SIZE = flags.DEFINE_integer(
     "(default 32).")
 _SEQUENCE_LENGTH = flags.DEFINE_integer(
     "sequence_length", 32, "train_step: tokens per row (each side; loss, "
-    "loss_step: default 64).")
+    "loss_step: default 64; sharding: default 8).")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "decode: beam.")
 _MAX_DECODE_LENGTH = flags.DEFINE_integer("max_decode_length", 64,
                                           "decode: max target tokens.")
@@ -103,7 +111,7 @@ _SOURCE_LENGTH = flags.DEFINE_integer("source_length", 16,
                                       "decode: source tokens.")
 _VOCAB_SIZE = flags.DEFINE_integer(
     "vocab_size", 8000, "decode, loss, loss_step: vocabulary of the random "
-    "model.")
+    "model (sharding: default 64).")
 _DECODE_CONFIGS = flags.DEFINE_list(
     "decode_configs", ["tiny/moe", "tiny/dense"], "decode: zoo configs.")
 _STEP_CONFIGS = flags.DEFINE_list(
@@ -134,7 +142,12 @@ _EXPERTS_PER_DEVICE = flags.DEFINE_integer(
     "experts_per_device", 4, "sharding: E / D.", lower_bound=1)
 _TOKENS_PER_DEVICE = flags.DEFINE_integer(
     "tokens_per_device", 64, "sharding: source tokens per device (rows of "
-    "8 tokens; one dispatch group per device).", lower_bound=1)
+    "--sequence_length tokens; one dispatch group per device).",
+    lower_bound=1)
+_NUM_HEADS = flags.DEFINE_integer("num_heads", 2,
+                                  "sharding: attention heads A.")
+_D_KV = flags.DEFINE_integer("d_kv", 16, "sharding: key/value width per "
+                             "head.")
 
 BENCHMARKS = ("moe_layer", "train_step", "loss", "loss_step", "decode",
               "input_pipeline", "sharding")
@@ -282,7 +295,12 @@ def _sharding() -> None:
   try:
     points = [sharding.ShardingPoint(
         devices=d, layout=layout, experts_per_device=_EXPERTS_PER_DEVICE.value,
-        tokens_per_device=_TOKENS_PER_DEVICE.value)
+        tokens_per_device=_TOKENS_PER_DEVICE.value,
+        sequence_length=_given(_SEQUENCE_LENGTH, 8),
+        d_model=_given(_MODEL_DIM, 32), num_heads=_NUM_HEADS.value,
+        d_kv=_D_KV.value, d_ff=_given(_HIDDEN_DIM, 64),
+        expert_hidden_dim=_given(_HIDDEN_DIM, 64),
+        vocab_size=_given(_VOCAB_SIZE, 64))
               for layout in _SHARDING_LAYOUTS.value for d in devices]
   except ValueError as e:
     raise app.UsageError(str(e)) from None

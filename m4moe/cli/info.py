@@ -13,7 +13,11 @@ tool only parses flags and prints) and never build a variable, so the 1T
 model is instant. With ``--batch_tokens`` a per-device memory/FLOPs estimate
 for a (data, expert, model) mesh is added: the batch is split over data x
 expert, experts over expert, and attention heads, d_ff and the expert hidden
-width over model (Megatron-style tensor parallelism). For GShard Table 1 configurations the
+width over model (Megatron-style tensor parallelism). ``device`` counts the
+activations a compiled (XLA/TPU) program keeps; ``device_unfused`` those
+TensorFlow keeps running the step kernel by kernel (eager, DTensor without
+XLA; ``m4moe/cost_unfused.py``, the figure ``m4moe-bench sharding``
+measures), or says why its table does not describe the config. For GShard Table 1 configurations the
 paper's rounded weight count and the relative difference are shown too.
 
 ``--table1`` prints the paper's section 5 memory claim for the zoo's GShard

@@ -103,9 +103,13 @@ def dropout_scale(shape: tf.Tensor | list[int], *, rate: float,
       tf.random.stateless_uniform(tf.reshape((size + 1) // 2, [1]), seed=seed,
                                   minval=None, maxval=None, dtype=tf.uint32),
       name="dropout_draws")
-  # <uint16>[2 * ceil(N / 2)]: low then high half of each word (bitcast is
-  # little-endian on every platform TF runs on).
-  numbers = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]
+  # <uint16>[ceil(N / 2), 2]: low then high half of each word (bitcast is
+  # little-endian on every platform TF runs on). Replicated like the draw:
+  # DTensor has no rule for a Bitcast whose output layout differs from its
+  # input's (it would take the sharded layout of the consumer).
+  halves = sharding.replicate(tf.bitcast(words, tf.uint16),
+                              name="dropout_numbers")
+  numbers = tf.reshape(halves, [-1])[:size]
   keep = tf.reshape(numbers, shape) >= tf.constant(threshold, tf.uint16)
   return tf.cast(keep, dtype) * tf.constant(1 / (1 - rate), dtype)
 

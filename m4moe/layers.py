@@ -52,8 +52,9 @@ def dropout_threshold(rate: float) -> int:
     rate: probability of zeroing a unit, in [0, 1).
 
   Returns:
-    An int in [0, 2**16); a unit is kept with probability
-    ``1 - threshold / 2**16``, which is ``1 - rate`` to within 2**-17.
+    An int in [0, 2**16]; a unit is kept with probability
+    ``1 - threshold / 2**16``, which is ``1 - rate`` to within 2**-17
+    (2**16, every unit dropped, for rates within 2**-17 of 1).
 
   Raises:
     ValueError: ``rate`` outside [0, 1).
@@ -61,7 +62,7 @@ def dropout_threshold(rate: float) -> int:
   if not 0 <= rate < 1:
     raise ValueError(f"dropout rate={rate} must be in [0, 1): it is the "
                      "probability of zeroing a unit (e.g. 0.1)")
-  return min(round(rate * (1 << DROPOUT_BITS)), (1 << DROPOUT_BITS) - 1)
+  return round(rate * (1 << DROPOUT_BITS))
 
 
 def dropout_scale(shape: tf.Tensor | list[int], *, rate: float,
@@ -98,6 +99,8 @@ def dropout_scale(shape: tf.Tensor | list[int], *, rate: float,
   """
   threshold = dropout_threshold(rate)
   shape = tf.convert_to_tensor(shape, tf.int32)
+  if threshold == 1 << DROPOUT_BITS:  # no 16-bit number is kept
+    return tf.zeros(shape, dtype)
   size = tf.reduce_prod(shape)
   words = sharding.pin_random(
       tf.random.stateless_uniform(tf.reshape((size + 1) // 2, [1]), seed=seed,

@@ -187,11 +187,15 @@ def test_dropout_keeps_1_minus_rate_of_a_million_units_scaled(rate):
       y[kept], x.numpy()[kept] * np.float32(1 / (1 - rate)))
 
 
-@pytest.mark.parametrize("rate", [0.1, 0.3, 0.25, 1e-3, 0.999])
+@pytest.mark.parametrize("rate", [0.1, 0.3, 0.25, 1e-3, 1e-6, 0.999,
+                                  1 - 1e-7])
 def test_dropout_threshold_keeps_1_minus_rate_to_16_bits(rate):
   threshold = layers.dropout_threshold(rate)
   assert abs((1 - threshold / 65536) - (1 - rate)) <= 2 ** -17
   assert layers.dropout_threshold(0.1) == 6554
+  if threshold == 65536:  # every unit dropped
+    y = layers.dropout(tf.ones([1000]), rate=rate, training=True, seed=SEED)
+    np.testing.assert_array_equal(y.numpy(), 0)
 
 
 @pytest.mark.parametrize("rate", [1.0, -0.1, 1.5])

@@ -39,27 +39,107 @@ from m4moe.initializers import init_variable
 from m4moe.numerics import NEG_INF, fold_seed  # pylint: disable=unused-import  # noqa: F401
 
 
+# Dropout masks are drawn at 16 bits per unit: one 32-bit Philox word gives
+# two units. A unit is kept when its 16-bit number is >= the threshold
+# round(rate * 2**16), i.e. with probability 1 - rate to within 2**-17.
+DROPOUT_BITS = 16
+
+
+def dropout_threshold(rate: float) -> int:
+  """The 16-bit number below which a unit is dropped: round(rate * 2**16).
+
+  Args:
+    rate: probability of zeroing a unit, in [0, 1).
+
+  Returns:
+    An int in [0, 2**16]; a unit is kept with probability
+    ``1 - threshold / 2**16``, which is ``1 - rate`` to within 2**-17
+    (2**16, every unit dropped, for rates within 2**-17 of 1).
+
+  Raises:
+    ValueError: ``rate`` outside [0, 1).
+  """
+  if not 0 <= rate < 1:
+    raise ValueError(f"dropout rate={rate} must be in [0, 1): it is the "
+                     "probability of zeroing a unit (e.g. 0.1)")
+  return round(rate * (1 << DROPOUT_BITS))
+
+
+def dropout_scale(shape: tf.Tensor | list[int], *, rate: float,
+                  seed: tf.Tensor, dtype: tf.DType,
+                  sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING
+                  ) -> tf.Tensor:
+  """The stateless inverted-dropout multiplier: 0 or 1/(1-rate) per unit.
+
+  The one place that decides how dropout masks are drawn (:func:`dropout`,
+  attention dropout and the experts' hidden-unit dropout use it). With N the
+  number of units (row-major over ``shape``), the draw is one
+  ``tf.random.stateless_uniform([ceil(N/2)], seed, dtype=tf.uint32,
+  minval=None, maxval=None)``: word ``w[i]`` gives unit ``2i`` its low 16
+  bits (``w[i] & 0xffff``) and unit ``2i+1`` its high 16 bits
+  (``w[i] >> 16``); a unit is kept iff its number is
+  ``>= dropout_threshold(rate)`` (0.1 -> 6554/65536). Half the Philox work
+  of one float32 uniform per unit.
+
+  Args:
+    shape: <int32>[R] or a list, the shape of the units.
+    rate: probability of zeroing a unit, in [0, 1).
+    seed: <int32>[2].
+    dtype: the multiplier's dtype (the activations').
+    sharding: under a mesh the draw is pinned
+      (:meth:`~m4moe.sharding.Sharding.pin_random`) so the mask equals the
+      one-device mask.
+
+  Returns:
+    <dtype>[*shape]: 0 for dropped units, ``1 / (1 - rate)`` (rounded to
+    ``dtype``) for kept ones.
+
+  Raises:
+    ValueError: ``rate`` outside [0, 1).
+  """
+  threshold = dropout_threshold(rate)
+  shape = tf.convert_to_tensor(shape, tf.int32)
+  if threshold == 1 << DROPOUT_BITS:  # no 16-bit number is kept
+    return tf.zeros(shape, dtype)
+  size = tf.reduce_prod(shape)
+  words = sharding.pin_random(
+      tf.random.stateless_uniform(tf.reshape((size + 1) // 2, [1]), seed=seed,
+                                  minval=None, maxval=None, dtype=tf.uint32),
+      name="dropout_draws")
+  # <uint16>[ceil(N / 2), 2]: low then high half of each word (bitcast is
+  # little-endian on every platform TF runs on). Replicated like the draw:
+  # DTensor has no rule for a Bitcast whose output layout differs from its
+  # input's (it would take the sharded layout of the consumer).
+  halves = sharding.replicate(tf.bitcast(words, tf.uint16),
+                              name="dropout_numbers")
+  numbers = tf.reshape(halves, [-1])[:size]
+  keep = tf.reshape(numbers, shape) >= tf.constant(threshold, tf.uint16)
+  return tf.cast(keep, dtype) * tf.constant(1 / (1 - rate), dtype)
+
+
 def dropout(x: tf.Tensor, *, rate: float, training: bool,
             seed: tf.Tensor | None,
             sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING
             ) -> tf.Tensor:
-  """Stateless inverted dropout.
+  """Stateless inverted dropout: ``x * dropout_scale(...)``.
 
   Args:
     x: <any float>[...].
-    rate: probability of zeroing a unit.
+    rate: probability of zeroing a unit, in [0, 1).
     training: dropout is only applied when True.
     seed: <int32>[2]; required when ``training`` and ``rate > 0``.
     sharding: under a mesh the draw is pinned
       (:meth:`~m4moe.sharding.Sharding.pin_random`) so the mask equals the
-      one-device mask; the numbers are those of
-      ``tf.nn.experimental.stateless_dropout`` either way.
+      one-device mask.
 
   Returns:
-    Same dtype and shape as ``x``.
+    Same dtype and shape as ``x``: the mask of :func:`dropout_scale` (16-bit
+    numbers from a uint32 Philox draw) times ``x``. Nothing is drawn when
+    ``training`` is False or ``rate`` is 0.
 
   Raises:
-    ValueError: ``training=True`` with ``rate > 0`` and no seed.
+    ValueError: ``training=True`` with ``rate > 0`` and no seed; ``rate``
+      outside [0, 1).
   """
   if not training or rate == 0:
     return x
@@ -67,14 +147,8 @@ def dropout(x: tf.Tensor, *, rate: float, training: bool,
     raise ValueError(
         f"dropout(rate={rate}) with training=True needs a seed: pass "
         "seed=<int32>[2] (e.g. fold_in(base_seed, step)) or training=False")
-  if not sharding.enabled:
-    return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed)
-  # stateless_dropout's arithmetic, with the uniform draw pinned.
-  draws = sharding.pin_random(
-      tf.random.stateless_uniform(tf.shape(x), seed=seed, dtype=x.dtype),
-      name="dropout_draws")
-  scaled = x * tf.convert_to_tensor(1 / (1 - rate), dtype=x.dtype)
-  return tf.where(draws >= rate, scaled, tf.zeros([], x.dtype))
+  return x * dropout_scale(tf.shape(x), rate=rate, seed=seed, dtype=x.dtype,
+                           sharding=sharding)
 
 
 def tensor_parallel(t: tf.Tensor, *, sharding: sharding_lib.Sharding,

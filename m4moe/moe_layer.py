@@ -70,6 +70,7 @@ import tensorflow as tf
 
 from m4moe import dispatch as dispatch_lib
 from m4moe import initializers
+from m4moe import layers
 from m4moe import routing
 from m4moe import sharding as sharding_lib
 from m4moe import task_routing
@@ -343,12 +344,14 @@ class FeedForwardExperts(tf.Module):
 
   def _dropout_scale(self, buffer_shape: tf.Tensor, *, dtype: tf.DType,
                      seed: tf.Tensor) -> tf.Tensor:
-    """<dtype>[E, G, C, H]: 0 for dropped hidden units, 1/(1-rate) else."""
+    """<dtype>[E, G, C, H]: 0 for dropped hidden units, 1/(1-rate) else.
+
+    The mask is :func:`m4moe.layers.dropout_scale`'s (16-bit numbers, pinned
+    under a mesh).
+    """
     shape = tf.concat([buffer_shape[:-1], [self.wi.shape[-1]]], axis=0)
-    draws = self.sharding.pin_random(
-        tf.random.stateless_uniform(shape, seed=seed), name="dropout_draws")
-    keep = draws >= self.dropout_rate
-    return tf.cast(keep, dtype) / (1.0 - self.dropout_rate)
+    return layers.dropout_scale(shape, rate=self.dropout_rate, seed=seed,
+                                dtype=dtype, sharding=self.sharding)
 
   def _per_expert(self, dispatched: tf.Tensor,
                   keep: tf.Tensor | None) -> tf.Tensor:

@@ -12,6 +12,7 @@ import tensorflow as tf
 from m4moe import config as config_lib
 from m4moe import losses
 from m4moe.benchmarks import decode
+from m4moe.benchmarks import dropout
 from m4moe.benchmarks import input_pipeline
 from m4moe.benchmarks import loss
 from m4moe.benchmarks import moe_layer
@@ -199,3 +200,25 @@ def test_cli_uses_the_shared_flag_names():
   names = set(bench.flags.FLAGS)
   assert {"sequence_length", "batch_tokens", "vocab_size"} <= names
   assert not {"length", "batch_size_tokens", "seq_len"} & names
+
+
+def test_dropout_comparator_is_the_stateless_dropout_formulation():
+  # The "before" case must be the masks the trainer drew before (those of
+  # tf.nn.experimental.stateless_dropout), or its ratio compares other work.
+  x = tf.random.stateless_normal([4, 5, 7], seed=[1, 2])
+  seed = tf.constant([3, 4], tf.int32)
+  np.testing.assert_array_equal(
+      dropout.uniform_dropout(x, rate=0.1, training=True, seed=seed).numpy(),
+      tf.nn.experimental.stateless_dropout(x, rate=0.1, seed=seed).numpy())
+  assert dropout.uniform_dropout(x, rate=0.1, training=False,
+                                 seed=None) is x
+
+
+def test_dropout_step_tiny(one_layer_configs):
+  step_point = train_step.StepPoint(batch_size=2, length=4, vocab_size=50)
+  records = list(dropout.run_step(step_point, config=one_layer_configs[1],
+                                  reps=1))
+  assert [r["formulation"] for r in records] == ["16_bit", "float_uniform"]
+  assert records[0]["benchmark"] == "dropout_step"
+  assert records[0]["config"] == one_layer_configs[1]
+  _finite_positive(records[0], "speedup_vs_float_uniform", "median_sec")

@@ -147,6 +147,97 @@ def test_dropout_scaling_and_eval_identity():
                             layers.fold_seed(SEED, 1).numpy())
 
 
+def _numpy_dropout(x, *, rate, seed):
+  """The mask of layers.dropout_scale re-derived from the same uint32 draw."""
+  n = x.size
+  words = tf.random.stateless_uniform(
+      [(n + 1) // 2], seed=seed, minval=None, maxval=None,
+      dtype=tf.uint32).numpy()
+  # Unit 2i takes the low 16 bits of word i, unit 2i+1 the high 16 bits.
+  numbers = np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1)[:n]
+  keep = (numbers >= round(rate * 65536)).reshape(x.shape)
+  scale = np.array(1 / (1 - rate), x.dtype)
+  return np.where(keep, x * scale, np.zeros([], x.dtype)), keep
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 4, 6), (1,)])
+def test_dropout_mask_is_the_16_bit_numbers_of_the_uint32_draw(dtype, shape):
+  x = tf.cast(tf.random.stateless_normal(shape, seed=[1, 2]), dtype)
+  out = layers.dropout(x, rate=0.1, training=True, seed=SEED)
+  want, keep = _numpy_dropout(x.numpy(), rate=0.1, seed=SEED)
+  assert out.dtype == dtype and out.shape == shape
+  np.testing.assert_array_equal(out.numpy(), want)
+  if keep.size > 50:
+    assert 0 < keep.sum() < keep.size
+  scale = layers.dropout_scale(tf.constant(shape), rate=0.1, seed=SEED,
+                               dtype=dtype).numpy()
+  np.testing.assert_array_equal(
+      scale, np.where(keep, np.array(1 / 0.9, scale.dtype), 0))
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_keeps_1_minus_rate_of_a_million_units_scaled(rate):
+  x = tf.random.stateless_normal([1000, 1000], seed=[7, 8])
+  y = layers.dropout(x, rate=rate, training=True, seed=SEED).numpy()
+  kept = y != 0
+  sigma = math.sqrt(rate * (1 - rate) / kept.size)
+  assert abs(kept.mean() - (1 - rate)) < 4 * sigma
+  np.testing.assert_array_equal(
+      y[kept], x.numpy()[kept] * np.float32(1 / (1 - rate)))
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3, 0.25, 1e-3, 1e-6, 0.999,
+                                  1 - 1e-7])
+def test_dropout_threshold_keeps_1_minus_rate_to_16_bits(rate):
+  threshold = layers.dropout_threshold(rate)
+  assert abs((1 - threshold / 65536) - (1 - rate)) <= 2 ** -17
+  assert layers.dropout_threshold(0.1) == 6554
+  if threshold == 65536:  # every unit dropped
+    y = layers.dropout(tf.ones([1000]), rate=rate, training=True, seed=SEED)
+    np.testing.assert_array_equal(y.numpy(), 0)
+
+
+@pytest.mark.parametrize("rate", [1.0, -0.1, 1.5])
+def test_dropout_rejects_rates_outside_0_1(rate):
+  x = tf.ones([4])
+  with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+    layers.dropout(x, rate=rate, training=True, seed=SEED)
+
+
+def test_dropout_mask_depends_on_the_seed_only():
+  a = layers.dropout(tf.ones([64, 33]), rate=0.2, training=True, seed=SEED)
+  b = layers.dropout(tf.fill([64, 33], 2.0), rate=0.2, training=True,
+                     seed=SEED)
+  c = layers.dropout(tf.ones([64, 33]), rate=0.2, training=True,
+                     seed=SEED + [0, 1])
+  np.testing.assert_array_equal(a.numpy() == 0, b.numpy() == 0)
+  assert (a.numpy() != c.numpy()).mean() > 0.1
+
+
+def test_dropout_with_unknown_shapes_matches_eager():
+  fn = tf.function(
+      lambda x: layers.dropout(x, rate=0.1, training=True, seed=SEED),
+      input_signature=[tf.TensorSpec([None, None], tf.float32)])
+  x = tf.random.stateless_normal([9, 13], seed=[3, 3])
+  np.testing.assert_array_equal(
+      fn(x).numpy(), layers.dropout(x, rate=0.1, training=True,
+                                    seed=SEED).numpy())
+
+
+@pytest.mark.parametrize("rate, training", [(0.0, True), (0.1, False)])
+def test_dropout_off_draws_nothing(rate, training):
+  fn = tf.function(lambda x, seed: layers.dropout(
+      x, rate=rate, training=training, seed=seed))
+  graph = fn.get_concrete_function(
+      tf.TensorSpec([4, 6], tf.float32),
+      tf.TensorSpec([2], tf.int32)).graph
+  assert not [op.type for op in graph.get_operations()
+              if "Random" in op.type]
+  x = tf.random.stateless_normal([4, 6], seed=[5, 5])
+  np.testing.assert_array_equal(fn(x, SEED).numpy(), x.numpy())
+
+
 def test_layer_norm_matches_numpy_and_keeps_dtype():
   ln = layers.LayerNorm(d_model=4)
   ln.scale.assign([1.0, 2.0, 0.5, 1.0])

@@ -11,6 +11,8 @@ Usage:
       [--vocab_size=8000] [--model_dim=128]
   m4moe-bench loss_step [--batch_size=64] [--sequence_length=64]
       [--vocab_size=8000] [--step_configs=tiny/dense]
+  m4moe-bench dropout_step [--batch_size=64] [--sequence_length=64]
+      [--vocab_size=8000] [--step_configs=tiny/dense,tiny/moe]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
       [--max_decode_length=64] [--source_length=16] [--vocab_size=8000]
       [--decode_configs=tiny/moe,tiny/dense]
@@ -30,6 +32,10 @@ calls, plus the ratios of issue 7 (see ``m4moe/benchmarks``).
 ``m4moe.losses`` against the log-softmax formulation the trainer used
 before, on the output layer alone and in the real trainer step
 (``m4moe/benchmarks/loss.py``).
+
+``dropout_step`` times the real trainer step with ``m4moe.layers.dropout``
+(16-bit masks, two per uint32 Philox word) against the float32-uniform
+masks it used before (``m4moe/benchmarks/dropout.py``).
 
 ``sharding`` times nothing: it measures the per-device memory of the real
 sharded training step on D = 1, 2, 4, 8 virtual CPU devices with
@@ -103,21 +109,22 @@ _BATCH_SIZE = flags.DEFINE_integer(
     "(default 32).")
 _SEQUENCE_LENGTH = flags.DEFINE_integer(
     "sequence_length", 32, "train_step: tokens per row (each side; loss, "
-    "loss_step: default 64; sharding: default 8).")
+    "loss_step, dropout_step: default 64; sharding: default 8).")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "decode: beam.")
 _MAX_DECODE_LENGTH = flags.DEFINE_integer("max_decode_length", 64,
                                           "decode: max target tokens.")
 _SOURCE_LENGTH = flags.DEFINE_integer("source_length", 16,
                                       "decode: source tokens.")
 _VOCAB_SIZE = flags.DEFINE_integer(
-    "vocab_size", 8000, "decode, loss, loss_step: vocabulary of the random "
-    "model (sharding: default 64).")
+    "vocab_size", 8000, "decode, loss, loss_step, dropout_step: vocabulary "
+    "of the random model (sharding: default 64).")
 _DECODE_CONFIGS = flags.DEFINE_list(
     "decode_configs", ["tiny/moe", "tiny/dense"], "decode: zoo configs.")
 _STEP_CONFIGS = flags.DEFINE_list(
     "step_configs", ["tiny/moe", "tiny/dense"],
     "train_step: the two zoo configs compared (first vs second); loss_step: "
-    "the configs measured (default tiny/dense).")
+    "the configs measured (default tiny/dense); dropout_step: the configs "
+    "measured (default tiny/dense,tiny/moe).")
 _CORPUS_DIR = flags.DEFINE_string(
     "corpus_dir", None, "input_pipeline: built corpus (default: a synthetic "
     "fixture corpus in a temporary directory).")
@@ -149,8 +156,8 @@ _NUM_HEADS = flags.DEFINE_integer("num_heads", 2,
 _D_KV = flags.DEFINE_integer("d_kv", 16, "sharding: key/value width per "
                              "head.")
 
-BENCHMARKS = ("moe_layer", "train_step", "loss", "loss_step", "decode",
-              "input_pipeline", "sharding")
+BENCHMARKS = ("moe_layer", "train_step", "loss", "loss_step", "dropout_step",
+              "decode", "input_pipeline", "sharding")
 
 
 def _jits() -> tuple[bool, ...]:
@@ -255,6 +262,21 @@ def _loss_step() -> None:
       timing.emit(record)
 
 
+def _dropout_step() -> None:
+  from m4moe.benchmarks import dropout  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  point = train_step.StepPoint(batch_size=_BATCH_SIZE.value or 64,
+                               length=_given(_SEQUENCE_LENGTH, 64),
+                               vocab_size=_VOCAB_SIZE.value)
+  configs = (_STEP_CONFIGS.value if _STEP_CONFIGS.present
+             else ["tiny/dense", "tiny/moe"])
+  for config in configs:
+    for record in dropout.run_step(point, config=config, reps=_REPS.value,
+                                   warmup=_WARMUP.value):
+      timing.emit(record)
+
+
 def _decode() -> None:
   from m4moe.benchmarks import decode  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
@@ -325,7 +347,7 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"--clock={_CLOCK.value} times moe_layer only; "
                          f"{argv[1]} times wall-clock seconds: drop the flag")
   {"moe_layer": _moe_layer, "train_step": _train_step, "loss": _loss,
-   "loss_step": _loss_step, "decode": _decode,
+   "loss_step": _loss_step, "dropout_step": _dropout_step, "decode": _decode,
    "input_pipeline": _input_pipeline, "sharding": _sharding}[argv[1]]()
 
 

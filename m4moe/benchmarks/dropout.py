@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Iterator
-from unittest import mock
 
 import tensorflow as tf
 
@@ -62,13 +61,9 @@ def run_step(point: train_step.StepPoint, *, config: str = "tiny/dense",
   The ``16_bit`` record has ``speedup_vs_float_uniform``: median seconds of
   the ``float_uniform`` step over its own.
   """
-  batch = train_step.synthetic_batch(point)
-  sixteen = train_step.step_case(config, vocab_size=point.vocab_size,
-                                 batch=batch)
-  sixteen()  # traced with layers.dropout
-  old = train_step.step_case(config, vocab_size=point.vocab_size, batch=batch)
-  with mock.patch.object(layers, "dropout", uniform_dropout):
-    old()  # traced with the float32-uniform masks
+  sixteen, old = train_step.step_with_and_without(
+      config, point=point, module=layers, attribute="dropout",
+      replacement=uniform_dropout)
   cases = {"16_bit": sixteen, "float_uniform": old}
   times = timing.interleaved(cases, reps=reps, warmup=warmup)
   base = {"benchmark": "dropout_step", "config": config,

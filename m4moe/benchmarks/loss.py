@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Iterator
-from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -97,13 +96,9 @@ def run_layer(point: LossPoint, *, reps: int = 5,
 def run_step(point: train_step.StepPoint, *, config: str = "tiny/dense",
              reps: int = 5, warmup: int = 1) -> Iterator[dict[str, Any]]:
   """Interleaved trainer steps of ``config``; one record per formulation."""
-  batch = train_step.synthetic_batch(point)
-  one_pass = train_step.step_case(config, vocab_size=point.vocab_size,
-                                  batch=batch)
-  one_pass()  # traced with the one-pass loss
-  old = train_step.step_case(config, vocab_size=point.vocab_size, batch=batch)
-  with mock.patch.object(losses, "per_token_losses", log_softmax_losses):
-    old()  # traced with the previous formulation
+  one_pass, old = train_step.step_with_and_without(
+      config, point=point, module=losses, attribute="per_token_losses",
+      replacement=log_softmax_losses)
   times = timing.interleaved({"one_pass": one_pass, "log_softmax": old},
                              reps=reps, warmup=warmup)
   yield from _records("loss_step", times,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable, Iterator, Mapping
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -62,6 +63,28 @@ def step_case(config_name: str, *, vocab_size: int,
     seed = tf.constant([0, next(counter)], tf.int32)
     return runner.train_step([batch], seed=seed)
   return call
+
+
+def step_with_and_without(config_name: str, *, point: StepPoint,
+                          module: Any, attribute: str, replacement: Any
+                          ) -> tuple[Callable[[], Any], Callable[[], Any]]:
+  """Two trainer steps of ``config_name`` on one synthetic batch, traced.
+
+  The first is traced with the code as it is; the second with
+  ``module.attribute`` replaced by ``replacement`` while it is traced (the
+  previous formulation of a function the step calls), so an A/B of the two
+  runs interleaved in one process.
+
+  Returns:
+    (current, replaced) zero-argument step calls.
+  """
+  batch = synthetic_batch(point)
+  current = step_case(config_name, vocab_size=point.vocab_size, batch=batch)
+  current()
+  replaced = step_case(config_name, vocab_size=point.vocab_size, batch=batch)
+  with mock.patch.object(module, attribute, replacement):
+    replaced()
+  return current, replaced
 
 
 def run(point: StepPoint, *, configs: tuple[str, str] = ("tiny/moe",

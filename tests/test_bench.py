@@ -125,7 +125,8 @@ def test_loss_comparator_computes_the_same_losses():
 
 def test_loss_and_loss_step_tiny(one_layer_configs):
   point = loss.LossPoint(batch_size=2, length=3, model_dim=8, vocab_size=50)
-  one_pass, old = loss.run_layer(point, reps=1)
+  one_pass, old = loss.run_layer(point, reps=1, clock="cpu")
+  assert one_pass["clock"] == "cpu"
   assert (one_pass["formulation"], old["formulation"]) == (
       "one_pass", "log_softmax")
   assert one_pass["benchmark"] == "loss" and one_pass["vocab_size"] == 50
@@ -168,12 +169,13 @@ def test_cli_rejects_unknown_dispatch():
     flag_values["dispatches"].unparse()
 
 
-def test_cli_rejects_cpu_clock_outside_moe_layer_and_zero_reps():
+def test_cli_rejects_cpu_clock_outside_the_clocked_benchmarks_and_zero_reps():
   flag_values = bench.flags.FLAGS
   flag_values(["m4moe-bench", "--clock=cpu"])
   try:
     with pytest.raises(bench.app.UsageError, match="--clock=cpu times "
-                       "moe_layer only; train_step times wall-clock"):
+                       "moe_layer, loss, loss_step, dropout_step only; "
+                       "train_step times wall-clock"):
       bench.main(["m4moe-bench", "train_step"])
   finally:
     flag_values["clock"].unparse()

@@ -55,7 +55,8 @@ def uniform_dropout(x: tf.Tensor, *, rate: float, training: bool,
 
 
 def run_step(point: train_step.StepPoint, *, config: str = "tiny/dense",
-             reps: int = 5, warmup: int = 1) -> Iterator[dict[str, Any]]:
+             reps: int = 5, warmup: int = 1,
+             clock: str = "wall") -> Iterator[dict[str, Any]]:
   """Interleaved trainer steps of ``config``; one record per formulation.
 
   The ``16_bit`` record has ``speedup_vs_float_uniform``: median seconds of
@@ -65,10 +66,10 @@ def run_step(point: train_step.StepPoint, *, config: str = "tiny/dense",
       config, point=point, module=layers, attribute="dropout",
       replacement=uniform_dropout)
   cases = {"16_bit": sixteen, "float_uniform": old}
-  times = timing.interleaved(cases, reps=reps, warmup=warmup)
+  times = timing.interleaved(cases, reps=reps, warmup=warmup, clock=clock)
   base = {"benchmark": "dropout_step", "config": config,
           **dataclasses.asdict(point), "tokens_per_step": point.tokens,
-          "reps": reps, **timing.machine()}
+          "clock": clock, "reps": reps, **timing.machine()}
   for case in cases:
     record = {**base, "formulation": case, "median_sec": times.median(case),
               "seconds": times.seconds[case]}

@@ -84,26 +84,28 @@ def _layer_case(point: LossPoint, loss_fn) -> Any:
   return lambda: tf.nest.map_structure(lambda t: t.numpy(), step())
 
 
-def run_layer(point: LossPoint, *, reps: int = 5,
-              warmup: int = 1) -> Iterator[dict[str, Any]]:
+def run_layer(point: LossPoint, *, reps: int = 5, warmup: int = 1,
+              clock: str = "wall") -> Iterator[dict[str, Any]]:
   """Interleaved loss-layer calls; yields one record per formulation."""
   cases = {"one_pass": _layer_case(point, losses.per_token_losses),
            "log_softmax": _layer_case(point, log_softmax_losses)}
-  times = timing.interleaved(cases, reps=reps, warmup=warmup)
-  yield from _records("loss", times, {**dataclasses.asdict(point)}, reps)
+  times = timing.interleaved(cases, reps=reps, warmup=warmup, clock=clock)
+  yield from _records("loss", times, {**dataclasses.asdict(point),
+                                      "clock": clock}, reps)
 
 
 def run_step(point: train_step.StepPoint, *, config: str = "tiny/dense",
-             reps: int = 5, warmup: int = 1) -> Iterator[dict[str, Any]]:
+             reps: int = 5, warmup: int = 1,
+             clock: str = "wall") -> Iterator[dict[str, Any]]:
   """Interleaved trainer steps of ``config``; one record per formulation."""
   one_pass, old = train_step.step_with_and_without(
       config, point=point, module=losses, attribute="per_token_losses",
       replacement=log_softmax_losses)
   times = timing.interleaved({"one_pass": one_pass, "log_softmax": old},
-                             reps=reps, warmup=warmup)
+                             reps=reps, warmup=warmup, clock=clock)
   yield from _records("loss_step", times,
                       {"config": config, **dataclasses.asdict(point),
-                       "tokens_per_step": point.tokens}, reps)
+                       "tokens_per_step": point.tokens, "clock": clock}, reps)
 
 
 def _records(name: str, times: timing.Timings, base: dict[str, Any],

@@ -8,11 +8,12 @@ Usage:
       [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench train_step [--batch_size=64] [--sequence_length=32]
   m4moe-bench loss [--batch_size=64] [--sequence_length=64]
-      [--vocab_size=8000] [--model_dim=128]
+      [--vocab_size=8000] [--model_dim=128] [--clock=wall|cpu]
   m4moe-bench loss_step [--batch_size=64] [--sequence_length=64]
-      [--vocab_size=8000] [--step_configs=tiny/dense]
+      [--vocab_size=8000] [--step_configs=tiny/dense] [--clock=wall|cpu]
   m4moe-bench dropout_step [--batch_size=64] [--sequence_length=64]
       [--vocab_size=8000] [--step_configs=tiny/dense,tiny/moe]
+      [--clock=wall|cpu]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
       [--max_decode_length=64] [--source_length=16] [--vocab_size=8000]
       [--decode_configs=tiny/moe,tiny/dense]
@@ -81,7 +82,8 @@ _DISPATCHES = flags.DEFINE_list(
     "only: its per-expert row counts are dynamic, which XLA cannot compile).")
 _JIT = flags.DEFINE_list("jit", ["on", "off"], "moe_layer: XLA on/off.")
 _CLOCK = flags.DEFINE_enum(
-    "clock", "wall", ["wall", "cpu"], "moe_layer: time wall-clock seconds, "
+    "clock", "wall", ["wall", "cpu"], "moe_layer, loss, loss_step, "
+    "dropout_step: time wall-clock seconds, "
     "or the CPU seconds of this process (all threads), which other "
     "processes' load inflates less; each JSON line records it.")
 _MODEL_DIM = flags.DEFINE_integer(
@@ -156,6 +158,8 @@ _NUM_HEADS = flags.DEFINE_integer("num_heads", 2,
 _D_KV = flags.DEFINE_integer("d_kv", 16, "sharding: key/value width per "
                              "head.")
 
+# The sub-benchmarks that take --clock=cpu.
+CLOCKED = ("moe_layer", "loss", "loss_step", "dropout_step")
 BENCHMARKS = ("moe_layer", "train_step", "loss", "loss_step", "dropout_step",
               "decode", "input_pipeline", "sharding")
 
@@ -244,7 +248,8 @@ def _loss() -> None:
                          length=_given(_SEQUENCE_LENGTH, 64),
                          model_dim=_given(_MODEL_DIM, 128),
                          vocab_size=_VOCAB_SIZE.value)
-  for record in loss.run_layer(point, reps=_REPS.value, warmup=_WARMUP.value):
+  for record in loss.run_layer(point, reps=_REPS.value, warmup=_WARMUP.value,
+                               clock=_CLOCK.value):
     timing.emit(record)
 
 
@@ -258,7 +263,7 @@ def _loss_step() -> None:
   configs = _STEP_CONFIGS.value if _STEP_CONFIGS.present else ["tiny/dense"]
   for config in configs:
     for record in loss.run_step(point, config=config, reps=_REPS.value,
-                                warmup=_WARMUP.value):
+                                warmup=_WARMUP.value, clock=_CLOCK.value):
       timing.emit(record)
 
 
@@ -273,7 +278,7 @@ def _dropout_step() -> None:
              else ["tiny/dense", "tiny/moe"])
   for config in configs:
     for record in dropout.run_step(point, config=config, reps=_REPS.value,
-                                   warmup=_WARMUP.value):
+                                   warmup=_WARMUP.value, clock=_CLOCK.value):
       timing.emit(record)
 
 
@@ -343,9 +348,10 @@ def main(argv: Sequence[str]) -> None:
   if _PROFILE_DIR.value and argv[1] != "moe_layer":
     raise app.UsageError(f"--profile_dir profiles moe_layer only, not "
                          f"{argv[1]}: drop the flag")
-  if _CLOCK.value != "wall" and argv[1] != "moe_layer":
-    raise app.UsageError(f"--clock={_CLOCK.value} times moe_layer only; "
-                         f"{argv[1]} times wall-clock seconds: drop the flag")
+  if _CLOCK.value != "wall" and argv[1] not in CLOCKED:
+    raise app.UsageError(f"--clock={_CLOCK.value} times {', '.join(CLOCKED)} "
+                         f"only; {argv[1]} times wall-clock seconds: drop "
+                         "the flag")
   {"moe_layer": _moe_layer, "train_step": _train_step, "loss": _loss,
    "loss_step": _loss_step, "dropout_step": _dropout_step, "decode": _decode,
    "input_pipeline": _input_pipeline, "sharding": _sharding}[argv[1]]()

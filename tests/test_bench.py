@@ -2,8 +2,10 @@
 prints JSON lines carrying its config and the issue-7 ratios (no timing
 assertions)."""
 
+import io
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from m4moe.benchmarks import dropout
 from m4moe.benchmarks import input_pipeline
 from m4moe.benchmarks import loss
 from m4moe.benchmarks import moe_layer
+from m4moe.benchmarks import peak_rss
 from m4moe.benchmarks import timing
 from m4moe.benchmarks import train_step
 from m4moe.cli import bench
@@ -224,3 +227,57 @@ def test_dropout_step_tiny(one_layer_configs):
   assert records[0]["benchmark"] == "dropout_step"
   assert records[0]["config"] == one_layer_configs[1]
   _finite_positive(records[0], "speedup_vs_float_uniform", "median_sec")
+
+
+_ALLOCATE = ("import sys, time\n"
+             "print('start', flush=True)\n"
+             "block = bytearray(200 * 2**20)  # zero-filled: every page touched\n"
+             "print('allocated', flush=True)\n"
+             "time.sleep(1.0)\n"
+             "del block\n"
+             "print('freed', flush=True)\n"
+             "sys.exit(int(sys.argv[1]))\n")
+
+
+def test_peak_rss_finds_the_peak_and_its_phase():
+  echoed = io.StringIO()
+  record = peak_rss.measure([sys.executable, "-c", _ALLOCATE, "0"],
+                            interval=0.05, echo=echoed)
+  assert record["returncode"] == 0
+  # The kernel's peak and the largest sample both hold the 200 MiB block,
+  # and the last line printed before the largest sample names its phase.
+  assert record["max_rss_kb"] >= 200 * 1024
+  assert 200 * 1024 <= record["peak_sampled_rss_kb"] <= record["max_rss_kb"]
+  assert record["peak_line"] == "allocated"
+  lines = echoed.getvalue().splitlines()
+  assert [line.split("] ", 1)[1] for line in lines] == [
+      "start", "allocated", "freed"]
+  assert all(line.startswith("[") and "rss=" in line for line in lines)
+
+
+def test_peak_rss_reports_failures():
+  record = peak_rss.measure([sys.executable, "-c", _ALLOCATE, "3"],
+                            interval=0.05)
+  assert record["returncode"] == 3 and record["max_rss_kb"] >= 200 * 1024
+  with pytest.raises(ValueError, match="no command given"):
+    peak_rss.measure([])
+  with pytest.raises(ValueError, match="interval=0 must be > 0"):
+    peak_rss.measure(["true"], interval=0)
+
+
+def test_cli_peak_rss(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    bench.main(["m4moe-bench", "peak_rss", sys.executable, "-c", _ALLOCATE,
+                "2"])
+  assert exit_info.value.code == 1
+  captured = capsys.readouterr()
+  record = json.loads(captured.out)  # the JSON line comes before the exit
+  assert record["benchmark"] == "peak_rss" and record["returncode"] == 2
+  assert "allocated" in captured.err
+  assert "measured command exited with 2" in captured.err
+  with pytest.raises(bench.app.UsageError, match="needs the command"):
+    bench.main(["m4moe-bench", "peak_rss"])
+  with pytest.raises(bench.app.UsageError, match="cannot run '/nonexistent"):
+    bench.main(["m4moe-bench", "peak_rss", "/nonexistent/m4moe-x"])
+  with pytest.raises(bench.app.UsageError, match="usage"):
+    bench.main(["m4moe-bench", "train_step", "extra"])

@@ -23,6 +23,7 @@ Usage:
       [--sharding_layouts=expert,data] [--experts_per_device=4]
       [--tokens_per_device=64] [--sequence_length=8] [--model_dim=32]
       [--num_heads=2] [--d_kv=16] [--hidden_dim=64] [--vocab_size=64]
+  m4moe-bench peak_rss [--rss_interval=0.5] -- COMMAND [ARGS...]
   common: [--reps=R] [--warmup=W]
 
 Every sub-benchmark times the cases it compares interleaved in one process
@@ -37,6 +38,14 @@ before, on the output layer alone and in the real trainer step
 ``dropout_step`` times the real trainer step with ``m4moe.layers.dropout``
 (16-bit masks, two per uint32 Philox word) against the float32-uniform
 masks it used before (``m4moe/benchmarks/dropout.py``).
+
+``peak_rss`` times nothing either: it runs COMMAND (everything after
+``--``), echoes its output to stderr with the elapsed seconds and the
+resident memory in front of each line, and prints one JSON line with the
+command's exact peak RSS (``max_rss_kb``, from the kernel) and the time
+and last output line of the largest sampled RSS, so a training run's
+peak can be placed in its phase (``m4moe/benchmarks/peak_rss.py``). It
+exits with 1 if the command failed (the JSON line is printed first).
 
 ``sharding`` times nothing: it measures the per-device memory of the real
 sharded training step on D = 1, 2, 4, 8 virtual CPU devices with
@@ -136,6 +145,9 @@ _BATCH_TOKENS = flags.DEFINE_integer("batch_tokens", 4096,
                                      "input_pipeline: tokens per batch side.")
 _BATCHES_PER_REP = flags.DEFINE_integer(
     "batches_per_rep", 20, "input_pipeline: batches per timed repetition.")
+_RSS_INTERVAL = flags.DEFINE_float(
+    "rss_interval", 0.5, "peak_rss: seconds between two readings of the "
+    "command's resident memory.", lower_bound=0.01)
 _FIXTURE_PAIRS = flags.DEFINE_integer(
     "fixture_pairs", 2000, "input_pipeline: pairs of the largest fixture "
     "language.")
@@ -161,7 +173,7 @@ _D_KV = flags.DEFINE_integer("d_kv", 16, "sharding: key/value width per "
 # The sub-benchmarks that take --clock=cpu.
 CLOCKED = ("moe_layer", "loss", "loss_step", "dropout_step")
 BENCHMARKS = ("moe_layer", "train_step", "loss", "loss_step", "dropout_step",
-              "decode", "input_pipeline", "sharding")
+              "decode", "input_pipeline", "sharding", "peak_rss")
 
 
 def _jits() -> tuple[bool, ...]:
@@ -340,8 +352,28 @@ def _sharding() -> None:
     timing.emit(record)
 
 
+def _peak_rss(command: Sequence[str]) -> None:
+  from m4moe.benchmarks import peak_rss  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  if not command:
+    raise app.UsageError("peak_rss needs the command to measure after --, "
+                         "e.g. m4moe-bench peak_rss -- m4moe-train ...")
+  try:
+    record = peak_rss.measure(command, interval=_RSS_INTERVAL.value,
+                              echo=sys.stderr)
+  except OSError as e:
+    raise app.UsageError(f"peak_rss: cannot run {command[0]!r}: "
+                         f"{e.strerror or e}") from None
+  timing.emit(record)
+  if record["returncode"] != 0:
+    print(f"m4moe-bench: the measured command exited with "
+          f"{record['returncode']}", file=sys.stderr)
+    sys.exit(1)
+
+
 def main(argv: Sequence[str]) -> None:
-  if len(argv) != 2 or argv[1] not in BENCHMARKS:
+  if len(argv) < 2 or argv[1] not in BENCHMARKS or (
+      len(argv) != 2 and argv[1] != "peak_rss"):
     raise app.UsageError(
         f"usage: m4moe-bench <{'|'.join(BENCHMARKS)}> [flags]; got "
         f"{' '.join(argv[1:]) or 'nothing'}")
@@ -352,6 +384,9 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"--clock={_CLOCK.value} times {', '.join(CLOCKED)} "
                          f"only; {argv[1]} times wall-clock seconds: drop "
                          "the flag")
+  if argv[1] == "peak_rss":
+    _peak_rss(argv[2:])
+    return
   {"moe_layer": _moe_layer, "train_step": _train_step, "loss": _loss,
    "loss_step": _loss_step, "dropout_step": _dropout_step, "decode": _decode,
    "input_pipeline": _input_pipeline, "sharding": _sharding}[argv[1]]()

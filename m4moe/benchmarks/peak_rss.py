@@ -1,0 +1,112 @@
+"""Peak resident memory of a command, and when (in which phase) it happened.
+
+Runs the command as a child process, reads its ``VmRSS`` from
+``/proc/<pid>/status`` every ``interval`` seconds, and echoes each line the
+command prints (stdout and stderr together) to ``echo`` with the elapsed
+seconds and the last sampled RSS in front, so the log shows the phase the
+memory belongs to (step, dev evaluation, checkpoint save). When the command
+exits, its exact peak comes from the kernel (``ru_maxrss`` of ``wait4``,
+the same number as ``/usr/bin/time -v``'s "Maximum resident set size");
+the samples give the time of the largest sampled RSS and the last output
+line before it. Linux only (``/proc``). Only the child's own memory is
+counted, not that of processes it starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import threading
+import time
+from typing import Any, Sequence, TextIO
+
+
+@dataclasses.dataclass(frozen=True)
+class RssSample:
+  """One reading: seconds since the start, resident set size in KiB."""
+  seconds: float
+  rss_kb: int
+
+
+def _rss_kb(pid: int) -> int | None:
+  """VmRSS of ``pid`` in KiB, or None once the process is gone."""
+  try:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          return int(line.split()[1])
+  except (OSError, ValueError):
+    return None
+  return None  # a zombie has no VmRSS line
+
+
+def measure(command: Sequence[str], *, interval: float = 0.5,
+            echo: TextIO | None = None) -> dict[str, Any]:
+  """Runs ``command`` to its end and returns its peak-RSS record.
+
+  Args:
+    command: program and arguments (no shell).
+    interval: seconds between two RSS readings; > 0.
+    echo: where the command's output goes, each line prefixed with
+      ``[<seconds>s rss=<MiB>MB]``; None: the output is read and dropped.
+
+  Returns:
+    ``{"benchmark": "peak_rss", "command", "returncode", "max_rss_kb"
+    (exact, from the kernel), "peak_sampled_rss_kb", "peak_time_sec",
+    "peak_line" (the last output line before the largest sample, "" if
+    none), "wall_sec", "cpu_sec" (the child's user + system time),
+    "samples"}``.
+
+  Raises:
+    ValueError: empty ``command`` or ``interval`` <= 0.
+    FileNotFoundError / PermissionError: the program cannot be started.
+  """
+  if not command:
+    raise ValueError("no command given: pass the program and its arguments")
+  if interval <= 0:
+    raise ValueError(f"interval={interval} must be > 0 seconds")
+  start = time.monotonic()
+  proc = subprocess.Popen(list(command), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, bufsize=1,
+                          errors="replace")
+  samples: list[RssSample] = []
+  lines: list[tuple[float, str]] = []
+  exited = threading.Event()
+
+  def sample() -> None:
+    while not exited.is_set():
+      rss = _rss_kb(proc.pid)
+      if rss is not None:
+        samples.append(RssSample(seconds=time.monotonic() - start,
+                                 rss_kb=rss))
+      exited.wait(interval)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  assert proc.stdout is not None
+  for line in proc.stdout:
+    now = time.monotonic() - start
+    lines.append((now, line.rstrip("\n")))
+    if echo is not None:
+      rss = samples[-1].rss_kb if samples else 0
+      echo.write(f"[{now:8.1f}s rss={rss / 1024:7.1f}MB] {line}")
+      echo.flush()
+  # wait4 (not Popen.wait) reaps the child and returns its resource usage.
+  _, status, usage = os.wait4(proc.pid, 0)
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  exited.set()
+  sampler.join()
+  peak = max(samples, key=lambda s: s.rss_kb, default=RssSample(0.0, 0))
+  before = [text for t, text in lines if t <= peak.seconds]
+  return {
+      "benchmark": "peak_rss", "command": list(command),
+      "returncode": proc.returncode, "max_rss_kb": usage.ru_maxrss,
+      "peak_sampled_rss_kb": peak.rss_kb,
+      "peak_time_sec": round(peak.seconds, 1),
+      "peak_line": before[-1] if before else "",
+      "wall_sec": round(time.monotonic() - start, 1),
+      "cpu_sec": round(usage.ru_utime + usage.ru_stime, 1),
+      "samples": len(samples),
+  }
+

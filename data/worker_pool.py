@@ -10,6 +10,12 @@ corpus builder's catalog parsing:
 * leaving the ``with`` block by an exception (SIGTERM turned into an
   exception, Ctrl-C, a failure) cancels queued work and terminates the
   workers instead of waiting for them;
+* workers are forked (``ProcessPoolExecutor`` forks on ``submit``) with
+  SIGTERM, SIGINT and SIGHUP blocked in the builder, so a signal that
+  arrives during a fork is delivered right after it: a Python signal
+  handler that raises inside ``os.fork``'s at-fork callbacks (logging
+  releases its lock there) is printed as "Exception ignored" and lost, which
+  let a SIGTERM'd build run on. Workers unblock them first thing;
 * :meth:`WorkerPool.map` yields results in input order, like
   ``Executor.map``, but a worker that dies (a segfault, the OOM killer)
   costs only the item it was processing: the pool is restarted, the items of
@@ -20,6 +26,7 @@ corpus builder's catalog parsing:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -30,12 +37,27 @@ from typing import Any, Callable, Iterator, Sequence
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _EXIT_TIMEOUT_S = 5.0
+# Signals held back while workers are forked (module docstring).
+_HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+  """Blocks :data:`_HELD_SIGNALS` in this thread; pending ones are delivered
+  (their handlers run) when the block ends."""
+  previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _init_worker(builder_pid: int) -> None:
   """Pool initializer (module docstring); exits if the builder is gone."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  # Forked with the builder's signals held (_signals_held): take them again.
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_SIGNALS)
   if sys.platform.startswith("linux"):
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
@@ -114,9 +136,10 @@ class WorkerPool:
     """
     start = 0
     while start < len(items):
-      futures = [self._executor.submit(_run_chunk, fn,
-                                       items[i:i + self._chunksize])
-                 for i in range(start, len(items), self._chunksize)]
+      with _signals_held():  # submit forks the workers
+        futures = [self._executor.submit(_run_chunk, fn,
+                                         items[i:i + self._chunksize])
+                   for i in range(start, len(items), self._chunksize)]
       for k, future in enumerate(futures):
         try:
           results = future.result()
@@ -137,7 +160,9 @@ class WorkerPool:
                on_crash: Callable[[Any, str], Any]) -> Iterator[Any]:
     for item in chunk:
       try:
-        yield self._executor.submit(fn, item).result()
+        with _signals_held():  # submit forks the workers
+          future = self._executor.submit(fn, item)
+        yield future.result()
       except futures_process.BrokenProcessPool as e:
         self._restart()
         yield on_crash(item, f"the worker process died ({e})")

@@ -27,6 +27,8 @@ Package map (one idea per module):
 * ``decoding``: beam and greedy search.
 * ``cost``: parameter, FLOP and memory counts from a config.
 * ``cost_tables``: the GShard Table 1 per-device analysis over the zoo.
+* ``cost_unfused``: the tensors TensorFlow's kernel-by-kernel gradient tape
+  keeps, per sub-layer (``cost``'s ``unfused`` execution).
 * ``mesh``, ``sharding``: device meshes and GShard sharding annotations.
 * ``train``, ``training``: the resumable training loop and its parts.
 * ``main_job``: the whole study as resumable stages.

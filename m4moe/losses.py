@@ -50,8 +50,6 @@ def token_cross_entropy(
   Raises:
     ValueError: ``label_smoothing`` outside [0, 1).
   """
-  if not 0.0 <= label_smoothing < 1.0:
-    raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1)")
   per_token = per_token_cross_entropy(logits, targets,
                                       label_smoothing=label_smoothing)
   if weights is None:

@@ -15,7 +15,9 @@ the paper's Adafactor); optimiser flags given on the command line override
 it, and flags no one sets keep the paper's defaults. The
 vocabulary sizes come from the SentencePiece models in ``--vocab_dir``.
 Running again with the same ``--model_dir`` resumes from the last complete
-checkpoint (exactly, see m4moe.train). SIGTERM, SIGINT (Ctrl-C) or SIGHUP
+checkpoint (exactly, see m4moe.train); ``--continue_from=RUN`` starts a
+new ``--model_dir`` as a copy of a finished run and resumes that copy with
+a larger ``--train_steps``, leaving the original as it was. SIGTERM, SIGINT (Ctrl-C) or SIGHUP
 saves and exits with code 0; a second Ctrl-C stops at once without saving.
 A damaged newest checkpoint is moved into ``--model_dir``/damaged/ and the
 run resumes from the newest intact one; if none is left, or the metrics show
@@ -93,6 +95,12 @@ _INIT_FROM_DENSE_OPTIMIZER = flags.DEFINE_bool(
     "init_from_dense_optimizer", False, "With --init_from_dense, also copy "
     "its Adafactor state (slots, iterations: the schedule continues); needs "
     "the dense run's --factored and --beta1.")
+_CONTINUE_FROM = flags.DEFINE_string(
+    "continue_from", "", "A finished run's model dir: a new --model_dir "
+    "starts as a copy of it (checkpoints, optimiser, step, early-stopping "
+    "state, best/, logs) and training resumes from its latest checkpoint up "
+    "to --train_steps, leaving it unchanged (m4moe.training.continuation). "
+    "Ignored once --model_dir holds a checkpoint.")
 _CHECK_CONFIG = flags.DEFINE_bool(
     "check_config", False, "Validate config, data (every corpus line: "
     "malformed ones are listed as file:line) and devices, then exit (2 on "
@@ -247,6 +255,28 @@ def _run_record(data, built) -> dict[str, Any]:
   return record
 
 
+def _continue_run(model_dir: str, *, dry: bool) -> list[str]:
+  """--continue_from: copies the finished run into a fresh ``model_dir``
+  before anything reads it (``dry``: only validates); its problems."""
+  from m4moe.training import continuation  # pylint: disable=g-import-not-at-top
+  source = _CONTINUE_FROM.value
+  if not source:
+    return []
+  if _INIT_FROM_DENSE.value:
+    return ["--continue_from and --init_from_dense exclude each other: a "
+            "continued run already has its weights"]
+  try:
+    step = (continuation.check if dry else continuation.copy_run)(
+        source=source, model_dir=model_dir)
+  except (continuation.ContinuationError, OSError) as e:
+    return [str(e)]
+  if step is not None:
+    verb = "would continue" if dry else "continues"
+    print(f"m4moe-train: --model_dir={model_dir} {verb} {source} from its "
+          f"step {step}", file=sys.stderr)
+  return []
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -308,6 +338,8 @@ def main(argv):
     replicas = strategy.num_replicas_in_sync
   problems += _check(data, replicas, model_config)
   problems += _check_mesh(mesh, data, model_config)
+  problems += _continue_run(train.model_dir, dry=_CHECK_CONFIG.value or
+                            bool(problems))
   try:
     record = _run_record(data, built)
   except (ValueError, OSError) as e:

@@ -118,28 +118,49 @@ class MoeOutput:
 _PER_EXPERT_MATMUL_MAX_EXPERTS = 128
 
 
-def _times_transposed(a: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
-  """``a @ w^T`` as ``(w @ a^T)^T``: <dtype>[R, P] from [R, Q] and [P, Q].
+# Expected rows per expert from which ``a @ w^T`` with a tall ``w`` (more
+# rows than columns: ``wo``, <[H, M]>, in the gradient into the hidden layer)
+# is cheaper as oneDNN's ``transpose_b`` matmul than as ``(w @ a^T)^T``.
+# Measured (fwd+bwd shapes of M=512, H=2048, one process, 2 threads,
+# 2026-11-24; eval/results/benchmarks.md, session 6): for ``dy @ wo^T`` at
+# 1024 rows per expert 37.6 vs 47.4 ms per 8 experts (transpose_b is as fast
+# as a plain matmul), at 256 rows 47.6 vs 49.6 per 32, at 64 rows 86.5 vs
+# 56.7 per 128; for the wide ``d_pre @ wi^T`` the transposed form wins at
+# every count (48.1 vs 54.1, 50.3 vs 59.3, 62.8 vs 129.6).
+TRANSPOSE_B_MIN_ROWS = 512
+
+
+def _times_transposed(a: tf.Tensor, w: tf.Tensor, *,
+                      rows: int | None = None) -> tf.Tensor:
+  """``a @ w^T``: <dtype>[R, P] from [R, Q] and [P, Q], in the cheaper form.
 
   oneDNN's ``MatMul(transpose_b=True)`` re-lays out the whole weight ``w``
   on every call; for a few rows (an expert's share of a batch) that copy
   costs more than the product (E=128, 64 rows of [64, 2048] x [512, 2048]^T:
-  269 vs 139 ms of CPU per 128 experts). This form transposes only the
-  small ``a`` and the small result.
+  269 vs 139 ms of CPU per 128 experts), so by default this computes
+  ``(w @ a^T)^T``, which transposes only the small ``a`` and the small
+  result. With many ``rows`` (the expected R, static) and a tall ``w`` (P >=
+  Q) the result transpose costs more than the re-layout, and the
+  ``transpose_b`` matmul is used (:data:`TRANSPOSE_B_MIN_ROWS`).
   """
+  if (rows is not None and rows >= TRANSPOSE_B_MIN_ROWS and
+      w.shape[0] is not None and w.shape[0] >= w.shape[1]):
+    return tf.matmul(a, w, transpose_b=True)
   return tf.transpose(tf.matmul(w, a, transpose_b=True))
 
 
 def _expert_ffn(x: tf.Tensor, wi: tf.Tensor, wo: tf.Tensor,
-                keep: tf.Tensor | None = None) -> tf.Tensor:
+                keep: tf.Tensor | None = None, *,
+                rows: int | None = None) -> tf.Tensor:
   """One expert's ``(ReLU(x . wi) * keep) . wo``, with a hand-written gradient.
 
   The gradient equals autodiff's; the input gradients use
-  :func:`_times_transposed` instead of ``transpose_b`` matmuls.
+  :func:`_times_transposed`, which picks the matmul form from ``rows``.
 
   Args:
     x: <dtype>[R, M] the expert's rows; wi: <dtype>[M, H]; wo: <dtype>[H, M].
     keep: <dtype>[R, H] expert-dropout scale (0 or 1/(1-rate)), or None.
+    rows: the expected R (static; None: unknown, the few-rows form).
 
   Returns:
     <dtype>[R, M].
@@ -150,12 +171,12 @@ def _expert_ffn(x: tf.Tensor, wi: tf.Tensor, wo: tf.Tensor,
     if keep is not None:
       h *= keep
     def grad(dy):
-      d_h = _times_transposed(dy, wo)
+      d_h = _times_transposed(dy, wo, rows=rows)
       if keep is not None:
         d_h *= keep
       # ReLU'(pre) = [h > 0]: h = ReLU(pre) * keep, and keep = 0 zeroes d_h.
       d_pre = tf.raw_ops.ReluGrad(gradients=d_h, features=h)
-      return (_times_transposed(d_pre, wi),
+      return (_times_transposed(d_pre, wi, rows=rows),
               tf.matmul(x, d_pre, transpose_a=True),
               tf.matmul(h, dy, transpose_a=True))
     return tf.matmul(h, wo), grad
@@ -307,7 +328,11 @@ class FeedForwardExperts(tf.Module):
       keeps = tf.split(keep, sizes, num=num_experts + 1)
     wi = tf.unstack(tf.cast(self.wi, dtype))
     wo = tf.unstack(tf.cast(self.wo, dtype))
-    outputs = [_expert_ffn(pieces[e], wi[e], wo[e], keeps[e])
+    # The mean rows per expert (T/E when T is static) picks the gradient's
+    # matmul forms.
+    total = rows.shape[0]
+    mean_rows = None if total is None else total // num_experts
+    outputs = [_expert_ffn(pieces[e], wi[e], wo[e], keeps[e], rows=mean_rows)
                for e in range(num_experts)]
     outputs.append(tf.zeros_like(pieces[num_experts]))
     return tf.concat(outputs, axis=0)
@@ -364,7 +389,7 @@ class FeedForwardExperts(tf.Module):
     keeps = tf.unstack(keep) if keep is not None else None
     outputs = [
         _expert_ffn(x, wi[e], wo[e], None if keeps is None else
-                    tf.reshape(keeps[e], [-1, hidden_dim]))
+                    tf.reshape(keeps[e], [-1, hidden_dim]), rows=x.shape[0])
         for e, x in enumerate(tf.unstack(rows))]
     return tf.reshape(tf.stack(outputs), tf.shape(dispatched))
 

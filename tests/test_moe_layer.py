@@ -313,15 +313,23 @@ def test_router_or_experts_that_disagree_with_the_config_are_rejected():
 
 @pytest.mark.parametrize("rows", [0, 1, 7])
 @pytest.mark.parametrize("with_keep", [False, True])
-def test_expert_ffn_values_and_gradients_equal_autodiff(rows, with_keep):
-  # The hand-written gradient (no transpose_b matmuls) against autodiff of
-  # the same formula; dropped hidden units (keep = 0) and ReLU's dead units
-  # both occur, and an expert may get no rows at all.
-  from m4moe.moe_layer import _expert_ffn  # pylint: disable=g-import-not-at-top
+@pytest.mark.parametrize("rows_hint", [None, 10**6])
+def test_expert_ffn_values_and_gradients_equal_autodiff(rows, with_keep,
+                                                        rows_hint):
+  # The hand-written gradient against autodiff of the same formula, in both
+  # matmul forms of the input gradients (rows_hint: few rows, the transposed
+  # form; many, transpose_b for the tall wo); dropped hidden units (keep =
+  # 0) and ReLU's dead units both occur, and an expert may get no rows.
+  from m4moe import moe_layer as moe_layer_lib  # pylint: disable=g-import-not-at-top
+  assert 10**6 >= moe_layer_lib.TRANSPOSE_B_MIN_ROWS
   rng = np.random.default_rng(rows)
   x = tf.constant(rng.normal(size=(rows, 5)), tf.float32)
   wi = tf.constant(rng.normal(size=(5, 6)), tf.float32)
   wo = tf.constant(rng.normal(size=(6, 5)), tf.float32)
+
+  def _expert_ffn(x, wi, wo, keep):
+    return moe_layer_lib._expert_ffn(x, wi, wo, keep, rows=rows_hint)  # pylint: disable=protected-access
+
   keep = (tf.constant((rng.random((rows, 6)) > 0.3) / 0.7, tf.float32)
           if with_keep else None)
   dy = tf.constant(rng.normal(size=(rows, 5)), tf.float32)

@@ -121,12 +121,12 @@ _PER_EXPERT_MATMUL_MAX_EXPERTS = 128
 # Expected rows per expert from which ``a @ w^T`` with a tall ``w`` (more
 # rows than columns: ``wo``, <[H, M]>, in the gradient into the hidden layer)
 # is cheaper as oneDNN's ``transpose_b`` matmul than as ``(w @ a^T)^T``.
-# Measured (fwd+bwd shapes of M=512, H=2048, one process, 2 threads,
-# 2026-11-24; eval/results/benchmarks.md, session 6): for ``dy @ wo^T`` at
-# 1024 rows per expert 37.6 vs 47.4 ms per 8 experts (transpose_b is as fast
-# as a plain matmul), at 256 rows 47.6 vs 49.6 per 32, at 64 rows 86.5 vs
-# 56.7 per 128; for the wide ``d_pre @ wi^T`` the transposed form wins at
-# every count (48.1 vs 54.1, 50.3 vs 59.3, 62.8 vs 129.6).
+# Measured at M=512, H=2048 (eval/results/expert_matmul_probe.py, one
+# process, 2 threads; benchmarks.md, session 6): ``dy @ wo^T`` at 1024 rows
+# per expert 37.6 vs 47.4 ms per 8 experts (transpose_b is as fast as a
+# plain matmul), at 256 rows 47.6 vs 49.6 ms per 32, at 64 rows 86.5 vs
+# 56.7 ms per 128; for the wide ``d_pre @ wi^T`` the transposed form wins at
+# every count (48.1 vs 54.1, 50.3 vs 59.3, 62.8 vs 129.6 ms).
 TRANSPOSE_B_MIN_ROWS = 512
 
 

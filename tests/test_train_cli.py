@@ -64,3 +64,23 @@ def test_mirrored_two_devices_equals_one_device(tmp_path):
   assert start["devices"] == 2
   saved = json.loads((tmp_path / "d2" / "config.json").read_text())
   assert saved["model"]["d_model"] == 32 and saved["data"]["synthetic"]
+
+
+def test_continue_from_trains_a_copy_and_checks_its_source(tmp_path):
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
+  done, longer = tmp_path / "done", tmp_path / "longer"
+  proc = _run(*SMALL, f"--model_dir={done}", "--train_steps=2",
+              "--checkpoint_every=2")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  proc = _run(*SMALL, f"--model_dir={tmp_path / 'x'}", "--check_config",
+              f"--continue_from={tmp_path / 'nothing'}")
+  assert proc.returncode == 2
+  assert f"--continue_from={tmp_path / 'nothing'} holds no ckpt-<step>" in (
+      proc.stderr)
+  proc = _run(*SMALL, f"--model_dir={longer}", "--train_steps=4",
+              "--checkpoint_every=2", f"--continue_from={done}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert f"continues {done} from its step 2" in proc.stderr
+  assert checkpointing.checkpoint_steps(longer)[-1] == 4
+  assert checkpointing.checkpoint_steps(done) == [2]  # left as it was
+  assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 4

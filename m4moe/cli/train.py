@@ -7,24 +7,24 @@ Usage:
   m4moe-train --config=tiny/moe --synthetic_data --model_dir=/tmp/x \\
       --train_steps=100 --check_config
 
-The model is the zoo entry / flagfile (``--config`` or ``--flagfile``);
-model flags given on the command line override ``--config``'s values. A zoo
-entry may also set the optimiser recipe it was tuned with (``configs/tiny/*``
-use the small-model recipe of ``eval/results/peer/``; ``configs/gshard/*``
-the paper's Adafactor); optimiser flags given on the command line override
-it, and flags no one sets keep the paper's defaults. The
-vocabulary sizes come from the SentencePiece models in ``--vocab_dir``.
-Running again with the same ``--model_dir`` resumes from the last complete
-checkpoint (exactly, see m4moe.train); ``--continue_from=RUN`` starts a
-new ``--model_dir`` as a copy of a finished run and resumes that copy with
-a larger ``--train_steps``, leaving the original as it was. SIGTERM, SIGINT (Ctrl-C) or SIGHUP
-saves and exits with code 0; a second Ctrl-C stops at once without saving.
-A damaged newest checkpoint is moved into ``--model_dir``/damaged/ and the
-run resumes from the newest intact one; if none is left, or the metrics show
-progress whose checkpoints are gone, it stops with exit code 1 rather than
-start over. Only one m4moe-train may use a ``--model_dir`` at a time (a
-second one exits with code 1 naming the first one's pid); a ``--model_dir``
-that is a file or cannot be created exits with code 2.
+The model is the zoo entry / flagfile (``--config`` or ``--flagfile``); model
+flags given on the command line override ``--config``'s values. A zoo entry may
+also set the optimiser recipe it was tuned with (``configs/tiny/*`` use the
+small-model recipe of ``eval/results/peer/``; ``configs/gshard/*`` the paper's
+Adafactor); optimiser flags given on the command line override it, and flags no
+one sets keep the paper's defaults. The vocabulary sizes come from the
+SentencePiece models in ``--vocab_dir``. Running again with the same
+``--model_dir`` resumes from the last complete checkpoint (exactly, see
+m4moe.train); ``--continue_from=RUN`` starts a new ``--model_dir`` as a copy of
+a finished run and resumes that copy with a larger ``--train_steps``, leaving
+the original as it was. SIGTERM, SIGINT (Ctrl-C) or SIGHUP saves and exits with
+code 0; a second Ctrl-C stops at once without saving. A damaged newest
+checkpoint is moved into ``--model_dir``/damaged/ and the run resumes from the
+newest intact one; if none is left, or the metrics show progress whose
+checkpoints are gone, it stops with exit code 1 rather than start over. Only
+one m4moe-train may use a ``--model_dir`` at a time (a second one exits with
+code 1 naming the first one's pid); a ``--model_dir`` that is a file or cannot
+be created exits with code 2.
 
 Writes to ``--model_dir`` (the contract is m4moe.rundir): config.json
 (effective config, plus the vocabulary fingerprint and the trained language

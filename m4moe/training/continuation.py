@@ -1,4 +1,4 @@
-"""Continue a finished run under a new directory (``m4moe-train --continue_from``).
+"""Continue a finished run in a new directory (``m4moe-train --continue_from``).
 
 A run stopped at its ``--train_steps`` cap while dev cross-entropy was still
 falling can be trained further without touching it: its run directory is

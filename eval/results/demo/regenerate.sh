@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates eval/results/demo/ (the demo recipe: corpus, vocab, then two
-# lanes of one core each -- the 2+2 tiny MoE, 3000 steps, then the si and ia
+# lanes of one core each -- the 2+2 tiny MoE, 2750 steps, then the si and ia
 # baselines; beside it the pt and kk baselines, each 2+2 tiny dense trained
 # to early stopping on dev -- beam-4 eval, report). Stages are resumable:
 # re-running the same command skips finished ones.
@@ -11,7 +11,7 @@
 # hypotheses, the dev evaluations of every training log, report.md,
 # summary.json and the figures (no checkpoints, no corpus).
 set -euo pipefail
-run=${1:-/work/runs/demo3}; cache=${2:-$run/cache}
+run=${1:-/work/runs/demo5}; cache=${2:-$run/cache}
 here=$(cd "$(dirname "$0")" && pwd)
 /usr/bin/time -v m4moe-run --recipe=demo --run_dir="$run" --cache_dir="$cache"
 mkdir -p "$here/eval" "$here/stages" "$here/logs"

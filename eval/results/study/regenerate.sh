@@ -35,10 +35,12 @@ if [[ -z "${COPY_ONLY:-}" ]]; then
   # The same comparisons on chrF++.
   logs="dense_L2=${run_dir}/models/dense_L2_s1/metrics.jsonl"
   logs+=",moe_E8_L2=${run_dir}/models/moe_E8_L2_s1/metrics.jsonl"
+  logs+=",dense_L2_6k=${run_dir}/models/dense_L2_6k_s1/metrics.jsonl"
+  logs+=",moe_E8_L2_6k=${run_dir}/models/moe_E8_L2_6k_s1/metrics.jsonl"
   for split in eval eval_ood; do
     suffix="${split#eval}"  # "" or "_ood"
     m4moe-report --metric=chrf \
-      --models="${run_dir}/${split}/dense_L2_s*.json,${run_dir}/${split}/moe_E8_L2_s*.json" \
+      --models="${run_dir}/${split}/dense_L2_s*.json,${run_dir}/${split}/moe_E8_L2_s*.json,${run_dir}/${split}/dense_L2_6k_s*.json,${run_dir}/${split}/moe_E8_L2_6k_s*.json" \
       --baselines="${run_dir}/${split}/bilingual_*.json" \
       --corpus_dir="${run_dir}/corpus" --training_logs="${logs}" \
       --output_dir="${run_dir}/report${suffix}_chrf" \

@@ -464,16 +464,19 @@ def plan(recipe: Recipe, *, run_dir: pathlib.Path,
   for model in fresh + recipe.baselines() + continued:
     model_langs = ([f"--languages={','.join(model.languages)}"]
                    if model.languages else langs)
-    # Same seeds in the same order (Recipe checks): run i continues run i.
-    source_runs = ([run for run, _ in sources[model.continue_from].runs()]
-                   if model.continue_from else [])
-    for index, (run, seed) in enumerate(model.runs()):
+    # A continued run copies its source model's run of the same seed (the
+    # Recipe checks that both have the same seeds).
+    source_run = ({seed: run for run, seed in
+                   sources[model.continue_from].runs()}
+                  if model.continue_from else {})
+    for run, seed in model.runs():
       model_dir = run_dir / "models" / run
       seed_note = "" if seed is None else f", seed {seed}"
-      continuation = ([f"--continue_from={run_dir / 'models' / source_runs[index]}"]
-                      if model.continue_from else [])
+      continuation = []
       if model.continue_from:
-        seed_note += f", continuing {source_runs[index]}"
+        seed_note += f", continuing {source_run[seed]}"
+        source_dir = run_dir / "models" / source_run[seed]
+        continuation = [f"--continue_from={source_dir}"]
       stages.append(Stage(
           name=f"train_{run}",
           description=f"train {run} ({model.config}, "

@@ -77,6 +77,13 @@ def test_continue_from_trains_a_copy_and_checks_its_source(tmp_path):
   assert proc.returncode == 2
   assert f"--continue_from={tmp_path / 'nothing'} holds no ckpt-<step>" in (
       proc.stderr)
+  # Other model flags than the run had: refused before anything is copied.
+  proc = _run(*SMALL, "--d_ff=128", f"--model_dir={longer}",
+              "--train_steps=4", f"--continue_from={done}")
+  assert proc.returncode == 2
+  assert "trained another model (--d_ff: checkpoint 64 vs now 128)" in (
+      proc.stderr)
+  assert not longer.exists()
   proc = _run(*SMALL, f"--model_dir={longer}", "--train_steps=4",
               "--checkpoint_every=2", f"--continue_from={done}")
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -255,7 +255,7 @@ def _run_record(data, built) -> dict[str, Any]:
   return record
 
 
-def _continue_run(model_dir: str, *, dry: bool) -> list[str]:
+def _continue_run(model_dir: str, model_config, *, dry: bool) -> list[str]:
   """--continue_from: copies the finished run into a fresh ``model_dir``
   before anything reads it (``dry``: only validates); its problems."""
   from m4moe.training import continuation  # pylint: disable=g-import-not-at-top
@@ -267,7 +267,7 @@ def _continue_run(model_dir: str, *, dry: bool) -> list[str]:
             "continued run already has its weights"]
   try:
     step = (continuation.check if dry else continuation.copy_run)(
-        source=source, model_dir=model_dir)
+        source=source, model_dir=model_dir, model_config=model_config)
   except (continuation.ContinuationError, OSError) as e:
     return [str(e)]
   if step is not None:
@@ -338,8 +338,8 @@ def main(argv):
     replicas = strategy.num_replicas_in_sync
   problems += _check(data, replicas, model_config)
   problems += _check_mesh(mesh, data, model_config)
-  problems += _continue_run(train.model_dir, dry=_CHECK_CONFIG.value or
-                            bool(problems))
+  problems += _continue_run(train.model_dir, model_config,
+                            dry=_CHECK_CONFIG.value or bool(problems))
   try:
     record = _run_record(data, built)
   except (ValueError, OSError) as e:

@@ -121,18 +121,30 @@ def write_run_config(model_dir: str | os.PathLike[str], *,
       config differs (restoring its checkpoints would fail or be wrong).
   """
   path = pathlib.Path(model_dir) / CONFIG_FILENAME
+  diff = model_config_diff(model_dir, model_config)
+  if diff:
+    raise config_lib.ConfigError(
+        f"{path} was written for a different model ({'; '.join(diff)}); "
+        "use a fresh --model_dir or the original model flags")
+  write_json_atomic(path, {"model": _as_stored(model_config), **sections})
+  return path
+
+
+def _as_stored(model_config: config_lib.ModelConfig) -> dict[str, Any]:
   # Through JSON, as it is stored: tuples compare equal to the lists read
   # back.
-  new = json.loads(json.dumps(model_config.to_dict()))
-  if path.is_file():
-    old = _read_run_config(model_dir).get("model", {})
-    diff = _dict_diff(old, new)
-    if diff:
-      raise config_lib.ConfigError(
-          f"{path} was written for a different model ({'; '.join(diff)}); "
-          "use a fresh --model_dir or the original model flags")
-  write_json_atomic(path, {"model": new, **sections})
-  return path
+  return json.loads(json.dumps(model_config.to_dict()))
+
+
+def model_config_diff(model_dir: str | os.PathLike[str],
+                      model_config: config_lib.ModelConfig) -> list[str]:
+  """How ``model_config`` differs from the model of the run in
+  ``model_dir`` (``--flag: checkpoint X vs now Y`` each); [] if it has no
+  ``config.json`` yet."""
+  if not (pathlib.Path(model_dir) / CONFIG_FILENAME).is_file():
+    return []
+  old = _read_run_config(model_dir).get("model", {})
+  return _dict_diff(old, _as_stored(model_config))
 
 
 def _dict_diff(old: Mapping[str, Any], new: Mapping[str, Any],

@@ -23,6 +23,7 @@ import os
 import pathlib
 import shutil
 
+from m4moe import config as config_lib
 from m4moe.training import checkpointing
 
 # The trainer's lock file of a run in progress: never copied (the new run
@@ -40,7 +41,8 @@ def _partial_dir(model_dir: pathlib.Path) -> pathlib.Path:
 
 
 def check(*, source: str | os.PathLike[str],
-          model_dir: str | os.PathLike[str]) -> int | None:
+          model_dir: str | os.PathLike[str],
+          model_config: config_lib.ModelConfig | None = None) -> int | None:
   """Validates a continuation without changing anything.
 
   Returns:
@@ -50,7 +52,8 @@ def check(*, source: str | os.PathLike[str],
 
   Raises:
     ContinuationError: ``source`` has no checkpoint or is ``model_dir``
-      itself, or ``model_dir`` holds files but no checkpoint.
+      itself, ``model_config`` (if given) is not the model ``source``
+      trained, or ``model_dir`` holds files but no checkpoint.
   """
   source, model_dir = pathlib.Path(source), pathlib.Path(model_dir)
   flag = f"--continue_from={source}"
@@ -65,6 +68,12 @@ def check(*, source: str | os.PathLike[str],
     raise ContinuationError(
         f"{flag} holds no ckpt-<step> checkpoint: give the --model_dir of a "
         "run m4moe-train has saved")
+  diff = (checkpointing.model_config_diff(source, model_config)
+          if model_config is not None else [])
+  if diff:
+    raise ContinuationError(
+        f"{flag} trained another model ({'; '.join(diff)}): continue it with "
+        "its own model flags")
   leftovers = ([p.name for p in model_dir.iterdir()]
                if model_dir.is_dir() else [])
   if leftovers:
@@ -76,7 +85,9 @@ def check(*, source: str | os.PathLike[str],
 
 
 def copy_run(*, source: str | os.PathLike[str],
-             model_dir: str | os.PathLike[str]) -> int | None:
+             model_dir: str | os.PathLike[str],
+             model_config: config_lib.ModelConfig | None = None
+             ) -> int | None:
   """Copies ``source``'s run directory to ``model_dir`` (see :func:`check`).
 
   Returns:
@@ -86,7 +97,7 @@ def copy_run(*, source: str | os.PathLike[str],
   Raises:
     ContinuationError: as :func:`check`.
   """
-  step = check(source=source, model_dir=model_dir)
+  step = check(source=source, model_dir=model_dir, model_config=model_config)
   if step is None:
     return None
   source, model_dir = pathlib.Path(source), pathlib.Path(model_dir)

@@ -15,7 +15,7 @@ CONSOLE_SCRIPTS = [
     f"m4moe-{name.replace('_', '-')}=m4moe.cli.{name}:run"
     for name in ("info", "build_corpus", "vocab", "train", "decode", "export",
                  "eval", "report", "run", "bench", "analyze_routing", "distill",
-                 "split_keys")
+                 "split_keys", "average")
 ]
 
 setuptools.setup(

@@ -316,7 +316,8 @@ def load_translator(model_dir: str | pathlib.Path, *,
                     ) -> tuple[Translator, rundir.RunFiles]:
   """Finds the run's files, restores the model and builds a Translator.
 
-  ``checkpoint``: latest, best or a step (:func:`m4moe.rundir.resolve_checkpoint`).
+  ``checkpoint``: latest, best, averaged or a step
+  (:func:`m4moe.rundir.resolve_checkpoint`).
 
   Raises:
     rundir.RunDirError: unusable run directory or a vocabulary other than

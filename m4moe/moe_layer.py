@@ -561,7 +561,7 @@ class MoeLayer(tf.Module):
       if experts is None:
         experts = FeedForwardExperts(
             num_experts=moe.num_experts, model_dim=config.d_model,
-            hidden_dim=moe.expert_hidden_dim, init_scale=config.init_scale,
+            hidden_dim=moe.expert_hidden_dim, init_scale=config.moe_init_scale,
             dropout_rate=moe.expert_dropout_rate, sharding=sharding,
             name="experts")
     _check_parts(config, router=router, experts=experts)

@@ -783,7 +783,7 @@ def make_router(config: ModelConfig, *, name: str = "router",
           "languages, other callers pass routing_languages=(...)")
     model_dim = moe.router_input_dim
   common = dict(model_dim=model_dim, num_experts=moe.num_experts,
-                init_scale=config.init_scale, name=name, sharding=sharding)
+                init_scale=config.moe_init_scale, name=name, sharding=sharding)
   ntlb = dict(no_token_left_behind=moe.no_token_left_behind)
   if moe.router == "top2":
     return Top2Router(second_expert_policy=moe.second_expert_policy,

@@ -14,6 +14,8 @@
   checkpoint           TF's index naming the latest complete ckpt-<step>
   ckpt-<step>.*        model, optimiser slots, step, input iterator
   best/ckpt-<step>.*   model weights of the best dev evaluation
+  averaged/ckpt-<step>.*  mean of the last k checkpoints' weights
+                       (m4moe-average, m4moe.training.averaging)
   metrics.jsonl, train/, eval/   logs and TensorBoard events
 
 The vocabulary fingerprint makes a wrong ``--vocab_dir`` an error even when
@@ -295,7 +297,7 @@ def check_vocab(recorded: VocabFingerprint | None, *,
         f"sha256 {got[:12]}...): {fix}")
 
 
-CHECKPOINT_CHOICES = "latest, best or a step number"
+CHECKPOINT_CHOICES = "latest, best, averaged or a step number"
 
 
 def resolve_checkpoint(model_dir: str | os.PathLike[str],
@@ -306,8 +308,10 @@ def resolve_checkpoint(model_dir: str | os.PathLike[str],
     model_dir: the run directory.
     which: ``latest`` (the newest complete checkpoint), ``best`` (the model
       weights of the best dev evaluation, ``<model_dir>/best/``; see
-      :func:`m4moe.training.checkpointing.best_keeper`) or a step number N
-      (``ckpt-N`` of the run or of ``best/``).
+      :func:`m4moe.training.checkpointing.best_keeper`), ``averaged`` (the
+      mean of the last k checkpoints that m4moe-average wrote to
+      ``<model_dir>/averaged/``) or a step number N (``ckpt-N`` of the run
+      or of ``best/``).
 
   Raises:
     RunDirError: ``which`` is not one of those, or the run has no such
@@ -336,6 +340,16 @@ def resolve_checkpoint(model_dir: str | os.PathLike[str],
           "--nokeep_best, or before m4moe-train kept one; use "
           f"--checkpoint=latest or a step ({have})")
     return path
+  if which == "averaged":
+    averaged_dir = model_dir / checkpointing.AVERAGED_DIRNAME
+    path = (tf.train.latest_checkpoint(str(averaged_dir))
+            if averaged_dir.is_dir() else None)
+    if path is None:
+      raise RunDirError(
+          f"{model_dir} has no averaged checkpoint ({averaged_dir} is missing "
+          f"or empty): run m4moe-average --model_dir={model_dir} first "
+          f"({have})")
+    return path
   if which.isdigit():
     for directory in (model_dir, best_dir):
       prefix = directory / f"{checkpointing.PREFIX}-{int(which)}"
@@ -355,7 +369,7 @@ def find_run_files(model_dir: str | os.PathLike[str], *,
   """Locates config, a checkpoint and the SentencePiece models of a run.
 
   ``checkpoint`` picks the checkpoint (:func:`resolve_checkpoint`: latest,
-  best or a step).
+  best, averaged or a step).
 
   The models are taken from ``vocab_dir``, else from a directory named by
   the run config's ``data`` section (any key containing ``vocab``), else

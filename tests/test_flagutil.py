@@ -34,6 +34,7 @@ NON_DEFAULT = {
     "train_capacity_factor": 1.5, "eval_capacity_factor": 2.0,
     "aux_loss_weight": 0.03, "z_loss_weight": 1e-3, "router_jitter": 0.01,
     "expert_dropout_rate": 0.2, "no_token_left_behind": True,
+    "expert_init_scale": 0.5,
     "dispatch": "index",
     # --route_by=language needs --eval_capacity_factor=0 (the default), so it
     # cannot join the non-defaults here; test_task_routing.py round-trips it.

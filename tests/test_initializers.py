@@ -31,12 +31,16 @@ def _fan_in(name: str) -> int | None:
   raise AssertionError(f"unclassified variable {name}")
 
 
-@pytest.mark.parametrize("init_scale", [0.1, 1.0])
-def test_every_weight_class_has_the_documented_std(init_scale):
+@pytest.mark.parametrize("init_scale,expert_init_scale",
+                         [(0.1, 0.0), (1.0, 0.0), (1.0, 0.7737)])
+def test_every_weight_class_has_the_documented_std(init_scale,
+                                                   expert_init_scale):
+  """expert_init_scale (0: init_scale) sets the router's and the experts'
+  scale only."""
   tf.random.set_seed(7)
   config = config_lib.load_model_config(
-      "tiny/moe", [], src_vocab_size=3000, tgt_vocab_size=2000,
-      init_scale=init_scale)
+      "tiny/moe", [f"--expert_init_scale={expert_init_scale}"],
+      src_vocab_size=3000, tgt_vocab_size=2000, init_scale=init_scale)
   model = model_lib.Transformer(config=config)
   pooled: dict[str, list[np.ndarray]] = {}
   for v in model.trainable_variables:
@@ -52,7 +56,9 @@ def test_every_weight_class_has_the_documented_std(init_scale):
   for key, arrays in pooled.items():
     values = np.concatenate(arrays)
     fan_in = int(key.split("@")[1])
-    expected = math.sqrt(init_scale / fan_in)
+    moe_weight = key.split("/")[0] in ("router", "experts")
+    scale = (expert_init_scale or init_scale) if moe_weight else init_scale
+    expected = math.sqrt(scale / fan_in)
     # >= 1024 draws each (the router: 8 x 128 x 4 MoE layers = 4096);
     # the std of a sample std is ~1/sqrt(2n) relative, so 6% is > 3 sigma.
     assert values.size >= 1024, key

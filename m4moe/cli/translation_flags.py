@@ -21,7 +21,8 @@ MODEL_DIR = flags.DEFINE_string(
 CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "latest", "Which checkpoint of --model_dir: latest, best "
     "(the weights of the best dev evaluation, which m4moe-train keeps in "
-    "<model_dir>/best/) or a step number N (ckpt-N).")
+    "<model_dir>/best/), averaged (the mean of the last checkpoints, written "
+    "by m4moe-average to <model_dir>/averaged/) or a step number N (ckpt-N).")
 VOCAB_DIR = flags.DEFINE_string(
     "vocab_dir", None, "Directory with source.model/target.model (default: "
     "where the run's config.json recorded them, else <model_dir>/vocab). "

@@ -59,6 +59,7 @@ CONFIG_FILENAME = "config.json"
 STATE_FILENAME = "checkpoint"
 DAMAGED_DIRNAME = "damaged"
 BEST_DIRNAME = "best"
+AVERAGED_DIRNAME = "averaged"  # m4moe.training.averaging
 PREFIX = "ckpt"
 
 # Exact names of what CheckpointManager.save writes for ckpt-<step>: the
@@ -144,6 +145,10 @@ def model_config_diff(model_dir: str | os.PathLike[str],
   if not (pathlib.Path(model_dir) / CONFIG_FILENAME).is_file():
     return []
   old = _read_run_config(model_dir).get("model", {})
+  try:  # Fields added since the run was written compare as their defaults.
+    old = _as_stored(config_lib.config_from_dict(old))
+  except (TypeError, ValueError, KeyError):
+    pass  # Not this version's config: compared as stored.
   return _dict_diff(old, _as_stored(model_config))
 
 

@@ -13,7 +13,8 @@
 #
 # Writes OUT_DIR/<name>_s<seed>.json (m4moe-eval of the last checkpoint) and,
 # for the averaging rows, <name>_avg<k>_s<seed>.json (the mean of the last
-# k checkpoints, m4moe-average). Re-running skips runs whose eval JSON
+# k checkpoints, m4moe-average), their decoded sentences in
+# <name>_s<seed>/hyp and hyp_avg<k>. Re-running skips runs whose eval JSON
 # exists; m4moe-train resumes a killed run. JOBS runs at a time (each
 # m4moe-train uses one intra-op thread). `python3
 # eval/results/peer/ablation_table.py OUT_DIR --seeds` writes the table.
@@ -51,19 +52,20 @@ declare -A recipes=(
 declare -A config=([moe]=tiny/moe [moe_initdefect]=tiny/moe)
 # Steps per row (to equal training tokens).
 declare -A step_factor=([batch2048]=2 [batch8192]=0.5)
-# Rows also decoded from the average of their last 5 checkpoints.
-declare -A averaged=([recipe]=5 [moe]=5)
+# Rows also decoded from the average of their last k checkpoints, for each k
+# listed (checkpoints every tenth of the run, the last 5 kept).
+declare -A averaged=([recipe]="2 5" [moe]="2 5")
 
 names=("$@")
 [[ ${#names[@]} -gt 0 ]] || names=(recipe moe moe_initdefect warmup100
   warmup1000 paramscale batch2048 batch8192 dropout0 labelsmooth0)
 
-evaluate() {  # name checkpoint_flag output
-  local name=$1 flag=$2 output=$3 dir="$out/$1"
+evaluate() {  # name checkpoint_flag output hypotheses_subdir
+  local name=$1 flag=$2 output=$3 dir="$out/$1" hyp=$4
   m4moe-eval --model_dir="$dir/model" --vocab_dir="$vocab" \
     --corpus_dir="$corpus" --languages=pt --max_sentences=1000 \
     --beam_size=4 --model_name="${output%.json}" --kind=bilingual \
-    $flag --hypotheses_dir="$dir/hyp${flag:+_avg}" \
+    $flag --hypotheses_dir="$dir/$hyp" \
     --output="$out/$output.tmp" >> "$dir/eval.log" 2>&1
   mv "$out/$output.tmp" "$out/$output"
 }
@@ -82,13 +84,14 @@ run_one() {  # name seed
       --train_steps="$n" --checkpoint_every="$every" --keep_checkpoints=5 \
       --eval_every=$(( n / 4 )) --log_every=50 --seed="$seed" \
       ${recipes[$name]} --model_dir="$dir/model" >> "$dir/train.log" 2>&1
-    evaluate "$run" "" "$run.json"
+    evaluate "$run" "" "$run.json" hyp
   fi
-  k=${averaged[$name]:-}
-  if [[ -n "$k" && ! -f "$out/${name}_avg${k}_s$seed.json" ]]; then
+  for k in ${averaged[$name]:-}; do
+    [[ -f "$out/${name}_avg${k}_s$seed.json" ]] && continue
     m4moe-average --model_dir="$dir/model" --last="$k" >> "$dir/eval.log" 2>&1
-    evaluate "$run" "--checkpoint=averaged" "${name}_avg${k}_s$seed.json"
-  fi
+    evaluate "$run" "--checkpoint=averaged" "${name}_avg${k}_s$seed.json" \
+      "hyp_avg$k"
+  done
   echo "$run done"
 }
 

@@ -16,8 +16,8 @@ decoded sentences beside them, and prints per row: the seeds, steps, mean
 dev CE and source reliance, BLEU and chrF++ of each seed and their mean
 with sacrebleu's 95% bootstrap interval (the seeds' paired resamples
 averaged index by index), and the row's difference from its reference row
-(``recipe`` for the dense rows, ``moe`` for the MoE rows, the row without
-``_avg<k>`` for an averaged checkpoint) on the same resamples, with the
+(``recipe`` for the dense rows and for ``moe`` itself, ``moe`` for the
+other MoE rows, the row without ``_avg<k>`` for an averaged checkpoint) on the same resamples, with the
 paired bootstrap p-value: ``*`` marks p < 0.05.
 """
 
@@ -89,8 +89,10 @@ def reference_row(row: str) -> str | None:
   """The row a round-2 row is compared with (None: it is a reference)."""
   if "_avg" in row:
     return row.split("_avg")[0]
-  if row in ("recipe", "moe"):
+  if row == "recipe":
     return None
+  if row == "moe":
+    return "recipe"  # MoE - dense at equal steps and active FLOPs
   return "moe" if row.startswith("moe") else "recipe"
 
 
@@ -150,9 +152,11 @@ def seeded_rows(out_dir: pathlib.Path, *, language: str = "pt") -> list[dict]:
 
 
 def seeded_markdown(table: list[dict]) -> str:
-  lines = ["| row | seeds | steps | dev CE | source reliance | BLEU per seed "
-           "| BLEU mean ±95% | Δ BLEU vs (p) | chrF++ mean ±95% | Δ chrF++ |",
-           "| --- | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
+  lines = ["| row | seeds | steps | tokens/s | dev CE | source reliance "
+           "| BLEU per seed | BLEU mean ±95% | Δ BLEU vs (p) | chrF++ mean ±95% "
+           "| Δ chrF++ |",
+           "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: "
+           "| ---: |"]
   for r in table:
     def delta(metric):
       vs = r[metric].get("vs")
@@ -165,7 +169,8 @@ def seeded_markdown(table: list[dict]) -> str:
     per_seed = " / ".join(f"{v:.1f}" for v in r["bleu"]["per_seed"].values())
     lines.append(
         f"| {r['row']} | {','.join(map(str, r['seeds']))} | "
-        f"{_fmt(r['steps'], 0)} | {_fmt(r['dev_ce'])} | "
+        f"{_fmt(r['steps'], 0)} | {_fmt(r['tokens_per_sec'], 0)} | "
+        f"{_fmt(r['dev_ce'])} | "
         f"{_fmt(r['source_reliance'])} | {per_seed} | "
         f"{r['bleu']['score']:.1f} ±{r['bleu']['ci']:.1f} | {delta('bleu')} | "
         f"{r['chrf']['score']:.1f} ±{r['chrf']['ci']:.1f} | {delta('chrf')} |")

@@ -306,7 +306,7 @@ def test_best_checkpoint_is_the_best_dev_evaluation_not_the_last(tmp_path):
   assert rundir.resolve_checkpoint(run, "10") == str(run / "ckpt-10")
   with pytest.raises(rundir.RunDirError, match=r"step 7 .*ckpt-10, ckpt-15"):
     rundir.resolve_checkpoint(run, "7")
-  with pytest.raises(rundir.RunDirError, match="latest, best or a step"):
+  with pytest.raises(rundir.RunDirError, match="latest, best, averaged or a step"):
     rundir.resolve_checkpoint(run, "newest")
   # A finished run started again evaluates without moving best/.
   _train(config, dev_datasets=_dev())

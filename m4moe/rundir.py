@@ -330,25 +330,22 @@ def resolve_checkpoint(model_dir: str | os.PathLike[str],
       raise RunDirError(f"{model_dir} has no checkpoint (no 'checkpoint' "
                         "index file): train first or pass the right dir")
     return path
-  if which == "best":
-    path = (tf.train.latest_checkpoint(str(best_dir))
-            if best_dir.is_dir() else None)
+  # The model-weights-only checkpoints kept in a subdirectory, and what to
+  # do when there is none.
+  kept_apart = {
+      "best": (best_dir, "best-on-dev", "the run was trained without a dev "
+               "set, with --nokeep_best, or before m4moe-train kept one; use "
+               "--checkpoint=latest or a step"),
+      "averaged": (model_dir / checkpointing.AVERAGED_DIRNAME, "averaged",
+                   f"run m4moe-average --model_dir={model_dir} first"),
+  }
+  if which in kept_apart:
+    directory, kind, fix = kept_apart[which]
+    path = (tf.train.latest_checkpoint(str(directory))
+            if directory.is_dir() else None)
     if path is None:
-      raise RunDirError(
-          f"{model_dir} has no best-on-dev checkpoint ({best_dir} is missing "
-          "or empty): the run was trained without a dev set, with "
-          "--nokeep_best, or before m4moe-train kept one; use "
-          f"--checkpoint=latest or a step ({have})")
-    return path
-  if which == "averaged":
-    averaged_dir = model_dir / checkpointing.AVERAGED_DIRNAME
-    path = (tf.train.latest_checkpoint(str(averaged_dir))
-            if averaged_dir.is_dir() else None)
-    if path is None:
-      raise RunDirError(
-          f"{model_dir} has no averaged checkpoint ({averaged_dir} is missing "
-          f"or empty): run m4moe-average --model_dir={model_dir} first "
-          f"({have})")
+      raise RunDirError(f"{model_dir} has no {kind} checkpoint ({directory} "
+                        f"is missing or empty): {fix} ({have})")
     return path
   if which.isdigit():
     for directory in (model_dir, best_dir):

@@ -111,6 +111,16 @@ def test_bad_requests_name_the_kept_checkpoints(tmp_path, kwargs, message):
   assert not (model_dir / "averaged").exists()
 
 
+def test_not_a_run_or_too_few_checkpoints(tmp_path):
+  with pytest.raises(rundir.RunDirError, match="config.json not found"):
+    averaging.average_checkpoints(model_dir=tmp_path / "nope")
+  model_dir = _run(tmp_path, steps=(100,))
+  with pytest.raises(averaging.AveragingError,
+                     match=r"it keeps ckpt-100, and averaging needs at least 2; "
+                     "train with --keep_checkpoints=2 or more"):
+    averaging.average_checkpoints(model_dir=model_dir, last=5)
+
+
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
   model_dir = _run(tmp_path)
   other = config_lib.load_model_config(

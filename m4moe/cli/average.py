@@ -13,6 +13,11 @@ Writes the element-wise mean of the model weights of the chosen
 only, named by the newest step, with ``averaged.json`` listing the steps),
 replacing an earlier average; the run's checkpoints are only read
 (m4moe.training.averaging). Prints the averaged checkpoint and its steps.
+
+Averaging pays once the weights change little between checkpoints: on the
+tiny models' 1000- and 2400-step runs the mean of the last 2 scored the
+same as the last checkpoint and the mean of the last 5 about 2 BLEU less
+(eval/results/peer/README.md, round 2).
 """
 
 from __future__ import annotations

@@ -255,7 +255,8 @@ def _run_record(data, built) -> dict[str, Any]:
   return record
 
 
-def _continue_run(model_dir: str, model_config, *, dry: bool) -> list[str]:
+def _continue_run(model_dir: str, model_config: config_lib.ModelConfig, *,
+                  dry: bool) -> list[str]:
   """--continue_from: copies the finished run into a fresh ``model_dir``
   before anything reads it (``dry``: only validates); its problems."""
   from m4moe.training import continuation  # pylint: disable=g-import-not-at-top

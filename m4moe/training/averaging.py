@@ -61,8 +61,9 @@ def choose_steps(kept: Sequence[int], *, last: int = 0,
   """The checkpoints to average: ``steps`` if given, else the ``last`` ones.
 
   Raises:
-    AveragingError: fewer than 2 steps, a step the run does not have, or
-      fewer kept checkpoints than ``last`` (the message lists those kept).
+    AveragingError: fewer than 2 steps or kept checkpoints, a step the run
+      does not have, or fewer kept checkpoints than ``last`` (the message
+      lists those kept).
   """
   have = (f"it keeps {', '.join(f'ckpt-{s}' for s in kept)}" if kept
           else "it has no ckpt-<step> checkpoints")
@@ -73,6 +74,11 @@ def choose_steps(kept: Sequence[int], *, last: int = 0,
           f"{model_dir} has no checkpoint of step(s) "
           f"{', '.join(map(str, missing))} ({have}); pass kept steps")
     chosen = tuple(sorted(set(steps)))
+  elif len(kept) < 2:
+    raise AveragingError(
+        f"{model_dir}: {have}, and averaging needs at least 2; train with "
+        "--keep_checkpoints=2 or more and --checkpoint_every below "
+        "--train_steps")
   else:
     if len(kept) < last:
       raise AveragingError(
@@ -108,9 +114,10 @@ def average_checkpoints(*, model_dir: str | os.PathLike[str], last: int = 5,
   from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
   from m4moe import rundir  # pylint: disable=g-import-not-at-top
   model_dir = pathlib.Path(model_dir)
+  config = rundir.model_config_from_run(model_dir)  # first: is it a run?
   chosen = choose_steps(checkpointing.checkpoint_steps(model_dir), last=last,
                         steps=steps, model_dir=str(model_dir))
-  model = model_lib.Transformer(config=rundir.model_config_from_run(model_dir))
+  model = model_lib.Transformer(config=config)
   variables = list(model.variables)
   sums = [np.zeros(v.shape, np.float64) for v in variables]
   for step in chosen:

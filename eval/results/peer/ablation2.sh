@@ -47,11 +47,16 @@ declare -A recipes=(
   # (scale 0.8796^2 = 0.7737).
   [moe]=""
   [moe_initdefect]="--expert_init_scale=0.7737"
+  # The candidates together: warmup 1000 (same 1e-3 peak) and no dropout;
+  # and the same at 2048-token batches (twice the steps, warmup 2000: the
+  # same rate per training token).
+  [combo]="--warmup_steps=1000 --learning_rate=0.031623 --dropout_rate=0 --attention_dropout_rate=0"
+  [combo_b2048]="--batch_tokens=2048 --warmup_steps=2000 --learning_rate=0.044721 --dropout_rate=0 --attention_dropout_rate=0"
 )
 # The zoo config of each row (default tiny/dense).
 declare -A config=([moe]=tiny/moe [moe_initdefect]=tiny/moe)
 # Steps per row (to equal training tokens).
-declare -A step_factor=([batch2048]=2 [batch8192]=0.5)
+declare -A step_factor=([batch2048]=2 [batch8192]=0.5 [combo_b2048]=2)
 # Rows also decoded from the average of their last k checkpoints, for each k
 # listed (checkpoints every tenth of the run, the last 5 kept).
 declare -A averaged=([recipe]="2 5" [moe]="2 5")

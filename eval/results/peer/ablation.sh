@@ -19,7 +19,10 @@ common=(--config=tiny/dense --num_encoder_layers=2 --num_decoder_layers=2
         --corpus_dir="$corpus" --vocab_dir="$vocab" --languages=pt
         --batch_tokens=4096 --sequence_length=64 --train_steps="$steps"
         --checkpoint_every="$steps" --eval_every=$(( steps / 3 ))
-        --log_every=50 --seed=0)
+        --log_every=50 --seed=0
+        # Pinned to what tiny/dense carried when this round ran (2026-11-23):
+        # dropout 0.1 and no optimiser flags, i.e. the paper's Adafactor.
+        --dropout_rate=0.1 --attention_dropout_rate=0.1)
 # The Adam-like probe of the issue: peak 5e-4 (0.00866/sqrt(300)), held for
 # 300 steps then rsqrt decay; momentum, no factoring, parameter scaling or
 # update clipping; label smoothing 0.1.
@@ -27,7 +30,9 @@ probe=(--learning_rate=0.00866 --warmup_steps=300 --label_smoothing=0.1
        --beta1=0.9 --nomultiply_by_parameter_scale --nofactored
        --clipping_threshold=0)
 declare -A recipes=(
-  [paper]="--learning_rate=1.0 --warmup_steps=100"
+  [paper]="--learning_rate=1.0 --warmup_steps=100 --beta1=0 --factored
+           --multiply_by_parameter_scale --clipping_threshold=1.0
+           --label_smoothing=0"
   [probe]="${probe[*]}"
   [probe_lr2x]="${probe[*]} --learning_rate=0.01732"
   [probe_lr4x]="${probe[*]} --learning_rate=0.03464"

@@ -240,3 +240,24 @@ def test_a_failing_lane_stops_the_others_and_records_neither(tmp_path):
   assert "boom" in (tmp_path / "logs" / "bad.log").read_text()
   # The lane ran pinned to its core, with one TF thread.
   assert pid_file.read_text() == "([0], '1')"
+
+
+def test_demo_schedule_is_the_tiny_recipe_at_the_demos_batch_size():
+  """The demo's 2048-token batches keep the zoo recipe's rate per token.
+
+  configs/tiny/*.flags are tuned on 4096-token batches; the demo's scaled
+  warmup must hold the same peak rate for the same number of tokens.
+  """
+  from m4moe import optimizer  # pylint: disable=g-import-not-at-top
+  recipe = main_job.RECIPES["demo"]
+  assert recipe.batch_tokens == 2048
+  for model in (*recipe.models, recipe.baseline):
+    tiny = optimizer.load_config(model.config)
+    demo = optimizer.load_config(model.config, model.extra_flags)
+    assert demo.warmup_steps * recipe.batch_tokens == (
+        tiny.warmup_steps * 4096), model.name
+    peak = lambda c: c.learning_rate / c.warmup_steps ** 0.5
+    assert peak(demo) == pytest.approx(peak(tiny), rel=1e-4), model.name
+    assert peak(tiny) == pytest.approx(1e-3, rel=1e-4)
+    # Everything else in the optimiser is the zoo's.
+    assert demo.factored == tiny.factored and demo.beta1 == tiny.beta1

@@ -93,6 +93,8 @@ def reference_row(row: str) -> str | None:
     return None
   if row == "moe":
     return "recipe"  # MoE - dense at equal steps and active FLOPs
+  if row == "combo_b2048":
+    return "combo"  # the batch size on top of the other winners
   return "moe" if row.startswith("moe") else "recipe"
 
 

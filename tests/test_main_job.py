@@ -261,3 +261,36 @@ def test_demo_schedule_is_the_tiny_recipe_at_the_demos_batch_size():
     assert peak(tiny) == pytest.approx(1e-3, rel=1e-4)
     # Everything else in the optimiser is the zoo's.
     assert demo.factored == tiny.factored and demo.beta1 == tiny.beta1
+
+
+def _recipe(**overrides) -> main_job.Recipe:
+  run = main_job.ModelRun(name="m", config="tiny/moe", train_steps=1)
+  base = main_job.ModelRun(name="b", config="tiny/dense", train_steps=5,
+                           extra_flags=("--d_ff=64",))
+  return main_job.Recipe(
+      name="r", description="", languages=("de", "fr"),
+      use_packaged_corpus_recipe=False, source_vocab_size=300,
+      target_vocab_size=300, models=(run,), baseline=base, batch_tokens=64,
+      sequence_length=8, eval_max_sentences=1, beam_size=1, **overrides)
+
+
+def test_baseline_flags_tune_one_languages_baseline_only():
+  recipe = _recipe(baseline_flags=(("fr", ("--dropout_rate=0.1",)),))
+  by_lang = {b.languages[0]: b for b in recipe.baselines()}
+  assert by_lang["de"].extra_flags == ("--d_ff=64",)
+  assert by_lang["fr"].extra_flags == ("--d_ff=64", "--dropout_rate=0.1")
+  with pytest.raises(ValueError, match=r"baseline_flags names languages "
+                     r"\['it'\]"):
+    _recipe(baseline_flags=(("it", ("--dropout_rate=0.1",)),))
+
+
+def test_demo_baselines_of_small_languages_keep_dropout():
+  """Dropout 0 overfit the kk and si baselines (eval/results/demo/)."""
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
+  recipe = main_job.RECIPES["demo"]
+  rates = {}
+  for b in recipe.baselines():
+    flags = [f for f in b.extra_flags if f.startswith("--dropout_rate")]
+    model = config_lib.load_model_config(b.config, flags)
+    rates[b.languages[0]] = model.dropout_rate
+  assert rates == {"pt": 0.0, "kk": 0.1, "si": 0.1, "ia": 0.1}

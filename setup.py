@@ -48,6 +48,8 @@ setuptools.setup(
         "tensorflow-datasets>=4.9.8",
         "polib>=1.2",
         "matplotlib>=3.8",
+        # Student-t quantiles for the seed intervals (m4moe.eval.seeds).
+        "scipy>=1.11",
         # m4moe-train writes TensorBoard events; this makes
         # `tensorboard --logdir RUN_DIR` work after the documented install.
         "tensorboard==2.21.*",

@@ -294,3 +294,26 @@ def test_demo_baselines_of_small_languages_keep_dropout():
     model = config_lib.load_model_config(b.config, flags)
     rates[b.languages[0]] = model.dropout_rate
   assert rates == {"pt": 0.0, "kk": 0.1, "si": 0.1, "ia": 0.1}
+
+
+def test_stop_after_runs_the_stages_up_to_it_and_a_rerun_goes_on(tmp_path):
+  run_dir = tmp_path / "smoke"
+  first = _run("--recipe=smoke", f"--run_dir={run_dir}",
+               "--stop_after=corpus")
+  assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+  assert sorted(p.name for p in (run_dir / "stages").iterdir()) == [
+      "corpus.json"]
+  assert "stopped after stage 'corpus'" in first.stdout
+  assert not (run_dir / "vocab").exists()
+  assert (run_dir / "corpus" / "train").is_dir()
+  # The next stage goes on from there.
+  second = _run("--recipe=smoke", f"--run_dir={run_dir}",
+                "--stop_after=vocab")
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert second.stdout.count("done earlier, skipped") == 1
+  assert sorted(p.name for p in (run_dir / "stages").iterdir()) == [
+      "corpus.json", "vocab.json"]
+  unknown = _run("--recipe=smoke", f"--run_dir={run_dir}",
+                 "--stop_after=nope")
+  assert unknown.returncode != 0
+  assert "--stop_after='nope' is not a stage" in unknown.stderr

@@ -60,6 +60,10 @@ _CACHE_DIR = flags.DEFINE_string(
     "share it between runs to download once.")
 _RESTART_FROM = flags.DEFINE_string(
     "restart_from", None, "Re-run this stage and all later ones.")
+_STOP_AFTER = flags.DEFINE_string(
+    "stop_after", None, "Run the stages up to this one (in plan order, e.g. "
+    "vocab: build the corpus and vocabularies only) and stop; a later run "
+    "without it goes on from there.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False,
                              "Print the stages and commands; run nothing.")
 _LANES = flags.DEFINE_bool(
@@ -112,6 +116,16 @@ def _forget_from(stages: list[main_job.Stage], run_dir: pathlib.Path,
                          f"recipe; choose one of {', '.join(names)}")
   for stage in stages[names.index(name):]:
     _marker(run_dir, stage).unlink(missing_ok=True)
+
+
+def _through(stages: list[main_job.Stage],
+             name: str) -> list[main_job.Stage]:
+  """The stages up to and including ``name`` (--stop_after)."""
+  names = [s.name for s in stages]
+  if name not in names:
+    raise app.UsageError(f"--stop_after={name!r} is not a stage of this "
+                         f"recipe; choose one of {', '.join(names)}")
+  return stages[:names.index(name) + 1]
 
 
 def _training_finished(stage: main_job.Stage) -> bool:
@@ -319,6 +333,8 @@ def main(argv: list[str]) -> None:
           f"the recipe's now; re-running it and every later stage",
           flush=True)
     _forget_from(stages, run_dir, changed)
+  if _STOP_AFTER.value:
+    stages = _through(stages, _STOP_AFTER.value)
   job = _Job(recipe=recipe, run_dir=run_dir, stages=stages)
   cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
       else list(range(os.cpu_count() or 1))
@@ -344,7 +360,11 @@ def main(argv: list[str]) -> None:
       for lane in block:
         for stage in lane:
           job.run_alone(stage)
-  if not _DRY_RUN.value:
+  if _STOP_AFTER.value and not _DRY_RUN.value:
+    print(f"m4moe-run: stopped after stage {_STOP_AFTER.value!r} "
+          f"(--stop_after) in {time.monotonic() - job.start:.0f} s; run "
+          "again without it to go on", flush=True)
+  elif not _DRY_RUN.value:
     report = run_dir / "report"
     print(f"m4moe-run: done in {time.monotonic() - job.start:.0f} s. Report: "
           f"{report / 'report.html'} (also report.md, delta_bleu.png)",

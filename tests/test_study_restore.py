@@ -1,0 +1,111 @@
+"""eval/results/study/restore.py: committed study runs back into a run dir."""
+
+import hashlib
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = (pathlib.Path(__file__).parents[1] / "eval" / "results" / "study" /
+           "restore.py")
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location("study_restore", _SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_OLD = "/old/runs/study2"
+
+
+def _marker(path: pathlib.Path, stage: str, *args: str) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({"stage": stage, "command": [
+      "/venv/bin/python3", "-m", "m4moe.cli.x", *args], "seconds": 1.0}))
+
+
+def _committed(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+  """A results dir with one whole run (a) and one without its ood eval (b),
+  and a run dir whose corpus/vocab match the manifest."""
+  results, run_dir = tmp_path / "v2", tmp_path / "run"
+  files = {"corpus/test/pt.tsv": "o\tx\n", "vocab/source.vocab": "spm"}
+  lines = []
+  for name, text in files.items():
+    (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / name).write_text(text)
+    lines.append(f"{hashlib.sha256(text.encode()).hexdigest()}  {name}")
+  results.mkdir()
+  (results / "inputs.sha256").write_text("\n".join(lines) + "\n")
+  _marker(results / "stages" / "corpus.json", "corpus",
+          f"--output_dir={_OLD}/corpus")
+  for run in ("a", "b"):
+    _marker(results / "stages" / f"train_{run}.json", f"train_{run}",
+            f"--model_dir={_OLD}/models/{run}")
+    (results / "metrics").mkdir(exist_ok=True)
+    (results / "metrics" / f"{run}.jsonl").write_text(
+        json.dumps({"kind": "end", "reason": "done"}) + "\n")
+    splits = ("eval", "eval_ood") if run == "a" else ("eval",)
+    for split in splits:
+      _marker(results / "stages" / f"{split}_{run}.json", f"{split}_{run}",
+              f"--output={_OLD}/{split}/{run}.json")
+      (results / split / run).mkdir(parents=True, exist_ok=True)
+      (results / split / run / "pt.hyp").write_text(f"hyp {split}\n")
+      (results / split / f"{run}.json").write_text(json.dumps(
+          {"metadata": {"hypotheses_dir": f"{_OLD}/{split}/{run}"}}))
+  return results, run_dir
+
+
+def test_whole_runs_are_restored_with_their_paths_rewritten(tmp_path):
+  restore = _module()
+  results, run_dir = _committed(tmp_path)
+  assert restore.check_inputs(results, run_dir) == []
+  assert restore.recorded_run_dir(results) == _OLD
+  assert restore.restore(results, run_dir) == ["a"]  # b lacks its ood eval
+  marker = json.loads((run_dir / "stages" / "eval_ood_a.json").read_text())
+  assert marker["command"][-1] == f"--output={run_dir}/eval_ood/a.json"
+  evaluation = json.loads((run_dir / "eval" / "a.json").read_text())
+  assert evaluation["metadata"]["hypotheses_dir"] == f"{run_dir}/eval/a"
+  assert (run_dir / "eval_ood" / "a" / "pt.hyp").read_text() == "hyp eval_ood\n"
+  assert (run_dir / "models" / "a" / "metrics.jsonl").is_file()
+  assert not (run_dir / "stages" / "train_b.json").exists()
+  assert not (run_dir / "models" / "b").exists()
+  # A second restore changes nothing (the run has its records now).
+  before = (run_dir / "eval" / "a.json").stat().st_mtime_ns
+  assert restore.restore(results, run_dir) == []
+  assert (run_dir / "eval" / "a.json").stat().st_mtime_ns == before
+
+
+def test_a_run_started_here_is_left_to_resume(tmp_path):
+  restore = _module()
+  results, run_dir = _committed(tmp_path)
+  (run_dir / "models" / "a").mkdir(parents=True)
+  (run_dir / "models" / "a" / "checkpoint").write_text("mine")
+  assert restore.restore(results, run_dir) == []
+  assert not (run_dir / "stages").exists()
+  assert (run_dir / "models" / "a" / "checkpoint").read_text() == "mine"
+
+
+def test_other_inputs_are_refused_by_name(tmp_path):
+  results, run_dir = _committed(tmp_path)
+  (run_dir / "vocab" / "source.vocab").write_text("another vocabulary")
+  proc = subprocess.run(
+      [sys.executable, str(_SCRIPT), f"--results={results}",
+       f"--run_dir={run_dir}"], capture_output=True, text=True, timeout=120,
+      check=False)
+  assert proc.returncode != 0
+  assert "vocab/source.vocab" in proc.stderr
+  assert "not be comparable" in proc.stderr
+  assert not (run_dir / "stages").exists()
+
+
+def test_a_malformed_manifest_names_its_line(tmp_path):
+  restore = _module()
+  results, run_dir = _committed(tmp_path)
+  (results / "inputs.sha256").write_text("abc corpus/test/pt.tsv\n")
+  with pytest.raises(ValueError, match=r"inputs.sha256:1: not a sha256sum"):
+    restore.check_inputs(results, run_dir)

@@ -77,6 +77,10 @@ class ModelRun:
       (``m4moe-train --continue_from``) and trains on to ``train_steps``,
       so the report shows both budgets of the same runs. Planned after the
       baselines. Empty: trained from scratch.
+    max_train_seconds: a wall-clock cap on the training loop
+      (``m4moe-train --max_train_seconds``, summed over resumes), so that a
+      job sized in steps on one CPU still ends in time on a slower one; the
+      run then stops early and its log says ``time_budget``. 0: none.
   """
 
   name: str
@@ -90,8 +94,12 @@ class ModelRun:
   lane: int | None = None
   seeds: tuple[int, ...] = ()
   continue_from: str = ""
+  max_train_seconds: float = 0.0
 
   def __post_init__(self) -> None:
+    if self.max_train_seconds < 0:
+      raise ValueError(f"model {self.name!r}: max_train_seconds must be >= 0 "
+                       f"(0: no cap), got {self.max_train_seconds}")
     if self.lane is not None and self.lane < 0:
       raise ValueError(f"model {self.name!r}: lane must be >= 0 or None, "
                        f"got {self.lane}")
@@ -128,6 +136,8 @@ class Recipe:
     baseline_steps: per-language ``train_steps`` of the baselines, overriding
       the template's (baselines sized for their data); languages not listed
       keep the template's.
+    baseline_seconds: per-language :attr:`ModelRun.max_train_seconds` of
+      the baselines, overriding the template's.
     baseline_lanes: per-language :attr:`ModelRun.lane` of the baselines,
       overriding the template's (to balance the lanes' work).
     baseline_flags: per-language ``m4moe-train`` flags appended to the
@@ -162,6 +172,7 @@ class Recipe:
   eval_max_sentences: int
   beam_size: int
   baseline_steps: tuple[tuple[str, int], ...] = ()
+  baseline_seconds: tuple[tuple[str, float], ...] = ()
   baseline_lanes: tuple[tuple[str, int], ...] = ()
   baseline_flags: tuple[tuple[str, tuple[str, ...]], ...] = ()
   report_flags: tuple[str, ...] = ()
@@ -170,7 +181,8 @@ class Recipe:
   ood_eval_max_sentences: int = 1000
 
   def __post_init__(self) -> None:
-    for field in ("baseline_steps", "baseline_lanes", "baseline_flags"):
+    for field in ("baseline_steps", "baseline_seconds", "baseline_lanes",
+                  "baseline_flags"):
       unknown = {lang for lang, _ in getattr(self, field)} - set(
           self.languages)
       if unknown:
@@ -221,6 +233,7 @@ class Recipe:
     if self.baseline is None:
       return ()
     steps = dict(self.baseline_steps)
+    seconds = dict(self.baseline_seconds)
     lanes = dict(self.baseline_lanes)
     extra = dict(self.baseline_flags)
     return tuple(
@@ -228,6 +241,8 @@ class Recipe:
             self.baseline, name=f"bilingual_{lang}", languages=(lang,),
             bilingual=True,
             train_steps=steps.get(lang, self.baseline.train_steps),
+            max_train_seconds=seconds.get(lang,
+                                          self.baseline.max_train_seconds),
             lane=lanes.get(lang, self.baseline.lane),
             extra_flags=(*self.baseline.extra_flags, *extra.get(lang, ())))
         for lang in self.languages)
@@ -255,6 +270,18 @@ _SMALL_DATA_DROPOUT = ("--dropout_rate=0.1", "--attention_dropout_rate=0.1")
 # language for each baseline.
 _DEMO_MOE_STEPS = 5200
 _DEMO_BASELINE_MAX_STEPS = 4400
+# Those step budgets fit 45 minutes on the CPU they were measured on (an AMD
+# EPYC; training loops of 1158 s for the MoE, 949 and 979 s for the pt and
+# kk baselines, 367 and 271 s for si and ia). An Intel Xeon of these
+# machines runs the same steps about 1.75x slower (0.87 s against 0.49 s
+# per 4096-token step of the study's models), which would take the job to
+# about an hour. So every training run also has a wall-clock cap a few
+# percent above its measured time there: on such a CPU nothing changes, on a
+# slower one the runs stop at the cap ("time_budget" in the report's
+# stopping table) and each lane still trains for at most 2000 s (33 min),
+# leaving the corpus, vocabularies, decoding and the install about 12.
+_DEMO_SECONDS = {"moe": 1200.0, "pt": 1000.0, "kk": 1000.0, "si": 430.0,
+                 "ia": 370.0}
 
 # Languages from the offline corpus spanning its resource range (training
 # pairs measured on the 2026-11 build: pt 136k, kk 17k, si 6.3k, ia 1.4k).
@@ -323,7 +350,8 @@ RECIPES: dict[str, Recipe] = {
         # pt and kk baselines.
         models=(ModelRun(name="moe", config="tiny/moe",
                          train_steps=_DEMO_MOE_STEPS, eval_every=500,
-                         extra_flags=(*_SHALLOW, *_DEMO_SCHEDULE), lane=0),),
+                         extra_flags=(*_SHALLOW, *_DEMO_SCHEDULE), lane=0,
+                         max_train_seconds=_DEMO_SECONDS["moe"]),),
         # Baselines sized by a stopping rule on dev, not by a step count:
         # dev CE every 400 steps, stop after 2 evaluations without a new
         # best, at most 4400 steps (fewer than the multilingual model, which
@@ -334,6 +362,8 @@ RECIPES: dict[str, Recipe] = {
                           early_stopping_patience=2,
                           extra_flags=(*_SHALLOW, *_DEMO_SCHEDULE), lane=1),
         baseline_lanes=(("si", 0), ("ia", 0)),
+        baseline_seconds=tuple(
+            (lang, _DEMO_SECONDS[lang]) for lang in _DEMO_LANGUAGES),
         # Dropout 0 (the zoo's) won on pt's 134k pairs but overfits the
         # small languages' baselines: in the first run of this recipe the
         # kk baseline's best dev CE was 3.67 at 800 steps (dropout 0.1:
@@ -524,6 +554,8 @@ def plan(recipe: Recipe, *, run_dir: pathlib.Path,
                 *([f"--early_stopping_patience={model.early_stopping_patience}"]
                   if model.early_stopping_patience else []),
                 *([f"--seed={seed}"] if seed is not None else []),
+                *([f"--max_train_seconds={model.max_train_seconds:g}"]
+                  if model.max_train_seconds else []),
                 *continuation,
                 *model.extra_flags)))
       splits = [("test", "eval", eval_jsons, baseline_jsons,

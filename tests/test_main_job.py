@@ -317,3 +317,34 @@ def test_stop_after_runs_the_stages_up_to_it_and_a_rerun_goes_on(tmp_path):
                  "--stop_after=nope")
   assert unknown.returncode != 0
   assert "--stop_after='nope' is not a stage" in unknown.stderr
+
+
+def test_demo_lanes_train_at_most_2000_seconds_whatever_the_cpu(tmp_path):
+  """Every demo training run has a wall-clock cap, and each lane's caps add
+  up to at most 2000 s, so a slower CPU still ends the job inside 45 min."""
+  recipe = main_job.RECIPES["demo"]
+  stages = main_job.plan(recipe, run_dir=tmp_path, cache_dir=tmp_path / "c")
+  per_lane = {}
+  for stage in stages:
+    if stage.tool == "train":
+      cap = float(_flags(stage)["max_train_seconds"])
+      assert cap > 0, stage.name
+      per_lane[stage.lane] = per_lane.get(stage.lane, 0.0) + cap
+  assert sorted(per_lane) == [0, 1]
+  assert max(per_lane.values()) <= 2000
+  # The study and smoke recipes train to their step budgets only.
+  for name in ("study", "smoke"):
+    assert not any("max_train_seconds" in _flags(s) for s in main_job.plan(
+        main_job.RECIPES[name], run_dir=tmp_path, cache_dir=tmp_path))
+
+
+def test_time_caps_are_validated_and_set_per_baseline():
+  with pytest.raises(ValueError, match="max_train_seconds must be >= 0"):
+    main_job.ModelRun(name="m", config="tiny/moe", train_steps=1,
+                      max_train_seconds=-1)
+  recipe = _recipe(baseline_seconds=(("fr", 30.0),))
+  caps = {b.languages[0]: b.max_train_seconds for b in recipe.baselines()}
+  assert caps == {"de": 0.0, "fr": 30.0}
+  with pytest.raises(ValueError, match=r"baseline_seconds names languages "
+                     r"\['it'\]"):
+    _recipe(baseline_seconds=(("it", 1.0),))

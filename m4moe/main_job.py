@@ -272,10 +272,12 @@ _DEMO_MOE_STEPS = 5200
 _DEMO_BASELINE_MAX_STEPS = 4400
 # Those step budgets fit 45 minutes on the CPU they were measured on (an AMD
 # EPYC; training loops of 1158 s for the MoE, 949 and 979 s for the pt and
-# kk baselines, 367 and 271 s for si and ia). An Intel Xeon of these
-# machines runs the same steps about 1.75x slower (0.87 s against 0.49 s
-# per 4096-token step of the study's models), which would take the job to
-# about an hour. So every training run also has a wall-clock cap a few
+# kk baselines, 367 and 271 s for si and ia, about 0.22 s per step). These
+# machines also come with an Intel Xeon, on which the study's 2+2 models
+# took 0.87 s per 4096-token step (2026-11-26, one core per lane, dropout
+# 0.1), about twice the EPYC's time for such a step: in steps alone the job
+# would run well past 45 minutes there. So every training run also has a
+# wall-clock cap a few
 # percent above its measured time there: on such a CPU nothing changes, on a
 # slower one the runs stop at the cap ("time_budget" in the report's
 # stopping table) and each lane still trains for at most 2000 s (33 min),

@@ -19,9 +19,9 @@ Recipes:
   dense bilingual baseline per language, every run trained to early
   stopping on dev; scored on the in-domain test (>= 500 sentences where the
   corpus has them) and on the out-of-domain test of held-out source
-  packages, with seed spreads and 95% bootstrap intervals. About 3.5-4.5 h
-  on a quiet 2-core machine in two lanes (eval/results/study/README.md);
-  every stage resumes.
+  packages, with seed spreads and 95% bootstrap intervals. Several hours on
+  a 2-core machine in two lanes (eval/results/study/README.md: about 7 on
+  an Intel Xeon of these machines); every stage resumes.
 * ``smoke``: the same stages on a small generated catalog tree (no
   downloads), with a micro model and a few steps: it checks the plumbing in
   about two minutes and is what the tests run.

@@ -13,7 +13,8 @@ Examples:
   m4moe-run --run_dir=runs/demo --dry_run
 
 A finished stage is recorded in <run_dir>/stages/<stage>.json and skipped on
-the next run; --restart_from=<stage> forgets it and every later stage.
+the next run; --restart_from=<stage> forgets it and every later stage;
+--stop_after=<stage> runs the stages up to it and stops.
 
 Models that a recipe puts in lanes (the demo: the multilingual MoE in one,
 the bilingual baselines in the other) train and decode concurrently, each

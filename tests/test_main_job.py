@@ -348,3 +348,23 @@ def test_time_caps_are_validated_and_set_per_baseline():
   with pytest.raises(ValueError, match=r"baseline_seconds names languages "
                      r"\['it'\]"):
     _recipe(baseline_seconds=(("it", 1.0),))
+
+
+def test_only_runs_the_matching_stages_in_plan_order(tmp_path):
+  from m4moe.cli import run as run_cli  # pylint: disable=g-import-not-at-top
+  stages = main_job.plan(main_job.RECIPES["study"], run_dir=tmp_path,
+                         cache_dir=tmp_path)
+  chosen = run_cli._matching(stages, ["train_bilingual_s*", "eval_bilingual_s*"])
+  assert [s.name for s in chosen] == [
+      "train_bilingual_si", "eval_bilingual_si", "train_bilingual_sd",
+      "eval_bilingual_sd"]
+  # The baselines keep their lanes, so they still train side by side.
+  assert {s.lane for s in chosen} == {0, 1}
+  with pytest.raises(Exception, match="matches no stage"):
+    run_cli._matching(stages, ["nope*"])
+  run_dir = tmp_path / "smoke"
+  only = _run("--recipe=smoke", f"--run_dir={run_dir}", "--only=corpus")
+  assert only.returncode == 0, only.stdout[-3000:] + only.stderr[-3000:]
+  assert sorted(p.name for p in (run_dir / "stages").iterdir()) == [
+      "corpus.json"]
+  assert "the 1 stage(s) of --only" in only.stdout

@@ -14,7 +14,8 @@ Examples:
 
 A finished stage is recorded in <run_dir>/stages/<stage>.json and skipped on
 the next run; --restart_from=<stage> forgets it and every later stage;
---stop_after=<stage> runs the stages up to it and stops.
+--stop_after=<stage> runs the stages up to it and stops; --only=<patterns>
+runs just the stages whose names match (e.g. the baselines).
 
 Models that a recipe puts in lanes (the demo: the multilingual MoE in one,
 the bilingual baselines in the other) train and decode concurrently, each
@@ -34,6 +35,7 @@ keeps running on its own.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import pathlib
@@ -65,6 +67,11 @@ _STOP_AFTER = flags.DEFINE_string(
     "stop_after", None, "Run the stages up to this one (in plan order, e.g. "
     "vocab: build the corpus and vocabularies only) and stop; a later run "
     "without it goes on from there.")
+_ONLY = flags.DEFINE_list(
+    "only", None, "Run only the stages whose names match one of these shell "
+    "patterns (e.g. 'train_bilingual_*,eval*_bilingual_*': the baselines), "
+    "in plan order and in their lanes; the others are left for a later "
+    "run. Combines with --stop_after.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False,
                              "Print the stages and commands; run nothing.")
 _LANES = flags.DEFINE_bool(
@@ -127,6 +134,17 @@ def _through(stages: list[main_job.Stage],
     raise app.UsageError(f"--stop_after={name!r} is not a stage of this "
                          f"recipe; choose one of {', '.join(names)}")
   return stages[:names.index(name) + 1]
+
+
+def _matching(stages: list[main_job.Stage],
+              patterns: list[str]) -> list[main_job.Stage]:
+  """The stages whose names match one of ``patterns`` (--only)."""
+  chosen = [s for s in stages
+            if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+  if not chosen:
+    raise app.UsageError(f"--only={','.join(patterns)} matches no stage of "
+                         "this recipe; --dry_run lists them")
+  return chosen
 
 
 def _training_finished(stage: main_job.Stage) -> bool:
@@ -336,6 +354,8 @@ def main(argv: list[str]) -> None:
     _forget_from(stages, run_dir, changed)
   if _STOP_AFTER.value:
     stages = _through(stages, _STOP_AFTER.value)
+  if _ONLY.value:
+    stages = _matching(stages, _ONLY.value)
   job = _Job(recipe=recipe, run_dir=run_dir, stages=stages)
   cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
       else list(range(os.cpu_count() or 1))
@@ -361,10 +381,11 @@ def main(argv: list[str]) -> None:
       for lane in block:
         for stage in lane:
           job.run_alone(stage)
-  if _STOP_AFTER.value and not _DRY_RUN.value:
-    print(f"m4moe-run: stopped after stage {_STOP_AFTER.value!r} "
-          f"(--stop_after) in {time.monotonic() - job.start:.0f} s; run "
-          "again without it to go on", flush=True)
+  if (_STOP_AFTER.value or _ONLY.value) and not _DRY_RUN.value:
+    which = (f"after stage {_STOP_AFTER.value!r} (--stop_after)"
+             if _STOP_AFTER.value else f"the {len(stages)} stage(s) of --only")
+    print(f"m4moe-run: stopped {which} in {time.monotonic() - job.start:.0f}"
+          " s; run again without it to go on", flush=True)
   elif not _DRY_RUN.value:
     report = run_dir / "report"
     print(f"m4moe-run: done in {time.monotonic() - job.start:.0f} s. Report: "

@@ -37,6 +37,7 @@ def _cli(*args):
       capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a training CLI run end to end: `pytest -m slow`
 def test_capture_agrees_with_the_layers_own_stats_and_restores(run_dir):
   files = rundir.find_run_files(run_dir)
   model = translator_lib.restore_model(files)

@@ -30,6 +30,7 @@ def records():
           for d in (1, 2)}
 
 
+@pytest.mark.slow  # runs the sharding benchmark: `pytest -m slow`
 def test_record_fields_and_sums(records):
   for d, record in records.items():
     assert record["benchmark"] == "sharding"
@@ -46,6 +47,7 @@ def test_record_fields_and_sums(records):
         record["per_device_activation_bytes"])
 
 
+@pytest.mark.slow  # runs the sharding benchmark: `pytest -m slow`
 def test_expert_weights_per_device_stay_flat(records):
   point = sharding.ShardingPoint(devices=1)
   # E/D = 4 experts of wi <M, H> and wo <H, M>, float32, in 1 + 1 MoE layers.
@@ -58,6 +60,7 @@ def test_expert_weights_per_device_stay_flat(records):
   assert grown == 2 * point.d_model * 4 * 4  # 2 routers, 4 more experts
 
 
+@pytest.mark.slow  # runs the sharding benchmark: `pytest -m slow`
 def test_cost_model_fields_are_m4moe_cost(records):
   for d, record in records.items():
     point = sharding.ShardingPoint(devices=d)
@@ -78,6 +81,7 @@ def data_records():
       sharding.ShardingPoint(devices=d, layout="data")) for d in (1, 2)}
 
 
+@pytest.mark.slow  # runs the sharding benchmark: `pytest -m slow`
 def test_unfused_cost_model_matches_the_measured_activations(records,
                                                              data_records):
   # The eager DTensor step keeps what TensorFlow's tape keeps: the unfused
@@ -101,6 +105,7 @@ def test_unfused_cost_model_matches_the_measured_activations(records,
               record["cost_model_activation_bytes"])
 
 
+@pytest.mark.slow  # runs the sharding benchmark: `pytest -m slow`
 def test_unfused_table_splits_like_the_measured_op_types(records):
   # The rows' op types against the record's activation_bytes_by_op, at
   # E = 8 on expert:2: every listed op type within 1%, or within 256 bytes

@@ -284,6 +284,7 @@ def _tree_digest(directory):
   return digest.hexdigest()
 
 
+@pytest.mark.slow  # trains a teacher and a student: `pytest -m slow`
 def test_teacher_unchanged_student_learns_and_resume_is_exact(tmp_path):
   teacher_config, _ = _configs()
   teacher_model, run = _teacher_run(tmp_path, teacher_config)

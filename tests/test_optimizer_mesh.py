@@ -163,8 +163,16 @@ def test_update_of_model_split_weights_matches_one_device(report, config):
                                  err_msg=f"step {step + 1}: {name}")
     assert mesh["slots"].keys() == ref["slots"].keys()
     for key, s_ref in ref["slots"].items():
-      np.testing.assert_allclose(mesh["slots"][key], s_ref, rtol=1e-5,
-                                 atol=1e-12, err_msg=f"step {step + 1}: {key}")
+      # Within a few float32 ulps of the slot's own scale: a momentum entry
+      # that is a near-cancellation of larger updates (0.00235 among values
+      # of 0.28) differs by one ulp of 0.28 when the mesh sums in another
+      # order, seen on an Intel Xeon (3e-8, i.e. 1.3e-5 relative).
+      s_ref = np.asarray(s_ref)
+      scale = float(np.max(np.abs(s_ref))) if s_ref.size else 0.0
+      np.testing.assert_allclose(
+          mesh["slots"][key], s_ref, rtol=1e-5,
+          atol=max(4 * np.finfo(np.float32).eps * scale, 1e-12),
+          err_msg=f"step {step + 1}: {key}")
 
 
 def test_every_weight_moves_every_step(report):

@@ -33,6 +33,12 @@ import sys
 import numpy as np
 import pytest
 
+# Whole training steps on 2-8 virtual devices in worker processes (over 4
+# minutes on 2 cores): in `pytest -m slow`, not in the fast suite, which keeps
+# the mesh checks of the MoE layer (test_sharding_dtensor.py), the optimiser
+# (test_optimizer_mesh.py) and checkpoints (test_sharding_checkpoint.py).
+pytestmark = pytest.mark.slow
+
 # Dimensions: B rows, L length, E experts, M d_model, H expert hidden.
 B, L, E, M, H = 8, 8, 8, 32, 32
 MODEL_FLAGS = (

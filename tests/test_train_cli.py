@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 SMALL = ["--config=tiny/dense", "--d_model=32", "--num_heads=2", "--d_kv=16",
@@ -47,6 +48,7 @@ def test_check_config_reports_problems(tmp_path):
   assert "--corpus_dir, --tfds_name or --synthetic_data" in proc.stderr
 
 
+@pytest.mark.slow  # a training CLI run end to end: `pytest -m slow`
 def test_mirrored_two_devices_equals_one_device(tmp_path):
   for devices in (1, 2):
     proc = _run(*SMALL, f"--model_dir={tmp_path}/d{devices}",
@@ -66,6 +68,7 @@ def test_mirrored_two_devices_equals_one_device(tmp_path):
   assert saved["model"]["d_model"] == 32 and saved["data"]["synthetic"]
 
 
+@pytest.mark.slow  # a training CLI run end to end: `pytest -m slow`
 def test_continue_from_trains_a_copy_and_checks_its_source(tmp_path):
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   done, longer = tmp_path / "done", tmp_path / "longer"

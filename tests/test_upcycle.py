@@ -239,6 +239,7 @@ def _train(*args):
       capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a training CLI run end to end: `pytest -m slow`
 def test_train_cli_init_from_dense(tmp_path):
   dense_dir = tmp_path / "dense"
   proc = _train("--config=tiny/dense", *SMALL, f"--model_dir={dense_dir}",

@@ -56,7 +56,8 @@ def _committed(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
       (results / split / run).mkdir(parents=True, exist_ok=True)
       (results / split / run / "pt.hyp").write_text(f"hyp {split}\n")
       (results / split / f"{run}.json").write_text(json.dumps(
-          {"metadata": {"hypotheses_dir": f"{_OLD}/{split}/{run}"}}))
+          {"metadata": {"hypotheses_dir": f"{_OLD}/{split}/{run}"},
+           "languages": {"pt": {"num_segments": 1}}}))
   return results, run_dir
 
 
@@ -109,3 +110,18 @@ def test_a_malformed_manifest_names_its_line(tmp_path):
   (results / "inputs.sha256").write_text("abc corpus/test/pt.tsv\n")
   with pytest.raises(ValueError, match=r"inputs.sha256:1: not a sha256sum"):
     restore.check_inputs(results, run_dir)
+
+
+def test_a_split_without_sentences_needs_no_hypotheses(tmp_path):
+  """ckb has no test_ood sentences: its run has no eval_ood/<run>/ dir."""
+  restore = _module()
+  results, run_dir = _committed(tmp_path)
+  for path in (results / "eval_ood" / "a").iterdir():
+    path.unlink()
+  (results / "eval_ood" / "a").rmdir()
+  assert restore.restore(results, run_dir) == []  # pt had sentences
+  (results / "eval_ood" / "a.json").write_text(json.dumps(
+      {"metadata": {}, "languages": {"ckb": {"num_segments": 0}}}))
+  assert restore.restore(results, run_dir) == ["a"]
+  assert (run_dir / "eval_ood" / "a").is_dir()
+  assert (run_dir / "stages" / "eval_ood_a.json").is_file()

@@ -90,9 +90,13 @@ for split in eval eval_ood; do
     [[ -f "${json}" ]] || continue
     run="$(basename "${json}" .json)"
     [[ -f "${run_dir}/stages/${split}_${run}.json" ]] || continue
-    mkdir -p "${here}/${split}/${run}"
     cp "${json}" "${here}/${split}/"
-    cp "${run_dir}/${split}/${run}"/*.hyp "${here}/${split}/${run}/"
+    # A language without sentences in this split (kk, my, uz and ckb have
+    # no test_ood) has no .hyp file; such a run may have none at all.
+    if compgen -G "${run_dir}/${split}/${run}/*.hyp" > /dev/null; then
+      mkdir -p "${here}/${split}/${run}"
+      cp "${run_dir}/${split}/${run}"/*.hyp "${here}/${split}/${run}/"
+    fi
   done
 done
 for log in "${run_dir}"/models/*/metrics.jsonl; do

@@ -81,10 +81,21 @@ def _landed_runs(results: pathlib.Path) -> list[str]:
     parts = [results / "metrics" / f"{run}.jsonl"]
     for split in _SPLITS:
       parts += [results / "stages" / f"{split}_{run}.json",
-                results / split / f"{run}.json", results / split / run]
-    if all(p.exists() for p in parts):
+                results / split / f"{run}.json"]
+    if not all(p.exists() for p in parts):
+      continue
+    # Hypotheses are needed wherever the run decoded sentences (a split
+    # with none, e.g. test_ood of ckb, leaves no .hyp and no directory).
+    if all(results.joinpath(split, run).is_dir() or
+           not _decoded_any(results / split / f"{run}.json")
+           for split in _SPLITS):
       runs.append(run)
   return runs
+
+
+def _decoded_any(eval_json: pathlib.Path) -> bool:
+  languages = json.loads(eval_json.read_text(encoding="utf-8"))["languages"]
+  return any(v.get("num_segments", 0) > 0 for v in languages.values())
 
 
 def restore(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
@@ -111,7 +122,8 @@ def restore(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
     for split in _SPLITS:
       hyps = run_dir / split / run
       hyps.mkdir(parents=True, exist_ok=True)
-      for hyp in sorted((results / split / run).iterdir()):
+      committed = results / split / run
+      for hyp in sorted(committed.iterdir()) if committed.is_dir() else ():
         shutil.copyfile(hyp, hyps / hyp.name)
       copy_text(results / split / f"{run}.json", run_dir / split / f"{run}.json")
     # The stage records last: a record means its outputs are all in place.

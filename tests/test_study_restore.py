@@ -125,3 +125,15 @@ def test_a_split_without_sentences_needs_no_hypotheses(tmp_path):
   assert restore.restore(results, run_dir) == ["a"]
   assert (run_dir / "eval_ood" / "a").is_dir()
   assert (run_dir / "stages" / "eval_ood_a.json").is_file()
+
+
+def test_a_run_dir_without_inputs_is_told_to_build_them(tmp_path):
+  results, _ = _committed(tmp_path)
+  empty = tmp_path / "empty"
+  proc = subprocess.run(
+      [sys.executable, str(_SCRIPT), f"--results={results}",
+       f"--run_dir={empty}"], capture_output=True, text=True, timeout=120,
+      check=False)
+  assert proc.returncode != 0
+  assert "has none of the 2" in proc.stderr and "--stop_after=vocab" in proc.stderr
+  assert not empty.exists()

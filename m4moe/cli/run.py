@@ -116,24 +116,25 @@ def _first_changed(stages: list[main_job.Stage],
   return None
 
 
-def _forget_from(stages: list[main_job.Stage], run_dir: pathlib.Path,
-                 name: str) -> None:
+def _stage_index(stages: list[main_job.Stage], name: str, flag: str) -> int:
+  """Where stage ``name`` is in the plan; a usage error naming ``flag``."""
   names = [s.name for s in stages]
   if name not in names:
-    raise app.UsageError(f"--restart_from={name!r} is not a stage of this "
+    raise app.UsageError(f"--{flag}={name!r} is not a stage of this "
                          f"recipe; choose one of {', '.join(names)}")
-  for stage in stages[names.index(name):]:
+  return names.index(name)
+
+
+def _forget_from(stages: list[main_job.Stage], run_dir: pathlib.Path,
+                 name: str) -> None:
+  for stage in stages[_stage_index(stages, name, "restart_from"):]:
     _marker(run_dir, stage).unlink(missing_ok=True)
 
 
 def _through(stages: list[main_job.Stage],
              name: str) -> list[main_job.Stage]:
   """The stages up to and including ``name`` (--stop_after)."""
-  names = [s.name for s in stages]
-  if name not in names:
-    raise app.UsageError(f"--stop_after={name!r} is not a stage of this "
-                         f"recipe; choose one of {', '.join(names)}")
-  return stages[:names.index(name) + 1]
+  return stages[:_stage_index(stages, name, "stop_after") + 1]
 
 
 def _matching(stages: list[main_job.Stage],

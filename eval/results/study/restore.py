@@ -37,11 +37,8 @@ _SPLITS = ("eval", "eval_ood")
 
 
 def _sha256(path: pathlib.Path) -> str:
-  digest = hashlib.sha256()
   with path.open("rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
+    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def check_inputs(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
@@ -145,6 +142,11 @@ def main(argv: list[str]) -> None:
           "nothing to restore")
     return
   bad = check_inputs(results, run_dir)
+  if bad and not any((run_dir / name).is_file() for name in bad):
+    sys.exit(f"restore: {run_dir} has none of the {len(bad)} corpus/"
+             f"vocabulary file(s) listed in {results / 'inputs.sha256'} "
+             f"(e.g. {bad[0]}): build them first with m4moe-run "
+             f"--recipe=study --run_dir={run_dir} --stop_after=vocab")
   if bad:
     sys.exit(f"restore: {len(bad)} corpus/vocabulary file(s) under {run_dir} "
              f"differ from those the committed runs used "

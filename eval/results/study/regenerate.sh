@@ -29,7 +29,8 @@
 # COPY_ONLY=1 skips steps 1-4 and copies what has landed so far, so results
 # can be committed as they land during a study that takes several sittings.
 #
-# About 5 h of a quiet 2-core machine (README.md in this directory).
+# About 10 h of both cores of the Intel Xeon of 2026-11-26, in sittings
+# (README.md in this directory has the measured stage times).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/v2"
 run_dir="${1:-runs/study}"

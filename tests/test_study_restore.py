@@ -137,3 +137,20 @@ def test_a_run_dir_without_inputs_is_told_to_build_them(tmp_path):
   assert proc.returncode != 0
   assert "has none of the 2" in proc.stderr and "--stop_after=vocab" in proc.stderr
   assert not empty.exists()
+
+
+def test_regenerate_copy_only_refuses_a_run_dir_without_stages(tmp_path):
+  """A mistyped RUN_DIR must not report 'copied' with nothing copied."""
+  script = _SCRIPT.parent / "regenerate.sh"
+  v2 = _SCRIPT.parent / "v2"
+  before = sorted(p.name for p in v2.iterdir()) if v2.exists() else []
+  (tmp_path / "run").mkdir()  # exists, but no study ran in it
+  result = subprocess.run(
+      ["bash", str(script), str(tmp_path / "run")], capture_output=True,
+      text=True, env={"COPY_ONLY": "1", "PATH": "/usr/bin:/bin"}, check=False)
+  assert result.returncode == 1
+  assert "has no stages/ directory" in result.stderr
+  assert str(tmp_path / "run") in result.stderr
+  assert "copied" not in result.stdout
+  after = sorted(p.name for p in v2.iterdir()) if v2.exists() else []
+  assert after == before

@@ -61,6 +61,13 @@ if [[ -z "${COPY_ONLY:-}" ]]; then
   done
 fi
 
+if [[ ! -d "${run_dir}/stages" ]]; then
+  echo "regenerate.sh: ${run_dir} has no stages/ directory, so no study" \
+    "run to copy from; give the RUN_DIR the study ran in" \
+    "(e.g. COPY_ONLY=1 bash $0 /work/runs/study2)" >&2
+  exit 1
+fi
+
 # What the runs read: later sittings check their corpus and vocabularies
 # against it (restore.py).
 if [[ -d "${run_dir}/vocab" ]]; then
@@ -86,12 +93,14 @@ for dir in report report_chrf report_ood report_ood_chrf; do
 done
 # Eval JSONs with their hypotheses (the report's bootstrap intervals and
 # examples need them), for runs whose eval stage finished.
+copied=0
 for split in eval eval_ood; do
   for json in "${run_dir}/${split}"/*.json; do
     [[ -f "${json}" ]] || continue
     run="$(basename "${json}" .json)"
     [[ -f "${run_dir}/stages/${split}_${run}.json" ]] || continue
     cp "${json}" "${here}/${split}/"
+    copied=$((copied + 1))
     # A language without sentences in this split (kk, my, uz and ckb have
     # no test_ood) has no .hyp file; such a run may have none at all.
     if compgen -G "${run_dir}/${split}/${run}/*.hyp" > /dev/null; then
@@ -110,4 +119,4 @@ fi
 if [[ -d "${run_dir}/stages" ]]; then
   cp -r "${run_dir}/stages" "${here}/"
 fi
-echo "study v2 results copied to ${here}"
+echo "study v2 results copied to ${here}: ${copied} finished eval stage(s)"

@@ -11,7 +11,10 @@ metric (BLEU and chrF++):
   from the eval JSONs' scores;
 * Δ = model − bilingual baseline with its paired interval and sacrebleu's
   paired-bootstrap p-value (significant at p < alpha), and the same for the
-  given model pairs (MoE − dense);
+  given model pairs (MoE − dense); for pairs of models with several seeds
+  each, also the difference of their seed means with Welch's t-interval
+  and test over seeds (:func:`seeds.welch_difference`), which counts the
+  training variance the bootstrap leaves out;
 * per resource bucket (the comparison's averaged languages): the mean over
   the bucket's languages with a bootstrap interval from the same resamples
   (languages resampled independently, each with its own seed), the mean Δ
@@ -81,6 +84,10 @@ class Intervals:
     bucket_pairs: bucket -> metric -> "system − reference" -> Difference.
     bucket_languages: bucket -> the languages averaged.
     problems: why intervals are missing where they are.
+    pair_seed_deltas: language -> metric -> "system − reference" -> the
+      Welch comparison of their seeds (None unless both have >= 2 seeds).
+    bucket_pair_seeds: bucket -> metric -> "system − reference" -> the
+      same for the bucket means.
   """
 
   n_samples: int
@@ -99,6 +106,12 @@ class Intervals:
                                                   | None]]]
   bucket_languages: Mapping[str, tuple[str, ...]]
   problems: tuple[str, ...]
+  pair_seed_deltas: Mapping[str, Mapping[str, Mapping[
+      str, seeds_lib.SeedDifference | None]]] = dataclasses.field(
+          default_factory=dict)
+  bucket_pair_seeds: Mapping[str, Mapping[str, Mapping[
+      str, seeds_lib.SeedDifference | None]]] = dataclasses.field(
+          default_factory=dict)
 
   @property
   def available(self) -> bool:
@@ -112,7 +125,8 @@ class Intervals:
         "method": ("sacrebleu paired bootstrap resampling of test sentences: "
                    "interval = bootstrap mean ± half the 2.5-97.5 percentile"
                    " range; p = sacrebleu's paired bootstrap test; seeds: "
-                   "mean, min-max, std, 95% t-interval"),
+                   "mean, min-max, std, 95% t-interval; model pairs over "
+                   "seeds: Welch t-interval and t-test"),
         "n_samples": self.n_samples, "seed": self.seed, "alpha": self.alpha,
         "num_seeds": dict(self.num_seeds),
         "languages": {l: {m: {s: c.to_dict() for s, c in by_sys.items()}
@@ -128,6 +142,11 @@ class Intervals:
                          for b, by_metric in self.bucket_pairs.items()},
         "bucket_languages": {b: list(v)
                              for b, v in self.bucket_languages.items()},
+        "pair_seed_deltas": {l: {m: diffs(d) for m, d in by_metric.items()}
+                             for l, by_metric in self.pair_seed_deltas.items()},
+        "bucket_pair_seeds": {b: {m: diffs(d) for m, d in by_metric.items()}
+                              for b, by_metric in
+                              self.bucket_pair_seeds.items()},
         "problems": list(self.problems)}
 
 
@@ -145,6 +164,13 @@ def _spread(values: Sequence[float | None]) -> seeds_lib.Spread | None:
   if len(values) < 2 or any(v is None for v in values):
     return None
   return seeds_lib.spread(values)
+
+
+def _seed_difference(a: Cell | None, b: Cell | None, alpha: float
+                     ) -> seeds_lib.SeedDifference | None:
+  if a is None or b is None or a.seeds is None or b.seeds is None:
+    return None
+  return seeds_lib.welch_difference(a.seeds, b.seeds, alpha=alpha)
 
 
 def _same_sentences(a: Sequence[examples_lib.LanguageOutputs],
@@ -295,8 +321,19 @@ def compute_intervals(comp: comparison_lib.Comparison, *,
   buckets, bucket_pairs, bucket_langs = _buckets(
       comp, groups=groups, data=data, pairs=pairs, alpha=alpha,
       baseline_scores=baseline_scores, problems=problems)
+  pair_seed_deltas = {
+      lang: {metric: {pair_name(a, b): _seed_difference(
+          cells.get(a), cells.get(b), alpha) for a, b in pairs}
+             for metric, cells in by_metric.items()}
+      for lang, by_metric in languages.items()}
+  bucket_pair_seeds = {
+      bucket: {metric: {pair_name(a, b): _seed_difference(
+          buckets[a][bucket][metric], buckets[b][bucket][metric], alpha)
+                        for a, b in pairs} for metric in METRICS}
+      for bucket in bucket_langs}
   return Intervals(
       n_samples=n_samples, seed=seed, alpha=alpha,
+      pair_seed_deltas=pair_seed_deltas, bucket_pair_seeds=bucket_pair_seeds,
       systems=(*names, BASELINE),
       num_seeds={g.name: g.num_seeds for g in groups}, languages=languages,
       pairs=tuple(pairs), pair_deltas=pair_deltas, buckets=buckets,

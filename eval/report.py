@@ -33,7 +33,8 @@ lines and rescores to the eval JSON's BLEU) the report adds:
   bootstrap via :mod:`.significance`): every BLEU and chrF++ per language
   ± its 95% interval, Δ vs the baseline with sacrebleu's paired-bootstrap
   p-value (* = p < 0.05), the spread over seeds (min–max, 95% t-interval),
-  model − model (MoE − dense) per language and bucket, and bucket means
+  model − model (MoE − dense) per language and bucket (with Welch's
+  t-test over seeds when both models have several), and bucket means
   with intervals from the same resamples. The per-language table's cells
   carry the interval and mark too.
 * Examples: per language, the first N test sentences with the source, the
@@ -212,6 +213,14 @@ def _fmt_difference(diff: significance.Difference | None, *,
   text = (f"{diff.interval.score:+.1f} ±{diff.interval.ci:.1f}"
           f"{'*' if diff.significant else ''}")
   return f"{text} (p={diff.p_value:.3f})" if with_p else text
+
+
+def _fmt_seed_difference(diff: seeds_lib.SeedDifference | None) -> str:
+  """``+0.4, t -0.1–+0.9 (p=0.090)`` over seeds (* = significant)."""
+  if diff is None:
+    return DASH
+  return (f"{diff.mean:+.1f}, t {diff.t_low:+.1f}–{diff.t_high:+.1f}"
+          f"{'*' if diff.significant else ''} (p={diff.p_value:.3f})")
 
 
 def _fmt_spread(spread: seeds_lib.Spread | None, *,
@@ -470,26 +479,46 @@ def _interval_blocks(comp, iv: intervals_lib.Intervals | None
   blocks.append(doc.Table(tuple(headers), tuple(rows)))
   if iv.pairs:
     blocks.append(doc.Heading("Model vs model", level=3))
+    blocks.append(doc.Paragraph(
+        "Two tests of each difference. The bootstrap (Δ) resamples test "
+        "sentences and holds each model's seed mean fixed, so it asks "
+        "whether these runs differ on this test set. 'seeds' asks whether "
+        "the models differ beyond training noise: the difference of seed "
+        "means with its 95% Welch t-interval and Welch's t-test over the "
+        "per-seed scores (unpaired: the two models' runs are independent "
+        "trainings; – unless both have at least two seeds). * = p < "
+        f"{iv.alpha:g}."))
+    def pair_row(label, name, diffs, seed_diffs):
+      row = [label, name]
+      for diff, seed_diff in zip(diffs, seed_diffs):
+        row += [_fmt_difference(diff, with_p=True),
+                _fmt_seed_difference(seed_diff)]
+      return tuple(row)
     pair_rows = []
     for lang in comp.languages:
       for a, b in iv.pairs:
         name = intervals_lib.pair_name(a, b)
         diffs = [iv.pair_deltas[lang][m][name] for m in intervals_lib.METRICS]
-        if all(d is None for d in diffs):
+        seed_diffs = [iv.pair_seed_deltas.get(lang, {}).get(m, {}).get(name)
+                      for m in intervals_lib.METRICS]
+        if all(d is None for d in [*diffs, *seed_diffs]):
           continue
-        pair_rows.append((lang, name, *(_fmt_difference(d, with_p=True)
-                                        for d in diffs)))
+        pair_rows.append(pair_row(lang, name, diffs, seed_diffs))
     for bucket in _multi_language_buckets(iv):
       for a, b in iv.pairs:
         name = intervals_lib.pair_name(a, b)
         diffs = [iv.bucket_pairs[bucket][m][name]
                  for m in intervals_lib.METRICS]
-        if any(d is not None for d in diffs):
-          pair_rows.append((f"{bucket} (mean)", name,
-                            *(_fmt_difference(d, with_p=True)
-                              for d in diffs)))
-    blocks.append(doc.Table(("language", "difference", "ΔBLEU", "ΔchrF++"),
-                            tuple(pair_rows)))
+        seed_diffs = [iv.bucket_pair_seeds.get(bucket, {}).get(m, {})
+                      .get(name) for m in intervals_lib.METRICS]
+        if any(d is not None for d in [*diffs, *seed_diffs]):
+          pair_rows.append(pair_row(f"{bucket} (mean)", name, diffs,
+                                    seed_diffs))
+    headers = ["language", "difference"]
+    for metric in intervals_lib.METRICS:
+      name = comparison_lib.METRICS[metric]
+      headers += [f"Δ{name}", f"Δ{name} seeds"]
+    blocks.append(doc.Table(tuple(headers), tuple(pair_rows)))
   bucket_rows = []
   for system in iv.systems:
     for bucket in _multi_language_buckets(iv):

@@ -14,6 +14,13 @@ result (metadata, model dir, training log) is the first run's.
 :func:`spread` summarises per-seed values: mean, min-max, sample standard
 deviation and the 95% Student-t interval of the mean
 (mean ± t(0.975, n-1) · std / √n); the last two need n ≥ 2.
+
+:func:`welch_difference` compares two models' seeds: the difference of
+their seed means with Welch's t-interval and two-sided t-test (unequal
+variances, Welch-Satterthwaite degrees of freedom). Runs of two models are
+independent trainings, not pairs, so the test is unpaired. Unlike the
+bootstrap over test sentences (:mod:`.significance`), which holds each
+model's seed mean fixed, it counts the training variance between seeds.
 """
 
 from __future__ import annotations
@@ -73,6 +80,60 @@ def spread(values: Sequence[float]) -> Spread:
     t_low, t_high = mean - half, mean + half
   return Spread(values=values, mean=mean, min=min(values), max=max(values),
                 std=std, t_low=t_low, t_high=t_high)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedDifference:
+  """Difference of two models' seed means, with Welch's t-test.
+
+  Attributes:
+    mean: mean over A's seeds minus mean over B's seeds.
+    t_low, t_high: its (1 − alpha) Welch t-interval.
+    df: Welch-Satterthwaite degrees of freedom (None if both spreads are
+      zero: the interval is then the point itself).
+    p_value: two-sided Welch t-test of equal means.
+    significant: ``p_value < alpha``.
+  """
+
+  mean: float
+  t_low: float
+  t_high: float
+  df: float | None
+  p_value: float
+  significant: bool
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"method": "Welch t-test over seeds (unpaired)",
+            **dataclasses.asdict(self)}
+
+
+def welch_difference(a: Spread, b: Spread, *, alpha: float = 0.05
+                     ) -> SeedDifference:
+  """A − B over seeds: Welch's t-interval and two-sided t-test.
+
+  Raises:
+    ValueError: either side has fewer than two seeds, or alpha is not in
+      (0, 1).
+  """
+  if len(a.values) < 2 or len(b.values) < 2:
+    raise ValueError(f"Welch's test needs >= 2 seeds per model; got "
+                     f"{len(a.values)} and {len(b.values)}")
+  if not 0 < alpha < 1:
+    raise ValueError(f"alpha={alpha}: use a level in (0, 1), e.g. 0.05")
+  diff = a.mean - b.mean
+  va = statistics.variance(a.values) / len(a.values)
+  vb = statistics.variance(b.values) / len(b.values)
+  se = math.sqrt(va + vb)
+  if se == 0.0:
+    p = 1.0 if diff == 0.0 else 0.0
+    return SeedDifference(mean=diff, t_low=diff, t_high=diff, df=None,
+                          p_value=p, significant=p < alpha)
+  df = (va + vb) ** 2 / (va ** 2 / (len(a.values) - 1)
+                         + vb ** 2 / (len(b.values) - 1))
+  half = float(scipy_stats.t.ppf(1 - alpha / 2, df)) * se
+  p = float(2 * scipy_stats.t.sf(abs(diff) / se, df))
+  return SeedDifference(mean=diff, t_low=diff - half, t_high=diff + half,
+                        df=df, p_value=p, significant=p < alpha)
 
 
 def seed_of(result: results.EvalResult) -> int | None:

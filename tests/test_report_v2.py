@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
+from scipy import stats as scipy_stats
 
 from m4moe.eval import report
 from m4moe.eval import results
@@ -270,6 +271,78 @@ def test_seed_spread_on_hand_made_numbers():
     seeds.spread([])
 
 
+def test_welch_difference_on_hand_made_numbers_and_against_scipy():
+  # A = 1, 2, 3 (var 1), B = 0, 0, 0: se^2 = 1/3, df = 2, t = 2 / sqrt(1/3).
+  d = seeds.welch_difference(seeds.spread([1.0, 2.0, 3.0]),
+                             seeds.spread([0.0, 0.0, 0.0]))
+  assert d.mean == 2.0 and d.df == pytest.approx(2.0)
+  half = 4.302652729911275 / math.sqrt(3)  # t(0.975, 2) * se
+  assert (d.t_low, d.t_high) == (pytest.approx(2 - half),
+                                 pytest.approx(2 + half))
+  assert d.p_value == pytest.approx(0.07417990022744847)
+  assert not d.significant
+  # Unequal variances and sizes: scipy's Welch test and interval.
+  a, b = [22.77, 22.26, 22.47, 22.9], [23.08, 22.73, 22.88]
+  d = seeds.welch_difference(seeds.spread(a), seeds.spread(b))
+  ref = scipy_stats.ttest_ind(a, b, equal_var=False)
+  ci = ref.confidence_interval(0.95)
+  assert d.mean == pytest.approx(np.mean(a) - np.mean(b))
+  assert d.p_value == pytest.approx(ref.pvalue)
+  assert d.df == pytest.approx(ref.df)
+  assert (d.t_low, d.t_high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+  # Far apart with little noise: significant; identical constants: p = 1.
+  assert seeds.welch_difference(seeds.spread([10.0, 10.1, 9.9]),
+                                seeds.spread([5.0, 5.1, 4.9])).significant
+  same = seeds.welch_difference(seeds.spread([3.0, 3.0]),
+                                seeds.spread([3.0, 3.0]))
+  assert same.p_value == 1.0 and same.t_low == same.t_high == 0.0
+  with pytest.raises(ValueError, match=">= 2 seeds per model"):
+    seeds.welch_difference(seeds.spread([1.0]), seeds.spread([1.0, 2.0]))
+  with pytest.raises(ValueError, match="alpha=1.5"):
+    seeds.welch_difference(seeds.spread([1.0, 2.0]),
+                           seeds.spread([1.0, 2.0]), alpha=1.5)
+
+
+def test_model_pairs_are_compared_over_seeds_as_well(tmp_path):
+  hyps_ok, refs = _noisy_system(30, quality=0.6, seed=3)
+  src = [f"x{i}" for i in range(30)]
+  corpus = _write_corpus(tmp_path / "corpus", {"de": list(zip(refs, src)),
+                                               "fr": list(zip(refs, src))})
+  runs = {"moe": [], "dense": []}
+  for model, qualities in [("moe", (0.8, 0.85, 0.9)),
+                           ("dense", (0.5, 0.55, 0.6))]:
+    for seed, quality in enumerate(qualities, start=1):
+      hyps, _ = _noisy_system(30, quality=quality, seed=10 + seed)
+      runs[model].append(_eval_json(
+          tmp_path, model, {"de": hyps, "fr": hyps[::-1]}, corpus=corpus,
+          metadata={"seed": seed, "num_experts": 8 if model == "moe" else 0},
+          file_name=f"{model}{seed}"))
+  files = _write(tmp_path, "out", [*runs["moe"], *runs["dense"]], [],
+                 corpus_dir=corpus)
+  iv = _strict_load(files.summary)["intervals"]
+  per_seed = {m: {l: [r.languages[l].bleu for _, r in runs[m]]
+                  for l in ("de", "fr")} for m in runs}
+  want = seeds.welch_difference(seeds.spread(per_seed["moe"]["de"]),
+                                seeds.spread(per_seed["dense"]["de"]))
+  got = iv["pair_seed_deltas"]["de"]["bleu"]["moe − dense"]
+  assert got["mean"] == pytest.approx(want.mean)
+  assert got["p_value"] == pytest.approx(want.p_value)
+  assert got["t_low"] == pytest.approx(want.t_low)
+  # The bucket: Welch over each seed's mean of its languages.
+  bucket_means = {m: [np.mean(v) for v in zip(per_seed[m]["de"],
+                                              per_seed[m]["fr"])]
+                  for m in runs}
+  want = seeds.welch_difference(seeds.spread(bucket_means["moe"]),
+                                seeds.spread(bucket_means["dense"]))
+  got = iv["bucket_pair_seeds"]["all"]["bleu"]["moe − dense"]
+  assert got["mean"] == pytest.approx(want.mean)
+  assert got["t_high"] == pytest.approx(want.t_high)
+  md = files.markdown.read_text(encoding="utf-8")
+  assert "| language | difference | ΔBLEU | ΔBLEU seeds | ΔchrF++ |" in md
+  mean = iv["bucket_pair_seeds"]["all"]["bleu"]["moe − dense"]["mean"]
+  assert f"| all (mean) | moe − dense | " in md and f"{mean:+.1f}, t " in md
+
+
 def test_report_aggregates_seeds_with_intervals_and_pairs(tmp_path):
   hyps_ok, refs = _noisy_system(30, quality=0.6, seed=3)
   src = [f"x{i}" for i in range(30)]
@@ -316,6 +389,8 @@ def test_report_aggregates_seeds_with_intervals_and_pairs(tmp_path):
   # MoE − dense, per language and per bucket; bucket mean of two languages.
   assert iv["pairs"] == ["moe − dense"]
   assert iv["pair_deltas"]["fr"]["chrf"]["moe − dense"]["significant"]
+  # One dense run: no comparison over seeds.
+  assert iv["pair_seed_deltas"]["fr"]["chrf"]["moe − dense"] is None
   bucket = iv["buckets"]["moe"]["all"]["bleu"]
   assert bucket["interval"]["score"] == pytest.approx(np.mean(per_seed))
   assert bucket["seeds"]["num_seeds"] == 3

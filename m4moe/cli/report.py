@@ -17,7 +17,8 @@ JSON, written by m4moe-eval --hypotheses_dir; else <json dir>/<model>/;
 or --hypotheses_dirs) and the corpus's test sentences (--corpus_dir, else
 metadata.corpus_dir) it adds the first --examples sentences per language
 and 95% bootstrap intervals with paired significance (sacrebleu,
---bootstrap_samples; 0 disables). See m4moe.eval.report.
+--bootstrap_samples; 0 disables); two models given with several seeds each
+are also compared over their seeds (Welch's t-test). See m4moe.eval.report.
 
 Every input eval JSON is validated against the schema (types, finite
 BLEU/chrF in [0, 100], non-negative sizes; errors name the file and the

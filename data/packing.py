@@ -19,7 +19,7 @@ import numpy as np
 
 FEATURES = ("inputs", "inputs_segment_ids", "inputs_positions", "targets",
             "targets_segment_ids", "targets_positions")
-# Per-token routing-language indices (m4moe.task_routing), with languages=.
+# Per-token routing-language indices (m4moe.moe.task_routing), with languages=.
 LANGUAGE_FEATURES = ("inputs_languages", "targets_languages")
 
 

@@ -9,7 +9,7 @@ Training stream (:func:`training_dataset`)::
      </s>, drop pairs longer than max_length (counted), pack  [packing.py]
   -> unbatch rows -> batch(B rows) -> model batch dict
 
-Elements: the model's batch dict (:class:`m4moe.interfaces.ModelBatch`),
+Elements: the model's batch dict (:class:`m4moe.model.interfaces.ModelBatch`),
 every value ``<int32>[B, L]``: ``inputs``, ``targets``, ``inputs_segment_ids``,
 ``inputs_positions``, ``targets_segment_ids``, ``targets_positions``.
 Sources are ``<2xx> source </s>`` (``xx`` = target language), targets
@@ -68,7 +68,7 @@ class PipelineConfig:
     seed: seed of shuffling and sampling.
     language_features: also emit ``inputs_languages`` /
       ``targets_languages`` <int32>[B, L], every token's routing-language
-      index (``--route_by=language``, :mod:`m4moe.task_routing`): the
+      index (``--route_by=language``, :mod:`m4moe.moe.task_routing`): the
       position of its pair's (non-English) language in the sorted languages
       given to :func:`training_dataset`.
   """

@@ -23,9 +23,9 @@ run was trained to translate into the target, with a tag in the
 vocabulary) fails with an InvalidArgumentError naming it.
 
 A ``--route_by=language`` model routes each row by its pair's routing
-language (:mod:`m4moe.task_routing`): ``source_lang`` for an English target,
+language (:mod:`m4moe.moe.task_routing`): ``source_lang`` for an English target,
 else the target language. Exported for one language after
-:func:`m4moe.extraction.extract_language` (``m4moe-export --language``),
+:func:`m4moe.inference.extraction.extract_language` (``m4moe-export --language``),
 the model holds only that language's experts and accepts only that
 language (``source_languages=[language]``).
 """
@@ -42,8 +42,8 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from m4moe import decoding
-from m4moe import task_routing
+from m4moe.inference import beam_search as decoding
+from m4moe.moe import task_routing
 
 _TAG_PIECE = re.compile(r"^<2(.+)>$")
 

@@ -134,21 +134,21 @@ def _fmt_int(value: int | None) -> str:
 
 
 def model_facts(result: results.EvalResult) -> ModelFacts:
-  """Params/experts/layers: m4moe.cost on the stored config, else metadata."""
+  """Params/experts/layers: m4moe.cost.model on the stored config, else metadata."""
   meta = result.metadata
   config = meta.get("config")
   if isinstance(config, Mapping):
     try:
       # pylint: disable=g-import-not-at-top
       from m4moe import config as config_lib
-      from m4moe import cost
+      from m4moe.cost import model as cost
       model_config = config_lib.config_from_dict(config)
       return ModelFacts(
           params=cost.num_params(model_config),
           experts=model_config.moe.num_experts,
           layers=model_config.num_layers,
           total_experts=cost.num_experts_total(model_config),
-          source="m4moe.cost")
+          source="m4moe.cost.model")
     except (ImportError, TypeError, ValueError):
       pass
   experts, layers = meta.get("num_experts"), meta.get("num_layers")

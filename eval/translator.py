@@ -3,7 +3,7 @@
 Used by ``m4moe-decode``, ``m4moe-eval`` and ``m4moe-export``.
 
 The run directory (``--model_dir``, written by ``m4moe-train``) is read
-through :mod:`m4moe.rundir`: the model config, the latest checkpoint, the
+through :mod:`m4moe.training.rundir`: the model config, the latest checkpoint, the
 SentencePiece models (``--vocab_dir``, else where the run recorded them;
 they must match the run's vocabulary fingerprint) and the language pairs
 the run was trained on.
@@ -38,9 +38,9 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-from m4moe import decoding
-from m4moe import rundir
-from m4moe import task_routing
+from m4moe.inference import beam_search as decoding
+from m4moe.training import rundir
+from m4moe.moe import task_routing
 from m4moe.data import vocab as vocab_lib
 
 PAD_ID, EOS_ID = 0, 1
@@ -80,7 +80,7 @@ def restore_model(files: rundir.RunFiles) -> Any:
     TranslatorError: the checkpoint is unreadable (truncated, damaged) or
       does not match the run's model config.
   """
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   model = model_lib.Transformer(config=files.config)
   try:
     status = tf.train.Checkpoint(model=model).restore(files.checkpoint)
@@ -111,7 +111,7 @@ class Translator:
   """Translates lists of sentences with a restored model.
 
   Args:
-    model: an ``m4moe.model.Transformer``.
+    model: an ``m4moe.model.transformer.Transformer``.
     source_sp, target_sp: SentencePiece processors.
     beam: beam search settings.
     max_input_length: most source ids per sentence (tag and EOS included);
@@ -317,7 +317,7 @@ def load_translator(model_dir: str | pathlib.Path, *,
   """Finds the run's files, restores the model and builds a Translator.
 
   ``checkpoint``: latest, best, averaged or a step
-  (:func:`m4moe.rundir.resolve_checkpoint`).
+  (:func:`m4moe.training.rundir.resolve_checkpoint`).
 
   Raises:
     rundir.RunDirError: unusable run directory or a vocabulary other than

@@ -1,37 +1,22 @@
 """m4moe: GShard-style Mixture-of-Experts Transformers for massively
 multilingual machine translation in TensorFlow 2.
 
-Package map (one idea per module):
+Package map (one subpackage per idea):
 
 * ``config``: frozen, validated ``ModelConfig``/``MoeConfig``; the zoo.
 * ``flagutil``: config dataclasses as absl flags.
 * ``errors``: ``ConfigError`` and ``require``, the one validation helper.
-* ``rundir``: the run-directory contract (config, vocabulary fingerprint,
-  language pairs, checkpoints) read by decode, eval and export.
-* ``interfaces``: the typed team contract (model batch, model Protocols).
-* ``numerics``: ``NEG_INF`` and ``fold_seed``, shared by every module.
-* ``initializers``: the one truncated-normal weight initialiser.
-* ``routing``: top-2 (GShard), top-1 (Switch), noisy top-k, expert choice.
-* ``dispatch``: the four dispatch paths, their registry and resolver.
-* ``moe_layer``: the MoE feed-forward layer and its experts.
-* ``layers``: embeddings, attention, layer norm, dense FFN, dropout.
-* ``model``: the encoder-decoder Transformer, incremental decoding.
-* ``losses``: label-smoothed token cross-entropy.
-* ``optimizer``: Adafactor.
-* ``routing_analysis``, ``routing_capture``, ``routing_report``: which
-  experts each language uses (``m4moe-analyze-routing``).
-* ``upcycle``: dense -> MoE upcycling (``m4moe-train --init_from_dense``).
-* ``distill``: sparse -> dense distillation (``m4moe-distill``, Switch §4.2).
-* ``task_routing``: task-level routing by language (``--route_by=language``).
-* ``extraction``: one language's experts only (``m4moe-export --language``).
-* ``decoding``: beam and greedy search.
-* ``cost``: parameter, FLOP and memory counts from a config.
-* ``cost_tables``: the GShard Table 1 per-device analysis over the zoo.
-* ``cost_unfused``: the tensors TensorFlow's kernel-by-kernel gradient tape
-  keeps, per sub-layer (``cost``'s ``unfused`` execution).
-* ``mesh``, ``sharding``: device meshes and GShard sharding annotations.
-* ``train``, ``training``: the resumable training loop and its parts.
-* ``main_job``: the whole study as resumable stages.
+* ``moe``: routers, dispatch paths, the MoE layer and its experts, task
+  routing, upcycling.
+* ``model``: the encoder-decoder Transformer, its layers, losses,
+  initialisers, interfaces and shared numerics.
+* ``inference``: beam and greedy search; one-language expert extraction.
+* ``training``: the resumable training loop, Adafactor, the run directory,
+  checkpointing, inputs, averaging, distillation.
+* ``parallel``: device meshes and GShard sharding annotations.
+* ``cost``: parameter, FLOP, memory and communication counts from a config.
+* ``analysis``: which experts each language uses (``m4moe-analyze-routing``).
+* ``pipeline``: the main job (``m4moe-run``) as resumable stages.
 * ``benchmarks``, ``cli``: ``m4moe-bench`` and the console tools.
 * ``data`` (:mod:`m4moe.data`), ``eval`` (:mod:`m4moe.eval`): corpus and
   input pipeline; evaluation and reports. ``configs``: the zoo flagfiles.

@@ -73,13 +73,13 @@ class MoeConfig:
       ``sorted`` is fastest on CPU (the default); the layer uses ``index``
       in its place under XLA sharding and with the expert-choice router,
       and ``einsum`` under a DTensor mesh (``MoeLayer.dispatch``); see
-      ``eval/results/benchmarks.md``.
+      ``results/benchmarks.md``.
     route_by: ``token`` (each token's router input is its activation) or
       ``language`` (task-level routing, Kudugunta et al. 2021: every token of
       a sentence pair is routed by the pair's language through a learned
       per-language gate, so one language uses a fixed set of experts and
       ``m4moe-export --language`` can extract them; see
-      :mod:`m4moe.task_routing`). ``language`` needs a token-choice router
+      :mod:`m4moe.moe.task_routing`). ``language`` needs a token-choice router
       and ``--eval_capacity_factor=0``.
     routing_languages: the languages of the per-language gate rows, in row
       order (``route_by=language``); m4moe-train sets them to the training
@@ -401,7 +401,7 @@ def load_model_config(name_or_path: str | os.PathLike[str],
   Raises:
     ConfigError: the file is missing, has an unknown flag, or a bad value.
   """
-  from m4moe import optimizer  # pylint: disable=g-import-not-at-top
+  from m4moe.training import optimizer  # pylint: disable=g-import-not-at-top
   path = resolve_config_path(name_or_path)
   flag_values = flags.FlagValues()
   define_model_flags(flag_values)

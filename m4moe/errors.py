@@ -3,8 +3,8 @@
 Every config dataclass validates itself at construction and reports a bad
 value as ``--flag=value is invalid: how to fix it``, naming the absl flag the
 user sets (the field name, or its flag name where they differ). The
-subclasses (:class:`m4moe.optimizer.OptimizerConfigError`,
-:class:`m4moe.train.TrainConfigError`,
+subclasses (:class:`m4moe.training.optimizer.OptimizerConfigError`,
+:class:`m4moe.training.loop.TrainConfigError`,
 :class:`m4moe.training.inputs.DataConfigError`) say which config it was; a
 tool catches :class:`ConfigError` (a ``ValueError``) for all of them.
 """

@@ -1,8 +1,8 @@
 """Config dataclasses as absl flags: one flag per field, one way back.
 
 Every config dataclass (:class:`m4moe.config.ModelConfig` with its
-:class:`m4moe.config.MoeConfig`, :class:`m4moe.optimizer.AdafactorConfig`,
-:class:`m4moe.train.TrainConfig`, :class:`m4moe.training.inputs.DataConfig`)
+:class:`m4moe.config.MoeConfig`, :class:`m4moe.training.optimizer.AdafactorConfig`,
+:class:`m4moe.training.loop.TrainConfig`, :class:`m4moe.training.inputs.DataConfig`)
 reaches the command line the same way:
 
 * :func:`define_flags` defines one absl flag per field, named like the field

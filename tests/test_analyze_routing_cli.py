@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import routing_capture
+from m4moe.analysis import capture as routing_capture
 from m4moe.data import fixtures as data_fixtures
 from m4moe.data import pipeline
-from m4moe.eval import fixtures
-from m4moe import rundir
+import report_fixtures as fixtures
+from m4moe.training import rundir
 from m4moe.eval import translator as translator_lib
 
 SIZES = {"ru": 30, "de": 50, "ja": 10}  # ordered: de, ru, ja

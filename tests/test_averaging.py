@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import model as model_lib
-from m4moe import rundir
+from m4moe.model import transformer as model_lib
+from m4moe.training import rundir
 from m4moe.training import averaging
 from m4moe.training import checkpointing
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import losses
+from m4moe.model import losses
 from m4moe.benchmarks import decode
 from m4moe.benchmarks import dropout
 from m4moe.benchmarks import input_pipeline

@@ -3,7 +3,7 @@
 Runs the benchmark's own child processes on D = 1 and 2 virtual CPUs
 (mesh ``expert:D``, E = 4*D) and checks the record: its fields, its sums,
 that each device's expert weights stay the same as E and D grow together,
-and that ``cost_model_*`` is m4moe.cost's estimate for the same setting.
+and that ``cost_model_*`` is m4moe.cost.model's estimate for the same setting.
 The live-activation counter is checked in this process on a hand-sized
 graph, and the CLI's bad flags are refused before any process starts.
 """
@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow.python.framework import op_callbacks
 
 from m4moe import config as config_lib
-from m4moe import cost
+from m4moe.cost import model as cost
 from m4moe.benchmarks import sharding
 from m4moe.cli import bench
 
@@ -85,7 +85,7 @@ def data_records():
 def test_unfused_cost_model_matches_the_measured_activations(records,
                                                              data_records):
   # The eager DTensor step keeps what TensorFlow's tape keeps: the unfused
-  # table (m4moe.cost_unfused) must account for it within 10% on both
+  # table (m4moe.cost.unfused) must account for it within 10% on both
   # layouts (it is within 0.1%: only scalars are not listed); the fused
   # estimate (one tensor per sub-layer) describes another execution.
   for layout, by_devices in (("expert", records), ("data", data_records)):
@@ -111,7 +111,7 @@ def test_unfused_table_splits_like_the_measured_op_types(records):
   # E = 8 on expert:2: every listed op type within 1%, or within 256 bytes
   # for the op types that also make the losses' scalars the table omits.
   from collections import Counter  # pylint: disable=g-import-not-at-top
-  from m4moe import cost_unfused  # pylint: disable=g-import-not-at-top
+  from m4moe.cost import unfused as cost_unfused  # pylint: disable=g-import-not-at-top
   point = sharding.ShardingPoint(devices=2)
   config = config_lib.load_model_config("tiny/moe", point.model_flags())
   estimated = Counter()

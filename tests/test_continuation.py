@@ -1,5 +1,5 @@
 """Continuing a finished run in a new directory (m4moe-train --continue_from)
-and the recipes' continued models (m4moe.main_job ModelRun.continue_from)."""
+and the recipes' continued models (m4moe.pipeline.plan ModelRun.continue_from)."""
 
 import dataclasses
 import hashlib
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import main_job
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
+from m4moe.pipeline import plan as main_job
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import loop as train_lib
 from m4moe.training import checkpointing
 from m4moe.training import continuation
 from m4moe.training import metrics as metrics_lib
 from m4moe.training import synthetic
-from m4moe.training import toy_model
+import toy_model
 
 VOCAB = 24
 PAIRS = synthetic.synthetic_pairs(num_pairs=512, vocab_size=VOCAB, max_length=9)

@@ -1,4 +1,4 @@
-"""Tests for m4moe.cost: hand-checked counts and agreement with the model."""
+"""Tests for m4moe.cost.model: hand-checked counts and agreement with the model."""
 
 import dataclasses
 import json
@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from m4moe import config as config_lib
-from m4moe import cost
-from m4moe import cost_tables
-from m4moe import mesh as mesh_lib
+from m4moe.cost import model as cost
+from m4moe.cost import tables as cost_tables
+from m4moe.parallel import mesh as mesh_lib
 
 
 def _micro(**moe_overrides) -> config_lib.ModelConfig:
@@ -110,7 +110,7 @@ def test_device_estimate_by_hand():
                                   batch_tokens=60, sequence_length=5)
   assert estimate.num_devices == 6
   # The rows are split over data only (the 3 devices of a data row hold
-  # the same tokens: m4moe.sharding's layout on a data x expert mesh).
+  # the same tokens: m4moe.parallel.sharding's layout on a data x expert mesh).
   assert estimate.tokens_per_device == 30
   assert estimate.replicated_params == 644
   assert estimate.expert_params_per_device == 48
@@ -218,7 +218,7 @@ _TINY_CASES = [("tiny/moe", {}, False), ("tiny/dense", {}, False),
 
 @pytest.mark.parametrize("name, moe_overrides, tied", _TINY_CASES)
 def test_counts_match_built_model_variables(name, moe_overrides, tied):
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   base = config_lib.load_model_config(name, src_vocab_size=300,
                                       tgt_vocab_size=200)
   moe = config_lib.MoeConfig(**{**dataclasses.asdict(base.moe),

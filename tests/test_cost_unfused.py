@@ -1,4 +1,4 @@
-"""Tests for m4moe.cost_unfused: the tensors TensorFlow's tape keeps.
+"""Tests for m4moe.cost.unfused: the tensors TensorFlow's tape keeps.
 
 The table is checked by hand on a micro config here; its agreement with the
 measured step is in tests/test_bench_sharding.py.
@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from m4moe import config as config_lib
-from m4moe import cost
-from m4moe import cost_unfused
+from m4moe.cost import model as cost
+from m4moe.cost import unfused as cost_unfused
 
 
 def _micro(**overrides) -> config_lib.ModelConfig:
@@ -143,8 +143,8 @@ def test_unknown_execution_and_model_axis_are_refused():
 
 
 def test_info_shows_the_unfused_estimate_or_why_not():
-  from m4moe import cost_tables  # pylint: disable=g-import-not-at-top
-  from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.cost import tables as cost_tables  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   mesh = mesh_lib.MeshShape.parse("data:2")
   info = cost_tables.collect(_micro(), source="micro", batch_tokens=16,
                              sequence_length=4, mesh=mesh)

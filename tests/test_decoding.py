@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import decoding
+from m4moe.inference import beam_search as decoding
 
 PAD, EOS, A, B = 0, 1, 2, 3
 
@@ -241,7 +241,7 @@ _ZOO_KINDS = {
 
 def _tiny_model(kind: str):
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   name, moe_overrides = _ZOO_KINDS[kind]
   cfg = config_lib.load_model_config(
       name, src_vocab_size=48, tgt_vocab_size=40, d_model=32,

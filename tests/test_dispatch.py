@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import dispatch, routing
+from m4moe.moe import dispatch
+from m4moe.moe import routing
 from m4moe.config import DISPATCH_IMPLEMENTATIONS, ModelConfig, MoeConfig
-from m4moe.moe_layer import FeedForwardExperts, MoeLayer
+from m4moe.moe.layer import FeedForwardExperts, MoeLayer
 
 SEED = tf.constant([5, 11], tf.int32)
 E, M, H = 4, 8, 6

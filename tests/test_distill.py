@@ -14,13 +14,13 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import distill
-from m4moe import losses
-from m4moe import model as model_lib
-from m4moe import optimizer as optimizer_lib
-from m4moe import rundir
-from m4moe import train as train_lib
-from m4moe import upcycle
+from m4moe.training import distill
+from m4moe.model import losses
+from m4moe.model import transformer as model_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import rundir
+from m4moe.training import loop as train_lib
+from m4moe.moe import upcycle
 from m4moe.training import checkpointing
 from m4moe.training import synthetic
 

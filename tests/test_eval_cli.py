@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from m4moe import decoding
-from m4moe import rundir
-from m4moe.eval import fixtures
+from m4moe.inference import beam_search as decoding
+from m4moe.training import rundir
+import report_fixtures as fixtures
 from m4moe.eval import textio
 from m4moe.eval import translator as translator_lib
 

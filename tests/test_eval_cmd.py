@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from m4moe.eval import fixtures
+import report_fixtures as fixtures
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from m4moe import decoding
+from m4moe.inference import beam_search as decoding
 from m4moe.eval import export
-from m4moe.eval import fixtures
+import report_fixtures as fixtures
 from m4moe.eval import translator as translator_lib
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import decoding
-from m4moe import extraction
+from m4moe.inference import beam_search as decoding
+from m4moe.inference import extraction
 from m4moe.eval import export
-from m4moe.eval import fixtures
+import report_fixtures as fixtures
 from m4moe.eval import translator as translator_lib
 
 BEAM = decoding.BeamSearchConfig(beam_size=2, alpha=0.6, max_decode_length=12)

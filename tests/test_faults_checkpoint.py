@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import loop as train_lib
 from m4moe.training import checkpointing
 from m4moe.training import synthetic
-from m4moe.training import toy_model
+import toy_model
 from m4moe.training import metrics as metrics_lib
 from m4moe.training import run_lock
 
@@ -278,10 +278,10 @@ def test_second_writer_is_refused_naming_the_owner(tmp_path):
 
 CHILD = r'''
 import sys
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import loop as train_lib
 from m4moe.training import synthetic
-from m4moe.training import toy_model
+import toy_model
 
 pairs = synthetic.synthetic_pairs(num_pairs=256, vocab_size=24, max_length=9)
 config = train_lib.TrainConfig(

@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import decoding
-from m4moe import model as model_lib
-from m4moe import moe_layer
-from m4moe import routing
+from m4moe.inference import beam_search as decoding
+from m4moe.model import transformer as model_lib
+from m4moe.moe import layer as moe_layer
+from m4moe.moe import routing
 
 
 # ---------------------------------------------------------------------------

@@ -201,9 +201,9 @@ def test_summary_non_finite_values_become_null_with_a_note():
 def test_export_is_atomic_and_never_overwrites(tmp_path, monkeypatch):
   pytest.importorskip("tensorflow_text")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import decoding  # pylint: disable=g-import-not-at-top
+  from m4moe.inference import beam_search as decoding  # pylint: disable=g-import-not-at-top
   from m4moe.eval import export  # pylint: disable=g-import-not-at-top
-  from m4moe.eval import fixtures  # pylint: disable=g-import-not-at-top
+  import report_fixtures as fixtures  # pylint: disable=g-import-not-at-top
   from m4moe.eval import translator as translator_lib  # pylint: disable=g-import-not-at-top
   run_dir = fixtures.make_tiny_run(tmp_path / "tiny")
   translator, _ = translator_lib.load_translator(

@@ -29,7 +29,7 @@ time.sleep(600)
 # The job: runs the stage through main_job.run_stage_process, as m4moe-run.
 JOB = r'''
 import sys
-from m4moe import main_job
+from m4moe.pipeline import plan as main_job
 result = main_job.run_stage_process([sys.executable, sys.argv[1]])
 print("JOB", result.returncode, result.interrupted_by, flush=True)
 '''

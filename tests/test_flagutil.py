@@ -12,8 +12,8 @@ from absl import flags
 from m4moe import config as config_lib
 from m4moe import errors
 from m4moe import flagutil
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import loop as train_lib
 from m4moe.data import vocab
 from m4moe.training import inputs
 
@@ -218,7 +218,10 @@ def _cli_defaults(tool: str, classes: str) -> dict[str, list]:
 import json
 from absl import flags
 import m4moe.cli.{tool}
-from m4moe import config, flagutil, optimizer, train
+from m4moe import config
+from m4moe import flagutil
+from m4moe.training import optimizer
+from m4moe.training import loop as train
 from m4moe.data import vocab
 from m4moe.training import inputs
 out = {{}}

@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import initializers
-from m4moe import model as model_lib
+from m4moe.model import initializers
+from m4moe.model import transformer as model_lib
 
 D_MODEL, D_KV, HEADS, D_FF, H_EXPERT = 128, 32, 4, 512, 256
 

@@ -8,11 +8,11 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import interfaces
-from m4moe import model as model_lib
+from m4moe.model import interfaces
+from m4moe.model import transformer as model_lib
 from m4moe.data import packing
 from m4moe.training import synthetic
-from m4moe.training import toy_model
+import toy_model
 from m4moe.training import step as step_lib
 
 _METHODS = {

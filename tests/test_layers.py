@@ -1,4 +1,4 @@
-"""Tests for m4moe.layers: numerics against NumPy on tiny arrays."""
+"""Tests for m4moe.model.layers: numerics against NumPy on tiny arrays."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import layers
+from m4moe.model import layers
 
 SEED = tf.constant([3, 4], tf.int32)
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import sharding as sharding_lib
+from m4moe.parallel import sharding as sharding_lib
 from m4moe.config import ModelConfig, MoeConfig
-from m4moe.moe_layer import MoeLayer
+from m4moe.moe.layer import MoeLayer
 
 # Dimensions: B rows, L length, M d_model, E experts.
 B, L, M, E = 4, 6, 8, 4

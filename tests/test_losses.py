@@ -1,4 +1,4 @@
-"""Tests for m4moe.losses against hand computations."""
+"""Tests for m4moe.model.losses against hand computations."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import losses
+from m4moe.model import losses
 
 
 def test_label_smoothing_matches_hand_computation():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from m4moe import main_job
+from m4moe.pipeline import plan as main_job
 
 
 def _flags(stage: main_job.Stage) -> dict[str, str]:
@@ -248,7 +248,7 @@ def test_demo_schedule_is_the_tiny_recipe_at_the_demos_batch_size():
   configs/tiny/*.flags are tuned on 4096-token batches; the demo's scaled
   warmup must hold the same peak rate for the same number of tokens.
   """
-  from m4moe import optimizer  # pylint: disable=g-import-not-at-top
+  from m4moe.training import optimizer  # pylint: disable=g-import-not-at-top
   recipe = main_job.RECIPES["demo"]
   assert recipe.batch_tokens == 2048
   for model in (*recipe.models, recipe.baseline):
@@ -285,7 +285,7 @@ def test_baseline_flags_tune_one_languages_baseline_only():
 
 
 def test_demo_baselines_of_small_languages_keep_dropout():
-  """Dropout 0 overfit the kk and si baselines (eval/results/demo/)."""
+  """Dropout 0 overfit the kk and si baselines (results/demo/)."""
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   recipe = main_job.RECIPES["demo"]
   rates = {}

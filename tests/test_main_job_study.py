@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from m4moe import main_job
+from m4moe.pipeline import plan as main_job
 
 
 def _flags(stage: main_job.Stage) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Tests for m4moe.model: packing, padding, causality, cached decoding."""
+"""Tests for m4moe.model.transformer: packing, padding, causality, cached decoding."""
 
 import dataclasses
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import cost
-from m4moe import losses
+from m4moe.cost import model as cost
+from m4moe.model import losses
 from m4moe.config import ModelConfig, MoeConfig
-from m4moe.model import (DecoderCache, EncoderOutput, ModelOutput,
+from m4moe.model.transformer import (DecoderCache, EncoderOutput, ModelOutput,
                          Transformer, shift_right)
 
 SEED = tf.constant([7, 11], tf.int32)

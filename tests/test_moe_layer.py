@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import routing
+from m4moe.moe import routing
 from m4moe.config import ConfigError, ModelConfig, MoeConfig
-from m4moe.moe_layer import MoeLayer, MoeOutput
+from m4moe.moe.layer import MoeLayer, MoeOutput
 
 SEED = tf.constant([1, 2], tf.int32)
 D = 8
@@ -251,7 +251,7 @@ def test_expert_init_is_truncated_normal_with_fan_in_scale():
   for weight, fan_in in ((layer.experts.wi, 64), (layer.experts.wo, 256)):
     sigma = (0.1 / fan_in) ** 0.5
     values = weight.numpy()
-    # One initialiser for dense and expert weights (m4moe.initializers): the
+    # One initialiser for dense and expert weights (m4moe.model.initializers): the
     # realised std is sigma (it was 0.88 sigma before the fix, issue 15),
     # from a normal of nominal std sigma / 0.8796 truncated at 2 nominal.
     nominal = sigma / 0.87962566103423978
@@ -320,7 +320,7 @@ def test_expert_ffn_values_and_gradients_equal_autodiff(rows, with_keep,
   # matmul forms of the input gradients (rows_hint: few rows, the transposed
   # form; many, transpose_b for the tall wo); dropped hidden units (keep =
   # 0) and ReLU's dead units both occur, and an expert may get no rows.
-  from m4moe import moe_layer as moe_layer_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.moe import layer as moe_layer_lib  # pylint: disable=g-import-not-at-top
   assert 10**6 >= moe_layer_lib.TRANSPOSE_B_MIN_ROWS
   rng = np.random.default_rng(rows)
   x = tf.constant(rng.normal(size=(rows, 5)), tf.float32)
@@ -356,7 +356,7 @@ def test_expert_ffn_gradient_by_hand():
   # One row, M = H = 1: y = relu(x*wi)*wo; at x=2, wi=3, wo=5, dy=1:
   # dy/dx = wi*wo = 15, dy/dwi = x*wo = 10, dy/dwo = relu(6) = 6; with
   # wi = -3 the unit is dead and every gradient is 0.
-  from m4moe.moe_layer import _expert_ffn  # pylint: disable=g-import-not-at-top
+  from m4moe.moe.layer import _expert_ffn  # pylint: disable=g-import-not-at-top
   for w, want in ((3.0, [15.0, 10.0, 6.0]), (-3.0, [0.0, 0.0, 0.0])):
     x, wi, wo = (tf.constant([[v]]) for v in (2.0, w, 5.0))
     with tf.GradientTape() as tape:
@@ -371,7 +371,7 @@ def test_per_expert_matmuls_above_32_experts_equal_the_batched_einsum(jit):
   # E=40 (over the former limit of 32): the EGCM buffers run one 2-D matmul
   # pair per expert, the GECM layout the batched einsums; same values and
   # gradients, with and without XLA.
-  from m4moe.moe_layer import FeedForwardExperts  # pylint: disable=g-import-not-at-top
+  from m4moe.moe.layer import FeedForwardExperts  # pylint: disable=g-import-not-at-top
   tf.random.set_seed(0)
   experts = FeedForwardExperts(num_experts=40, model_dim=4, hidden_dim=6,
                                init_scale=1.0)

@@ -3,7 +3,10 @@
 import numpy as np
 import tensorflow as tf
 
-from m4moe import decoding, layers, numerics, routing
+from m4moe.inference import beam_search as decoding
+from m4moe.model import layers
+from m4moe.model import numerics
+from m4moe.moe import routing
 
 
 def test_every_module_uses_the_one_neg_inf():

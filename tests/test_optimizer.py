@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import optimizer as opt_lib
+from m4moe.training import optimizer as opt_lib
 
 SHAPES = [(), (5,), (4, 6), (3, 4, 5)]  # scalar, vector, matrix, [E, M, H]
 

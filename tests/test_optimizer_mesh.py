@@ -9,7 +9,7 @@ DTensor's all-reduce combining pass re-sorts the ops by data dependencies
 alone; an update that used the read returned by ``slot.assign(...)`` then
 read the old slot (the bug: ``rsqrt(0 / 0)``, every model-split weight NaN
 after one step; with ``beta1`` the momentum lagged a step; see
-``m4moe.optimizer._store``). This test applies two updates of weights laid
+``m4moe.training.optimizer._store``). This test applies two updates of weights laid
 out as the model lays them out (``sharding.default_variable_rules``: dense
 FFN, attention and expert weights split over ``model``, slots following)
 in one ``tf.function`` on ``model:2`` and compares weights and slots with
@@ -74,7 +74,7 @@ def _values(seed: int) -> list[np.ndarray]:
 def _run(sharding, config) -> dict:
   """STEPS updates in one tf.function each: weights and slots after each."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
   with sharding.variable_scope():
     variables = []
     for (name, _, _), value in zip(WEIGHTS, _values(0)):
@@ -109,8 +109,8 @@ def _run(sharding, config) -> dict:
 
 
 def _worker() -> None:
-  from m4moe import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   sharding_lib.configure_virtual_cpus(2)
   mesh = sharding_lib.make_sharding(MESH)
   report = {}

@@ -7,7 +7,7 @@ import pytest
 from matplotlib import image as mpimg
 
 from m4moe import config as config_lib
-from m4moe import cost
+from m4moe.cost import model as cost
 from m4moe.eval import comparison
 from m4moe.eval import report
 from m4moe.eval import results
@@ -202,7 +202,7 @@ def test_write_report_files_figure_and_tables(tmp_path):
   assert "- yo: no bilingual baseline" in md
   assert "- zh: empty test split in dense" in md
   assert "- ga: not evaluated by moe; no bilingual baseline" in md
-  # Table-1 row: params from m4moe.cost for the config, metadata otherwise.
+  # Table-1 row: params from m4moe.cost.model for the config, metadata otherwise.
   params = f"{cost.num_params(moe_config):,}"
   assert (f"| moe | {params} | 8 | 8 | {cost.num_experts_total(moe_config)}"
           f" | 24.8 | +3.2 |") in md

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import routing
+from m4moe.moe import routing
 from m4moe.config import ModelConfig, MoeConfig
 
 SEED = tf.constant([3, 7], tf.int32)

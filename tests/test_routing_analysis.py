@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from m4moe import routing_analysis
+from m4moe.analysis import statistics as routing_analysis
 
 
 def _forced():

@@ -1,4 +1,4 @@
-"""m4moe.rundir: the run-directory contract, vocabulary fingerprint and
+"""m4moe.training.rundir: the run-directory contract, vocabulary fingerprint and
 language pairs, as seen by decode/eval/export."""
 
 import json
@@ -10,9 +10,9 @@ import sys
 import pytest
 import sentencepiece as spm
 
-from m4moe import decoding
-from m4moe import rundir
-from m4moe.eval import fixtures
+from m4moe.inference import beam_search as decoding
+from m4moe.training import rundir
+import report_fixtures as fixtures
 from m4moe.eval import translator as translator_lib
 
 BEAM = decoding.BeamSearchConfig(beam_size=1, alpha=0.0, max_decode_length=8)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import sharding as sharding_lib
-from m4moe.mesh import MeshError, MeshShape, validate_mesh
+from m4moe.parallel import sharding as sharding_lib
+from m4moe.parallel.mesh import MeshError, MeshShape, validate_mesh
 from test_sharding_dtensor import E, G, H, M, S, _einsum_moe  # pylint: disable=g-bad-import-order
 
 
@@ -74,7 +74,7 @@ def test_validate_mesh_model_axis_must_divide_the_split_widths(kwargs, flag):
 
 def test_model_widths_skip_what_the_model_lacks():
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.mesh import model_widths  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import model_widths  # pylint: disable=g-import-not-at-top
   moe = config_lib.load_model_config("tiny/moe")
   assert model_widths(moe) == {
       "num_experts": 8, "num_heads": moe.num_heads, "d_ff": moe.d_ff,
@@ -237,7 +237,8 @@ def test_xla_absent_axis_means_not_split():
 
 @pytest.mark.parametrize("dispatch", ("index", "einsum"))
 def test_real_moe_layer_hlo_annotations(dispatch):
-  from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe.moe import layer as moe_layer
   config = config_lib.load_model_config("tiny/moe", (
       "--d_model=8", "--num_experts=8", "--expert_hidden_dim=16",
       "--group_size=4", f"--dispatch={dispatch}",
@@ -286,7 +287,9 @@ def test_real_moe_layer_hlo_annotations(dispatch):
 
 def _train_step_hlo(mesh: str, *, num_experts: int) -> str:
   """HLO of a tiny Transformer's XLA train step annotated for ``mesh``."""
-  from m4moe import config as config_lib, losses, model  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe.model import losses
+  from m4moe.model import transformer as model
   config = config_lib.load_model_config("tiny/moe", (
       "--d_model=16", "--num_heads=2", "--d_kv=8", "--d_ff=32",
       "--num_encoder_layers=2", "--num_decoder_layers=2",

@@ -45,7 +45,7 @@ def _eval_loss(sharding, weights, x):
 
 
 def _worker(workdir: str) -> None:
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   sharding_lib.configure_virtual_cpus(8)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from test_sharding_dtensor import _initial_values, _make_sharding  # pylint: disable=g-import-not-at-top
@@ -126,7 +126,7 @@ def test_export_writes_a_single_unsharded_file(report):
 
 
 def test_export_rejects_a_missing_checkpoint(tmp_path):
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(sharding_lib.MeshError, match="cannot read checkpoint"):
     sharding_lib.export_unsharded(str(tmp_path / "nope"), str(tmp_path / "u"))
 

@@ -8,7 +8,7 @@ virtual CPUs, runs an MoE layer forward + backward on several meshes made of
 subsets of those devices, and prints a JSON report that the pytest functions
 below check. Part ``toy`` is a minimal GShard Algorithm-2 layer carrying the
 paper's annotations; part ``moe_layer`` is the real
-:class:`m4moe.moe_layer.MoeLayer` (top-2, random policy, both dispatch
+:class:`m4moe.moe.layer.MoeLayer` (top-2, random policy, both dispatch
 implementations), unannotated, with its expert weights created as
 expert-split DVariables by ``Sharding.variable_scope``. One subprocess per
 part serves all its tests (module fixtures).
@@ -42,7 +42,7 @@ def _einsum_moe(x, wg, wi, wo, sharding):
   Args:
     x: <float32>[G, S, M].
     wg: <float32>[M, E]; wi: <float32>[E, M, H]; wo: <float32>[E, H, M].
-    sharding: a m4moe.sharding.Sharding.
+    sharding: a m4moe.parallel.sharding.Sharding.
 
   Returns:
     <float32>[G, S, M].
@@ -82,7 +82,7 @@ def _initial_values():
 def _run_on(mesh_text, values):
   """Forward+backward on one mesh; returns numpy results and shard shapes."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   if mesh_text is None:
     sharding = sharding_lib.NO_SHARDING
   else:
@@ -123,7 +123,7 @@ def _run_on(mesh_text, values):
 
 
 def _make_sharding(mesh_text):
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   if mesh_text is None:
     return sharding_lib.NO_SHARDING
   shape = sharding_lib.MeshShape.parse(mesh_text)
@@ -131,7 +131,7 @@ def _make_sharding(mesh_text):
       shape, devices=[f"CPU:{i}" for i in range(shape.size)])
 
 
-# The real m4moe.moe_layer.MoeLayer: B*L = 32 tokens, S = 4, so G = 8.
+# The real m4moe.moe.layer.MoeLayer: B*L = 32 tokens, S = 4, so G = 8.
 MOE_FLAGS = ("--d_model=8", f"--num_experts={E}", "--expert_hidden_dim=16",
              "--group_size=4", "--train_capacity_factor=1.0",
              "--second_expert_policy=random", "--z_loss_weight=0.01",
@@ -144,10 +144,11 @@ def _run_moe_layer(mesh_text, dispatch, *, one_device=False):
   With ``one_device``, the layer runs on one device with the grouping of
   ``mesh_text``: built with the XLA backend's annotations, which are
   identities outside XLA, it forms one set of groups per ``data`` shard
-  (:meth:`m4moe.moe_layer.MoeLayer.group_shards`), as the mesh does.
+  (:meth:`m4moe.moe.layer.MoeLayer.group_shards`), as the mesh does.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe.moe import layer as moe_layer
   # Once MoeLayer takes sharding= (the annotation call sites), pass it, so
   # the annotated layer is what runs; before that, variable layouts only.
   annotate = "sharding" in inspect.signature(moe_layer.MoeLayer).parameters
@@ -158,7 +159,7 @@ def _run_moe_layer(mesh_text, dispatch, *, one_device=False):
       "tiny/moe", MOE_FLAGS + (f"--dispatch={dispatch}",
                                f"--second_expert_policy={policy}"))
   if one_device:
-    from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+    from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
     sharding = sharding_lib.make_sharding(mesh_text, backend="xla")
   else:
     sharding = _make_sharding(mesh_text)
@@ -206,7 +207,8 @@ def _layer_layouts(mesh_text):
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.experimental import dtensor  # pylint: disable=g-import-not-at-top
-  from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe.moe import layer as moe_layer
   config = config_lib.load_model_config(
       "tiny/moe", MOE_FLAGS + ("--second_expert_policy=all",))
   sharding = _make_sharding(mesh_text)
@@ -267,7 +269,8 @@ def _collectives(mesh_text, dispatch="einsum"):
   import os  # pylint: disable=g-import-not-at-top
   import re  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import config as config_lib, moe_layer  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe.moe import layer as moe_layer
   config = config_lib.load_model_config(
       "tiny/moe", MOE_FLAGS + ("--second_expert_policy=all",
                                f"--dispatch={dispatch}"))
@@ -308,9 +311,9 @@ def _collectives(mesh_text, dispatch="einsum"):
 
 
 def _adafactor_step(mesh_text, values):
-  """One m4moe.optimizer.Adafactor step on the toy MoE's DVariables."""
+  """One m4moe.training.optimizer.Adafactor step on the toy MoE's DVariables."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
   sharding = _make_sharding(mesh_text)
   with sharding.variable_scope(((r"(^|/)experts/", ("expert",)),)):
     with tf.name_scope("moe"):
@@ -364,7 +367,7 @@ def _random_draws(mesh_text):
 
 def _worker(part: str) -> None:
   """Runs one part ("toy" or "moe_layer") and prints its JSON report."""
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   sharding_lib.configure_virtual_cpus(8)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   report = {}
@@ -381,7 +384,7 @@ def _worker(part: str) -> None:
     report["adafactor"] = {str(m): _adafactor_step(m, values)
                            for m in (None, "data:2,expert:4", "expert:8")}
   else:
-    from m4moe import moe_layer  # pylint: disable=g-import-not-at-top
+    from m4moe.moe import layer as moe_layer  # pylint: disable=g-import-not-at-top
     report["annotated"] = "sharding" in inspect.signature(
         moe_layer.MoeLayer).parameters
     for dispatch in ("index", "einsum"):
@@ -443,7 +446,7 @@ def test_forward_and_gradients_match_one_device(report, mesh_text):
 
 @pytest.mark.parametrize("mesh_text", MESHES)
 def test_each_device_holds_its_experts_only(report, mesh_text):
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import MeshShape  # pylint: disable=g-import-not-at-top
   shape = MeshShape.parse(mesh_text)
   experts = E // shape.axis_size("expert")
   rows = G // shape.axis_size("data")
@@ -459,7 +462,7 @@ def test_each_device_holds_its_experts_only(report, mesh_text):
 
 @pytest.mark.parametrize("mesh_text", ("data:2,expert:4", "expert:8"))
 def test_adafactor_step_on_dvariables_matches_one_device(report, mesh_text):
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import MeshShape  # pylint: disable=g-import-not-at-top
   ref, got = report["adafactor"]["None"], report["adafactor"][mesh_text]
   for p_got, p_ref, p_init in zip(got["params"], ref["params"],
                                   [_initial_values()[k]
@@ -503,7 +506,7 @@ def test_real_moe_layer_matches_one_device(layer_report, mesh_text,
   np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-5)
   for g_got, g_ref in zip(got["grads"], ref["grads"]):
     np.testing.assert_allclose(g_got, g_ref, rtol=1e-5, atol=1e-5)
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import MeshShape  # pylint: disable=g-import-not-at-top
   shape = MeshShape.parse(mesh_text)
   per_device = E // shape.axis_size("expert")
   for name, shards in got["shards"].items():
@@ -532,7 +535,7 @@ LAYOUT_MESHES = ("data:2,expert:2", "data:2,expert:1", "data:1,expert:4",
 
 @pytest.mark.parametrize("mesh_text", LAYOUT_MESHES)
 def test_grouping_stays_on_each_data_shard(layer_report, mesh_text):
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import MeshShape  # pylint: disable=g-import-not-at-top
   shape = MeshShape.parse(mesh_text)
   data, expert = shape.axis_size("data"), shape.axis_size("expert")
   got = layer_report[f"layouts/{mesh_text}"]

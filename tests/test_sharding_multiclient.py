@@ -95,7 +95,7 @@ def _train(sharding, values):
 def _worker(checkpoint_dir: str) -> None:
   from tensorflow.experimental import dtensor  # pylint: disable=g-import-not-at-top
   dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=2)
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from test_sharding_dtensor import _initial_values  # pylint: disable=g-import-not-at-top
   result = _train(sharding_lib.make_sharding(MESH), _initial_values())
   # Both clients write the one checkpoint (each its own shards).
@@ -115,7 +115,7 @@ def _restored_eval_loss(sharding, prefix):
 
 
 def _restore_worker(prefix: str) -> None:
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   sharding_lib.configure_virtual_cpus(4)
   sharding = sharding_lib.make_sharding(RESTORE_MESH)
   print("REPORT " + json.dumps(
@@ -164,7 +164,7 @@ def reports(tmp_path_factory):
 
 
 def test_two_clients_train_like_one_process(reports):
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from test_sharding_dtensor import _initial_values  # pylint: disable=g-import-not-at-top
   want = _train(sharding_lib.NO_SHARDING, _initial_values())
   assert sorted(r["client"] for r in reports) == [0, 1]
@@ -175,7 +175,7 @@ def test_two_clients_train_like_one_process(reports):
 
 
 def test_each_client_holds_only_its_experts(reports):
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from test_sharding_dtensor import E, H, M, _initial_values  # pylint: disable=g-import-not-at-top
   want = _train(sharding_lib.NO_SHARDING, _initial_values())
   for report in reports:  # 2 local devices, E/2 experts each.
@@ -191,7 +191,7 @@ def test_each_client_holds_only_its_experts(reports):
 
 
 def test_two_client_checkpoint_restores_on_one_process(reports):
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   prefixes = {r["checkpoint"] for r in reports}
   assert len(prefixes) == 1  # one checkpoint, written by both clients
   got = _restored_eval_loss(sharding_lib.NO_SHARDING, prefixes.pop())

@@ -2,7 +2,7 @@
 
 The trainer's own step (:class:`m4moe.training.step.StepRunner` with
 ``sharding=``, the model and our Adafactor built inside
-``Sharding.variable_scope()``, as ``m4moe.train.train`` does) runs one update
+``Sharding.variable_scope()``, as ``m4moe.training.loop.train`` does) runs one update
 of a shrunk ``tiny/moe`` (d_model 32, 2+2 layers, E=8, dropout, attention
 dropout, expert dropout and the random second-expert policy all on) on
 meshes of 8 virtual CPUs, and on one device grouping the MoE layers' tokens
@@ -67,7 +67,8 @@ def _batch():
 def _build(config, sharding):
   """(model, variables, Adafactor) built inside the mesh's variable scope."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import model as model_lib, optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe.training import optimizer as optimizer_lib
   tf.random.set_seed(0)  # The same initial weights on every mesh.
   with sharding.variable_scope():
     model = model_lib.Transformer(config=config, sharding=sharding)
@@ -88,7 +89,8 @@ def _slot_values(optimizer, host):
 def _restore_on_one_device(path):
   """Weights and slots of checkpoint ``path`` restored without a mesh."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import config as config_lib, sharding as sharding_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from m4moe.parallel import sharding as sharding_lib
   config = config_lib.load_model_config("tiny/moe", MODEL_FLAGS)
   model, variables, optimizer = _build(config, sharding_lib.NO_SHARDING)
   for v in variables:  # Nothing may survive from the fresh initialisation.
@@ -114,7 +116,7 @@ def _one_step(mesh_text, *, extra_flags=(), remat=False, one_device=False,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   from m4moe.training import remat as remat_lib, step as step_lib  # pylint: disable=g-import-not-at-top,g-multiple-import
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_model_config("tiny/moe", MODEL_FLAGS + extra_flags)
   sharding = sharding_lib.NO_SHARDING
   if one_device:
@@ -170,7 +172,7 @@ def _reference_key(mesh_text: str) -> str:
   The mesh's batch axis (``data``, or ``expert`` on ``data:1,expert:4``)
   and its size name the grouping, e.g. "reference/expert:4".
   """
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import MeshShape  # pylint: disable=g-import-not-at-top
   shape = MeshShape.parse(mesh_text)
   axis = shape.batch_axis
   rows = shape.axis_size(axis)
@@ -178,7 +180,7 @@ def _reference_key(mesh_text: str) -> str:
 
 
 def _worker(part: str, workdir: str | None = None) -> None:
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   sharding_lib.configure_virtual_cpus(8)
   report = {}
   # The one-device references group like the mesh (one set of groups per
@@ -269,7 +271,7 @@ def test_reference_step_changes_weights_and_routes_randomly(meshes):
 
 @pytest.mark.parametrize("mesh_text", MESHES)
 def test_each_device_holds_its_experts_and_their_slots(meshes, mesh_text):
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import MeshShape  # pylint: disable=g-import-not-at-top
   shape = MeshShape.parse(mesh_text)
   per_device = E // shape.axis_size("expert")
   got = meshes[mesh_text]
@@ -337,7 +339,7 @@ def _model_axis_layout(name: str) -> tuple[str | None, ...]:
 @pytest.mark.parametrize("mesh_text", MODEL_MESHES)
 def test_model_axis_splits_heads_ffn_and_expert_hidden(model_meshes,
                                                        mesh_text):
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import MeshShape  # pylint: disable=g-import-not-at-top
   shape = MeshShape.parse(mesh_text)
   got = model_meshes[mesh_text]
   kinds = {"experts": 0, "attention": 0, "ffn": 0, "whole": 0}
@@ -370,7 +372,7 @@ def test_model_axis_splits_heads_ffn_and_expert_hidden(model_meshes,
 @pytest.mark.parametrize("mesh_text", MODEL_MESHES)
 def test_model_axis_adafactor_slots_follow_their_weights(model_meshes,
                                                          mesh_text):
-  from m4moe.mesh import MeshShape  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel.mesh import MeshShape  # pylint: disable=g-import-not-at-top
   shape = MeshShape.parse(mesh_text)
 
   def spec(axes):

@@ -1,7 +1,6 @@
-"""eval/results/study/restore.py: committed study runs back into a run dir."""
+"""m4moe.pipeline.restore: committed study runs back into a run dir."""
 
 import hashlib
-import importlib.util
 import json
 import pathlib
 import subprocess
@@ -9,15 +8,14 @@ import sys
 
 import pytest
 
-_SCRIPT = (pathlib.Path(__file__).parents[1] / "eval" / "results" / "study" /
-           "restore.py")
+from m4moe.pipeline import restore as restore_lib
+
+_STUDY = pathlib.Path(__file__).parents[1] / "results" / "study"
+_COMMAND = [sys.executable, "-m", "m4moe.pipeline.restore"]
 
 
 def _module():
-  spec = importlib.util.spec_from_file_location("study_restore", _SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return restore_lib
 
 
 _OLD = "/old/runs/study2"
@@ -95,7 +93,7 @@ def test_other_inputs_are_refused_by_name(tmp_path):
   results, run_dir = _committed(tmp_path)
   (run_dir / "vocab" / "source.vocab").write_text("another vocabulary")
   proc = subprocess.run(
-      [sys.executable, str(_SCRIPT), f"--results={results}",
+      [*_COMMAND, f"--results={results}",
        f"--run_dir={run_dir}"], capture_output=True, text=True, timeout=120,
       check=False)
   assert proc.returncode != 0
@@ -131,7 +129,7 @@ def test_a_run_dir_without_inputs_is_told_to_build_them(tmp_path):
   results, _ = _committed(tmp_path)
   empty = tmp_path / "empty"
   proc = subprocess.run(
-      [sys.executable, str(_SCRIPT), f"--results={results}",
+      [*_COMMAND, f"--results={results}",
        f"--run_dir={empty}"], capture_output=True, text=True, timeout=120,
       check=False)
   assert proc.returncode != 0
@@ -141,8 +139,8 @@ def test_a_run_dir_without_inputs_is_told_to_build_them(tmp_path):
 
 def test_regenerate_copy_only_refuses_a_run_dir_without_stages(tmp_path):
   """A mistyped RUN_DIR must not report 'copied' with nothing copied."""
-  script = _SCRIPT.parent / "regenerate.sh"
-  v2 = _SCRIPT.parent / "v2"
+  script = _STUDY / "regenerate.sh"
+  v2 = _STUDY / "v2"
   before = sorted(p.name for p in v2.iterdir()) if v2.exists() else []
   (tmp_path / "run").mkdir()  # exists, but no study ran in it
   result = subprocess.run(

@@ -8,14 +8,14 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import decoding
-from m4moe import extraction
-from m4moe import model as model_lib
-from m4moe import routing
-from m4moe import task_routing
+from m4moe.inference import beam_search as decoding
+from m4moe.inference import extraction
+from m4moe.model import transformer as model_lib
+from m4moe.moe import routing
+from m4moe.moe import task_routing
 from m4moe.config import ConfigError
 from m4moe.data import packing
-from m4moe.moe_layer import MoeLayer
+from m4moe.moe.layer import MoeLayer
 
 LANGUAGES = ("de", "fr", "ja")
 

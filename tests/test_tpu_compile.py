@@ -26,10 +26,10 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import cost
-from m4moe import losses
-from m4moe import optimizer as optimizer_lib
-from m4moe import sharding as sharding_lib
+from m4moe.cost import model as cost
+from m4moe.model import losses
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.parallel import sharding as sharding_lib
 
 ROW = "gshard/moe_128e_12l"
 REDUCED = ("--d_model=16", "--num_heads=2", "--d_kv=8", "--d_ff=32",
@@ -49,7 +49,7 @@ def _config():
 
 @pytest.fixture(scope="module")
 def hlo():
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   s = sharding_lib.make_sharding(MESH, backend="xla")
   tf.random.set_seed(0)
   transformer = model_lib.Transformer(config=_config(), sharding=s)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import optimizer as optimizer_lib
-from m4moe import rundir
-from m4moe import train as train_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import rundir
+from m4moe.training import loop as train_lib
 from m4moe.training import synthetic
-from m4moe.training import toy_model
+import toy_model
 from m4moe.training import metrics as metrics_lib
 
 tf.config.experimental.enable_op_determinism()
@@ -230,7 +230,7 @@ def test_logged_cross_entropy_is_plain_under_label_smoothing():
   np.testing.assert_allclose(plain.objective, mean_ce + plain.moe_loss,
                              rtol=1e-5)
   # The optimised objective is the smoothed CE (same seeds as the step).
-  from m4moe import losses
+  from m4moe.model import losses
   seed = tf.random.experimental.stateless_fold_in(
       tf.random.experimental.stateless_fold_in(tf.constant([1, 2]), 0), 0)
   out = toy_model.ToyTranslator(vocab_size=VOCAB)(batch, training=True,

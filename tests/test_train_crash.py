@@ -13,10 +13,10 @@ import os, signal, sys
 import tensorflow as tf
 tf.config.experimental.enable_op_determinism()
 from tensorflow.python.checkpoint import checkpoint_management as cm
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import loop as train_lib
 from m4moe.training import synthetic
-from m4moe.training import toy_model
+import toy_model
 
 model_dir, steps, every, kill_in_save_at = sys.argv[1:5]
 if int(kill_in_save_at):

@@ -3,9 +3,9 @@ unigram baseline."""
 
 
 from m4moe import config as config_lib
-from m4moe import model as model_lib
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
+from m4moe.model import transformer as model_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import loop as train_lib
 from m4moe.training import synthetic
 
 VOCAB = 48

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import model as model_lib
-from m4moe import optimizer as optimizer_lib
+from m4moe.model import transformer as model_lib
+from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import synthetic
 from m4moe.training import remat
 from m4moe.training import step as step_lib

@@ -10,10 +10,10 @@ import tensorflow as tf
 
 CHILD = r'''
 import sys
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import loop as train_lib
 from m4moe.training import synthetic
-from m4moe.training import toy_model
+import toy_model
 
 pairs = synthetic.synthetic_pairs(num_pairs=512, vocab_size=24, max_length=9)
 config = train_lib.TrainConfig(

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import model as model_lib
-from m4moe import optimizer as optimizer_lib
-from m4moe import upcycle
+from m4moe.model import transformer as model_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.moe import upcycle
 from m4moe.training import checkpointing
 
 

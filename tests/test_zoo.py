@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from m4moe import config as config_lib
-from m4moe import cost
+from m4moe.cost import model as cost
 
 ZOO = pathlib.Path(__file__).resolve().parent.parent / "configs"
 

@@ -6,14 +6,14 @@ record gives the decoded length), both searches compiled with
 ``tf.function`` and warmed up, identical hypotheses required
 (``m4moe-bench decode``; this replaced ``eval/decode_benchmark.py``). The
 two searches are
-:func:`m4moe.decoding.translate_ids` and
-:func:`m4moe.decoding.translate_ids_uncached`. Several configs (e.g.
+:func:`m4moe.inference.beam_search.translate_ids` and
+:func:`m4moe.inference.beam_search.translate_ids_uncached`. Several configs (e.g.
 tiny/moe and tiny/dense) are timed interleaved in one process, so the MoE
 vs dense decoding cost is a ratio too. A config name may end in
 ``+sorted``, ``+index`` or ``+einsum`` (e.g. ``tiny/moe+index``): the same
 model with that ``--dispatch``; ``+buffers`` is ``+index`` with the block
 dispatch of no-drop MoE layers switched off (the E*C buffer path), to
-measure what :func:`m4moe.dispatch.block_dispatch_combine` buys.
+measure what :func:`m4moe.moe.dispatch.block_dispatch_combine` buys.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import decoding
+from m4moe.inference import beam_search as decoding
 from m4moe.benchmarks import timing
 
 
@@ -42,8 +42,8 @@ class DecodePoint:
 def searches(config_name: str, point: DecodePoint
              ) -> dict[str, Callable[[tf.Tensor], decoding.BeamSearchOutput]]:
   """{"cached": fn, "uncached": fn} compiled searches of a random model."""
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import moe_layer  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.moe import layer as moe_layer  # pylint: disable=g-import-not-at-top
   config_name, _, variant = config_name.partition("+")
   overrides = {}
   if variant:

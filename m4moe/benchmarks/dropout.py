@@ -2,7 +2,7 @@
 
 ``dropout_step`` traces the real trainer step of a zoo config
 (:func:`m4moe.benchmarks.train_step.step_case`) twice: once with
-:func:`m4moe.layers.dropout` (masks of 16-bit numbers, two per uint32 Philox
+:func:`m4moe.model.layers.dropout` (masks of 16-bit numbers, two per uint32 Philox
 word, applied as ``x * mask_scale``) and once with :func:`uniform_dropout`,
 the formulation it replaced (one float32 uniform per unit, compare, scale,
 select: ``tf.nn.experimental.stateless_dropout``'s arithmetic), substituted
@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import tensorflow as tf
 
-from m4moe import layers
-from m4moe import sharding as sharding_lib
+from m4moe.model import layers
+from m4moe.parallel import sharding as sharding_lib
 from m4moe.benchmarks import timing
 from m4moe.benchmarks import train_step
 

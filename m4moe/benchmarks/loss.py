@@ -4,7 +4,7 @@ Two comparisons, each timed interleaved in one process:
 
 * ``loss``: the output projection ``[B, L, M] x [M, V]``, the plain and the
   label-smoothed cross-entropy and the gradient of the latter into the
-  projection's input and weights -- once with :func:`m4moe.losses.
+  projection's input and weights -- once with :func:`m4moe.model.losses.
   per_token_losses` (one pass, hand-written gradient) and once with
   :func:`log_softmax_losses`, the formulation the trainer used before (a
   ``log_softmax`` and a ``gather`` for each of the two losses, automatic
@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 
-from m4moe import losses
+from m4moe.model import losses
 from m4moe.benchmarks import timing
 from m4moe.benchmarks import train_step
 

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import moe_layer
+from m4moe.moe import layer as moe_layer
 from m4moe.benchmarks import timing
 
 

@@ -14,12 +14,12 @@ in the global batch, ``tokens_per_device`` = B*L / devices source tokens
 
 What runs: the trainer's own step (:class:`m4moe.training.step.StepRunner`
 ``train_step``: forward, loss, gradients, Adafactor update) of a tiny MoE
-Transformer built inside :meth:`m4moe.sharding.Sharding.variable_scope`, on
+Transformer built inside :meth:`m4moe.parallel.sharding.Sharding.variable_scope`, on
 the DTensor mesh ``expert:D`` (``layout="expert"``: experts split, the
 GShard layout) or ``data:D`` (``layout="data"``: rows split, experts
 replicated), with ``tf.config.run_functions_eagerly`` so that every op's
 output is a DTensor whose layout says what each device holds. The sizes are
-read from those layouts, never from :mod:`m4moe.cost`:
+read from those layouts, never from :mod:`m4moe.cost.model`:
 
 * ``per_device_activation_bytes``: the peak, over the step, of the bytes of
   the live tensors produced while the gradient tape records (the forward
@@ -34,14 +34,14 @@ read from those layouts, never from :mod:`m4moe.cost`:
   gradient out like its variable before the update);
   ``per_device_optimizer_bytes``: local shards of Adafactor's variables.
 * ``per_device_total_bytes``: weights + gradients + optimiser + activations
-  (the sum :class:`m4moe.cost.DeviceEstimate` estimates as ``total_bytes``).
+  (the sum :class:`m4moe.cost.model.DeviceEstimate` estimates as ``total_bytes``).
 
-``cost_model_*`` are :func:`m4moe.cost.estimate_device` for the same model,
-mesh axes and batch, for both executions (:data:`m4moe.cost.EXECUTIONS`):
+``cost_model_*`` are :func:`m4moe.cost.model.estimate_device` for the same model,
+mesh axes and batch, for both executions (:data:`m4moe.cost.model.EXECUTIONS`):
 ``cost_model_activation_bytes`` / ``cost_model_total_bytes`` are the
 ``fused`` estimate (what a compiled XLA/TPU program keeps, one tensor per
 sub-layer); ``cost_model_unfused_*`` the ``unfused`` one (every tensor
-TensorFlow's kernel-by-kernel tape keeps, :mod:`m4moe.cost_unfused`), the
+TensorFlow's kernel-by-kernel tape keeps, :mod:`m4moe.cost.unfused`), the
 execution this benchmark measures: eager DTensor keeps what the eager tape
 keeps, so ``cost_model_unfused_activations_vs_measured`` is the check of the
 model, and the measured activations are an upper bound of a compiled
@@ -83,7 +83,7 @@ class ShardingPoint:
     d_model, num_heads, d_kv, d_ff, expert_hidden_dim, num_layers,
       vocab_size: model size (num_layers per stack, every other FFN an MoE
       layer). The defaults are the tiny model of runs 1-3 in
-      ``eval/results/benchmarks.md``.
+      ``results/benchmarks.md``.
   """
 
   devices: int
@@ -147,7 +147,7 @@ class ShardingPoint:
             f"--tgt_vocab_size={self.vocab_size}",
             f"--max_length={self.sequence_length}", "--dispatch=einsum",
             # pin_random draws every random tensor whole on each device (see
-            # m4moe.sharding), a D-proportional term that is not the MoE's.
+            # m4moe.parallel.sharding), a D-proportional term that is not the MoE's.
             "--dropout_rate=0", "--attention_dropout_rate=0",
             "--expert_dropout_rate=0")
 
@@ -244,17 +244,17 @@ def measure(point: ShardingPoint) -> dict[str, Any]:
   """Runs one real sharded training step; returns the JSON record.
 
   The process must have ``point.devices`` CPU devices
-  (:func:`m4moe.sharding.configure_virtual_cpus`, first thing).
+  (:func:`m4moe.parallel.sharding.configure_virtual_cpus`, first thing).
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.experimental import dtensor  # pylint: disable=g-import-not-at-top
   from tensorflow.python.framework import op_callbacks  # pylint: disable=g-import-not-at-top
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import cost  # pylint: disable=g-import-not-at-top
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.cost import model as cost  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
   from m4moe.training import step as step_lib  # pylint: disable=g-import-not-at-top
 
@@ -358,7 +358,7 @@ def measure_in_subprocess(point: ShardingPoint, *,
 def _main(argv: Sequence[str]) -> None:
   """Child process: ``python -m m4moe.benchmarks.sharding '<point json>'``."""
   point = ShardingPoint(**json.loads(argv[1]))
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   sharding_lib.configure_virtual_cpus(point.devices)
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
   timing.emit(measure(point))

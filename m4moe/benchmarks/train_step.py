@@ -1,6 +1,6 @@
 """Tokens/s of the real trainer's step: tiny/moe vs tiny/dense.
 
-Both models are built like ``m4moe.train`` builds them (Adafactor, the
+Both models are built like ``m4moe.training.loop`` builds them (Adafactor, the
 default tf.distribute strategy) and stepped with
 :class:`m4moe.training.step.StepRunner`'s ``train_step`` -- the trainer's own
 compiled gradient and update functions, host syncs included. The batch is
@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from m4moe import config as config_lib
-from m4moe import optimizer as optimizer_lib
+from m4moe.training import optimizer as optimizer_lib
 from m4moe.benchmarks import timing
 from m4moe.training import step as step_lib
 
@@ -46,7 +46,7 @@ def synthetic_batch(point: StepPoint) -> dict[str, tf.Tensor]:
 def step_case(config_name: str, *, vocab_size: int,
               batch: Mapping[str, tf.Tensor]) -> Callable[[], Any]:
   """One trainer step of zoo config ``config_name`` on ``batch``."""
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_model_config(
       config_name, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size)
   strategy = tf.distribute.get_strategy()

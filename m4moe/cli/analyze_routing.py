@@ -3,14 +3,14 @@ r"""m4moe-analyze-routing: which experts does each language use?
 Example:
   m4moe-analyze-routing --model_dir=runs/moe --corpus_dir=corpus \
       --vocab_dir=vocab --split=dev --languages=de,fr,ja \
-      --output_dir=eval/results/routing
+      --output_dir=results/routing
 
 Runs the trained model teacher-forced in eval mode (no dropout, no-drop eval
 capacity) over each language's ``<split>/<lang>.tsv`` pairs and counts, per
 MoE layer (encoder and decoder), the real tokens (padding excluded) whose
 first / second choice is each expert. Pairs longer than the model's
 ``--max_length`` are cut to it (counted per language in the JSON). Statistics
-(m4moe.routing_analysis): per-language expert fractions, the mutual
+(m4moe.analysis.statistics): per-language expert fractions, the mutual
 information between language and expert normalised by the language entropy,
 each expert's language entropy, and the load per language.
 
@@ -69,8 +69,8 @@ def _analyse(files, languages, vocab_dir):
   lang -> pairs, lang -> pairs cut)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import routing_capture  # pylint: disable=g-import-not-at-top
-  from m4moe import task_routing  # pylint: disable=g-import-not-at-top
+  from m4moe.analysis import capture as routing_capture  # pylint: disable=g-import-not-at-top
+  from m4moe.moe import task_routing  # pylint: disable=g-import-not-at-top
   from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
   from m4moe.eval import translator as translator_lib  # pylint: disable=g-import-not-at-top
   datasets = pipeline.corpus_evaluation_datasets(
@@ -111,13 +111,13 @@ def main(argv):
     if not flag.value:
       raise app.UsageError(f"--{flag.name} is required")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import routing_analysis  # pylint: disable=g-import-not-at-top
-  from m4moe import routing_capture  # pylint: disable=g-import-not-at-top
-  from m4moe import routing_report  # pylint: disable=g-import-not-at-top
+  from m4moe.analysis import statistics as routing_analysis  # pylint: disable=g-import-not-at-top
+  from m4moe.analysis import capture as routing_capture  # pylint: disable=g-import-not-at-top
+  from m4moe.analysis import page as routing_report  # pylint: disable=g-import-not-at-top
   from m4moe.data import vocab  # pylint: disable=g-import-not-at-top
   from m4moe.eval import comparison  # pylint: disable=g-import-not-at-top
   from m4moe.eval import testsets  # pylint: disable=g-import-not-at-top
-  from m4moe import rundir  # pylint: disable=g-import-not-at-top
+  from m4moe.training import rundir  # pylint: disable=g-import-not-at-top
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   corpus = pathlib.Path(_CORPUS_DIR.value)
   if not (corpus / _SPLIT.value).is_dir():

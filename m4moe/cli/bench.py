@@ -31,11 +31,11 @@ Every sub-benchmark times the cases it compares interleaved in one process
 calls, plus the ratios of issue 7 (see ``m4moe/benchmarks``).
 
 ``loss`` and ``loss_step`` time the one-pass cross-entropy of
-``m4moe.losses`` against the log-softmax formulation the trainer used
+``m4moe.model.losses`` against the log-softmax formulation the trainer used
 before, on the output layer alone and in the real trainer step
 (``m4moe/benchmarks/loss.py``).
 
-``dropout_step`` times the real trainer step with ``m4moe.layers.dropout``
+``dropout_step`` times the real trainer step with ``m4moe.model.layers.dropout``
 (16-bit masks, two per uint32 Philox word) against the float32-uniform
 masks it used before (``m4moe/benchmarks/dropout.py``).
 
@@ -50,9 +50,9 @@ exits with 1 if the command failed (the JSON line is printed first).
 ``sharding`` times nothing: it measures the per-device memory of the real
 sharded training step on D = 1, 2, 4, 8 virtual CPU devices with
 E = 4*D experts and a fixed number of tokens per device, one process per D,
-next to m4moe.cost's estimate (``m4moe/benchmarks/sharding.py``). Its
+next to m4moe.cost.model's estimate (``m4moe/benchmarks/sharding.py``). Its
 model size defaults to the tiny MoE of runs 1-3 in
-``eval/results/benchmarks.md``; ``--model_dim``, ``--num_heads``,
+``results/benchmarks.md``; ``--model_dim``, ``--num_heads``,
 ``--d_kv``, ``--hidden_dim`` (dense FFN and expert hidden), ``--vocab_size``
 and ``--sequence_length`` change it.
 

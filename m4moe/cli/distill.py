@@ -7,7 +7,7 @@ Usage:
 
 The student is an ordinary m4moe-train run (same model, data, optimiser and
 run flags; ``--student_config`` is m4moe-train's ``--config``) with two
-differences (m4moe.distill):
+differences (m4moe.training.distill):
 
 * it starts from the teacher's non-expert weights (embeddings, attention,
   layer norms, output projection, the dense FFNs); its FFN at a layer where
@@ -73,9 +73,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import distill  # pylint: disable=g-import-not-at-top
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import train as train_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import distill  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import loop as train_lib  # pylint: disable=g-import-not-at-top
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
   from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top

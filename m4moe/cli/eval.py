@@ -3,7 +3,7 @@ r"""m4moe-eval: decode a corpus's test split and score it per language.
 Example:
 
   m4moe-eval --model_dir=/work/runs/moe --corpus_dir=/work/corpus \
-      --output=eval/results/moe.json --languages=de,fr,ja --beam_size=4
+      --output=results/moe.json --languages=de,fr,ja --beam_size=4
 
 Writes one eval JSON (schema in m4moe.eval.results): per-language BLEU and
 chrF++ with sacrebleu signatures (BLEU tokenizer chosen by the target
@@ -28,7 +28,7 @@ from absl import app
 from absl import flags
 
 from m4moe import cli
-from m4moe import rundir
+from m4moe.training import rundir
 from m4moe.cli import translation_flags
 from m4moe.eval import evaluate as evaluate_lib
 from m4moe.eval import results
@@ -74,7 +74,7 @@ def _metadata(files: rundir.RunFiles,
       "direction": _DIRECTION.value, "max_sentences": _MAX_SENTENCES.value,
   }
   try:
-    from m4moe import cost  # pylint: disable=g-import-not-at-top
+    from m4moe.cost import model as cost  # pylint: disable=g-import-not-at-top
     meta["num_params"] = cost.num_params(config)
     meta["num_experts_total"] = cost.num_experts_total(config)
   except ImportError:

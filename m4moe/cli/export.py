@@ -21,7 +21,7 @@ the run was trained to translate into; the accepted source languages are
 those it was trained on into --target_lang.
 
 Per-language extraction (Kudugunta et al. 2021; a model trained with
---route_by=language, see m4moe.task_routing and m4moe.extraction):
+--route_by=language, see m4moe.moe.task_routing and m4moe.inference.extraction):
 
   m4moe-export --model_dir=/work/runs/task_moe --export_dir=/work/export/de \
       --language=de
@@ -43,8 +43,8 @@ from absl import app
 from absl import flags
 
 from m4moe import cli
-from m4moe import extraction as extraction_lib
-from m4moe import task_routing
+from m4moe.inference import extraction as extraction_lib
+from m4moe.moe import task_routing
 from m4moe.cli import translation_flags
 from m4moe.eval import export as export_lib
 from m4moe.eval import textio

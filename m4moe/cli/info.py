@@ -8,7 +8,7 @@ Usage:
       --mesh=data:2,expert:2,model:2
   m4moe-info --table1 [--tokens_per_device=2048] [--sequence_length=N] [--json]
 
-Counts come from :mod:`m4moe.cost` through :mod:`m4moe.cost_tables` (this
+Counts come from :mod:`m4moe.cost.model` through :mod:`m4moe.cost.tables` (this
 tool only parses flags and prints) and never build a variable, so the 1T
 model is instant. With ``--batch_tokens`` a per-device memory/FLOPs estimate
 for a (data, expert, model) mesh is added: the batch is split over data x
@@ -16,7 +16,7 @@ expert, experts over expert, and attention heads, d_ff and the expert hidden
 width over model (Megatron-style tensor parallelism). ``device`` counts the
 activations a compiled (XLA/TPU) program keeps; ``device_unfused`` those
 TensorFlow keeps running the step kernel by kernel (eager, DTensor without
-XLA; ``m4moe/cost_unfused.py``, the figure ``m4moe-bench sharding``
+XLA; ``m4moe/cost/unfused.py``, the figure ``m4moe-bench sharding``
 measures), or says why its table does not describe the config. For GShard Table 1 configurations the
 paper's rounded weight count and the relative difference are shown too.
 
@@ -39,8 +39,8 @@ from absl import flags
 
 from m4moe import cli
 from m4moe import config as config_lib
-from m4moe import cost_tables
-from m4moe import mesh as mesh_lib
+from m4moe.cost import tables as cost_tables
+from m4moe.parallel import mesh as mesh_lib
 
 config_lib.define_model_flags()
 _CONFIG = flags.DEFINE_string(

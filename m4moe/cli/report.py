@@ -2,8 +2,8 @@ r"""m4moe-report: ΔBLEU figure and tables from eval JSONs.
 
 Example:
 
-  m4moe-report --models=eval/results/moe.json,eval/results/dense.json \
-      --baselines='eval/results/bilingual/*.json' --output_dir=/tmp/report \
+  m4moe-report --models=results/moe.json,results/dense.json \
+      --baselines='results/bilingual/*.json' --output_dir=/tmp/report \
       --training_logs=moe=/work/runs/moe/metrics.jsonl \
       --bucket_bounds=100000,10000 --ce_thresholds=4,3,2.5
 

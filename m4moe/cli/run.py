@@ -3,7 +3,7 @@ r"""m4moe-run: the main job, from nothing to a BLEU report, resumably.
 Examples:
 
   # Default: build the offline corpus, train the tiny MoE, decode, score,
-  # report (see m4moe/main_job.py for the recipe).
+  # report (see m4moe/pipeline/plan.py for the recipe).
   m4moe-run --run_dir=runs/demo
 
   # Every stage on generated catalogs in about two minutes, offline:
@@ -21,7 +21,7 @@ Models that a recipe puts in lanes (the demo: the multilingual MoE in one,
 the bilingual baselines in the other) train and decode concurrently, each
 lane pinned to its share of the cores (one core each on a 2-core machine,
 where two one-core processes trained 1.3-1.5x the steps per second of one
-two-core process: eval/results/demo/lanes_benchmark.py), with
+two-core process: results/demo/lanes_benchmark.py), with
 each stage's output in <run_dir>/logs/<stage>.log; --nolanes runs every
 stage alone. If a lane's stage fails, the other lanes' stages are stopped
 with SIGTERM (training saves a checkpoint) and the re-run resumes them.
@@ -50,7 +50,7 @@ from absl import flags
 from absl import logging
 
 from m4moe import cli
-from m4moe import main_job
+from m4moe.pipeline import plan as main_job
 
 _RECIPE = flags.DEFINE_enum("recipe", "demo", sorted(main_job.RECIPES),
                             "What to build, train and evaluate: " + "; ".join(

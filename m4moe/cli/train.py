@@ -10,12 +10,12 @@ Usage:
 The model is the zoo entry / flagfile (``--config`` or ``--flagfile``); model
 flags given on the command line override ``--config``'s values. A zoo entry may
 also set the optimiser recipe it was tuned with (``configs/tiny/*`` use the
-small-model recipe of ``eval/results/peer/``; ``configs/gshard/*`` the paper's
+small-model recipe of ``results/peer/``; ``configs/gshard/*`` the paper's
 Adafactor); optimiser flags given on the command line override it, and flags no
 one sets keep the paper's defaults. The vocabulary sizes come from the
 SentencePiece models in ``--vocab_dir``. Running again with the same
 ``--model_dir`` resumes from the last complete checkpoint (exactly, see
-m4moe.train); ``--continue_from=RUN`` starts a new ``--model_dir`` as a copy of
+m4moe.training.loop); ``--continue_from=RUN`` starts a new ``--model_dir`` as a copy of
 a finished run and resumes that copy with a larger ``--train_steps``, leaving
 the original as it was. SIGTERM, SIGINT (Ctrl-C) or SIGHUP saves and exits with
 code 0; a second Ctrl-C stops at once without saving. A damaged newest
@@ -26,7 +26,7 @@ one m4moe-train may use a ``--model_dir`` at a time (a second one exits with
 code 1 naming the first one's pid); a ``--model_dir`` that is a file or cannot
 be created exits with code 2.
 
-Writes to ``--model_dir`` (the contract is m4moe.rundir): config.json
+Writes to ``--model_dir`` (the contract is m4moe.training.rundir): config.json
 (effective config, plus the vocabulary fingerprint and the trained language
 pairs that decode/eval/export check), checkpoints, metrics.jsonl,
 TensorBoard events (train/, eval/).
@@ -39,7 +39,7 @@ connect: it checks the config, the data and vocabulary, and ``--mesh``
 against ``--tpu_cores`` (default 8, a v3-8) and the model, offline, so a TPU
 VM run can be checked before the VM exists (README "TPU VM recipe").
 
-Device mesh (GShard sharding, see m4moe.sharding): ``--mesh=data:2,expert:4``
+Device mesh (GShard sharding, see m4moe.parallel.sharding): ``--mesh=data:2,expert:4``
 lays the model out on a named mesh of all local devices instead of
 MirroredStrategy: expert weights and their Adafactor slots split on E over
 ``expert``, batches (and MoE groups) split over ``data``, attention heads,
@@ -69,8 +69,8 @@ from absl import logging
 from m4moe import cli
 from m4moe import config as config_lib
 from m4moe import flagutil
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.training import loop as train_lib
 from m4moe.training import inputs
 
 config_lib.define_model_flags()
@@ -85,11 +85,11 @@ _CONFIG = flags.DEFINE_string(
 # flags win over it.
 flagutil.define_flags(train_lib.TrainConfig)
 flagutil.define_flags(inputs.DataConfig)
-# Dense -> MoE upcycling (m4moe.upcycle): command-line only, not run settings.
+# Dense -> MoE upcycling (m4moe.moe.upcycle): command-line only, not run settings.
 _INIT_FROM_DENSE = flags.DEFINE_string(
     "init_from_dense", "", "Dense run's model dir: a fresh MoE run starts "
     "from its weights, each expert a copy of the dense FFN it replaces "
-    "(needs --expert_hidden_dim = its --d_ff), routers fresh (m4moe.upcycle). "
+    "(needs --expert_hidden_dim = its --d_ff), routers fresh (m4moe.moe.upcycle). "
     "Ignored when resuming.")
 _INIT_FROM_DENSE_OPTIMIZER = flags.DEFINE_bool(
     "init_from_dense_optimizer", False, "With --init_from_dense, also copy "
@@ -153,7 +153,7 @@ def _configs():
 
 def _check_mesh(mesh, data, model_config) -> list[str]:
   """Problems of ``--mesh`` with the model and the batch (not the devices)."""
-  from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   if mesh is None:
     return []
   moe = model_config.moe
@@ -173,7 +173,7 @@ def _check_mesh(mesh, data, model_config) -> list[str]:
 def _make_sharding(mesh):
   """(strategy, sharding) for ``--mesh`` (and ``--tpu``)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
   if mesh is None:
     return distribute.make_strategy(tpu=_TPU.value), sharding_lib.NO_SHARDING
@@ -208,8 +208,8 @@ def _check_tpu(mesh) -> tuple[list[str], Any, int]:
   (the XLA backend's annotations need one replica over every core) and
   flags that mean nothing on a TPU. Never connects to the TPU.
   """
-  from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   problems = []
   cores = _TPU_CORES.value
   if _NUM_CPU_DEVICES.value > 1:
@@ -230,14 +230,14 @@ def _check_tpu(mesh) -> tuple[list[str], Any, int]:
 
 
 def _run_record(data, built) -> dict[str, Any]:
-  """The m4moe.rundir records of this run (vocabulary fingerprint, language
+  """The m4moe.training.rundir records of this run (vocabulary fingerprint, language
   pairs, skipped lines); {} for synthetic data or when ``built`` is None.
 
   Raises:
     ValueError: --model_dir already holds a run trained with other
       SentencePiece models (resuming would continue it on wrong ids).
   """
-  from m4moe import rundir  # pylint: disable=g-import-not-at-top
+  from m4moe.training import rundir  # pylint: disable=g-import-not-at-top
   if built is None or data.synthetic:
     return {}
   record = rundir.run_sections(vocab_dir=data.vocab_dir,
@@ -282,13 +282,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import train as train_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import loop as train_lib  # pylint: disable=g-import-not-at-top
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
   from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
   from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
-  from m4moe import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   try:
     mesh = mesh_lib.MeshShape.parse(_MESH.value) if _MESH.value else None
   except mesh_lib.MeshError as e:
@@ -302,7 +302,7 @@ def main(argv):
     data, train = _configs()
     problems = inputs.check_data(data)
     # --route_by=language: batches carry language ids, and the gate has one
-    # row per training language (m4moe.task_routing).
+    # row per training language (m4moe.moe.task_routing).
     preliminary = _model_config({}).moe
     by_language = preliminary.route_by == "language"
     built = None if problems else inputs.build_inputs(
@@ -346,7 +346,7 @@ def main(argv):
   except (ValueError, OSError) as e:
     problems.append(str(e))
     record = {}
-  from m4moe import upcycle  # pylint: disable=g-import-not-at-top
+  from m4moe.moe import upcycle  # pylint: disable=g-import-not-at-top
   warm_start, upcycle_problems, notice = upcycle.prepare(
       dense_dir=_INIT_FROM_DENSE.value, model_dir=train.model_dir,
       copy_optimizer=_INIT_FROM_DENSE_OPTIMIZER.value,

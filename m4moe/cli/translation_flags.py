@@ -11,8 +11,8 @@ from typing import Iterable
 from absl import app
 from absl import flags
 
-from m4moe import decoding
-from m4moe import rundir
+from m4moe.inference import beam_search as decoding
+from m4moe.training import rundir
 from m4moe.eval import translator as translator_lib
 
 MODEL_DIR = flags.DEFINE_string(

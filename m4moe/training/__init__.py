@@ -1,4 +1,4 @@
-"""Training machinery behind :mod:`m4moe.train` and ``m4moe-train``.
+"""Training machinery behind :mod:`m4moe.training.loop` and ``m4moe-train``.
 
 * :mod:`m4moe.training.checkpointing` -- run directory layout, the effective
   config JSON, checkpoint manager with crash-safe resume, SIGTERM handling.

@@ -12,7 +12,7 @@ the best-on-dev weights::
   <model_dir>/averaged/averaged.json   {"steps": [...], "checkpoint": name}
 
 ``--checkpoint=averaged`` of m4moe-eval, m4moe-decode and m4moe-export reads
-it (:func:`m4moe.rundir.resolve_checkpoint`). The new directory is written
+it (:func:`m4moe.training.rundir.resolve_checkpoint`). The new directory is written
 as ``.averaged.partial`` and renamed into place, so a kill leaves the
 previous average whole; the run's own checkpoints are only read.
 
@@ -108,11 +108,11 @@ def average_checkpoints(*, model_dir: str | os.PathLike[str], last: int = 5,
   Raises:
     AveragingError: see :func:`choose_steps`; or a checkpoint does not hold
       the run's model (damaged, or another model).
-    m4moe.rundir.RunDirError: no readable config.json.
+    m4moe.training.rundir.RunDirError: no readable config.json.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe import rundir  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import rundir  # pylint: disable=g-import-not-at-top
   model_dir = pathlib.Path(model_dir)
   config = rundir.model_config_from_run(model_dir)  # first: is it a run?
   chosen = choose_steps(checkpointing.checkpoint_steps(model_dir), last=last,

@@ -98,7 +98,7 @@ def write_json_atomic(path: str | os.PathLike[str], value: Any) -> None:
 
 def _read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
   """The trainer's own read of ``config.json`` (readers outside training use
-  :func:`m4moe.rundir.read_run_config`, which validates it)."""
+  :func:`m4moe.training.rundir.read_run_config`, which validates it)."""
   path = pathlib.Path(model_dir) / CONFIG_FILENAME
   if not path.is_file():
     raise FileNotFoundError(
@@ -548,7 +548,7 @@ class CheckpointKeeper:
     """Restores the latest complete checkpoint; returns its path or None.
 
     The state file is trusted here: run :func:`recover_checkpoints` on the
-    directory first (as :func:`m4moe.train.train` does), so that it names
+    directory first (as :func:`m4moe.training.loop.train` does), so that it names
     only intact checkpoints.
     """
     path = self.manager.latest_checkpoint
@@ -580,7 +580,7 @@ def best_keeper(model_dir: str | os.PathLike[str], *,
   Model weights only (no optimiser state, counters or input iterator), one
   checkpoint: the trainer saves it at every dev evaluation that sets a new
   best dev cross-entropy, and ``--checkpoint=best`` of m4moe-eval,
-  m4moe-decode and m4moe-export reads it (:func:`m4moe.rundir.find_run_files`).
+  m4moe-decode and m4moe-export reads it (:func:`m4moe.training.rundir.find_run_files`).
   A save killed half-way leaves the previous best named by the state file.
   """
   return CheckpointKeeper(str(pathlib.Path(model_dir) / BEST_DIRNAME),

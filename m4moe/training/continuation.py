@@ -7,7 +7,7 @@ clock, early-stopping state and input iterator; ``best/``; ``config.json``;
 ``metrics.jsonl`` and the TensorBoard events), and the trainer then resumes
 the copy exactly as it would resume the original with a larger
 ``--train_steps``. The original keeps its results at the smaller budget, so a
-study can report both budgets of the same runs (``m4moe.main_job``,
+study can report both budgets of the same runs (``m4moe.pipeline.plan``,
 ``ModelRun.continue_from``).
 
 The copy is made in a hidden sibling directory and renamed into place, so a

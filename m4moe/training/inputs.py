@@ -19,7 +19,7 @@ Sources (exactly one):
 With ``language_features=True`` (a ``--route_by=language`` model) every
 batch, train and dev, also has ``inputs_languages`` / ``targets_languages``:
 each token's routing-language index, its language's position in
-:attr:`Inputs.languages` (:mod:`m4moe.task_routing`).
+:attr:`Inputs.languages` (:mod:`m4moe.moe.task_routing`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ SYNTHETIC_VOCAB = 64
 
 def _with_language(ds: tf.data.Dataset, index: int) -> tf.data.Dataset:
   """Adds the language features, all ``index``, to unpacked batches."""
-  from m4moe import task_routing  # pylint: disable=g-import-not-at-top
+  from m4moe.moe import task_routing  # pylint: disable=g-import-not-at-top
 
   def add(batch):
     features = task_routing.language_features(

@@ -27,10 +27,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from m4moe import interfaces
-from m4moe import losses
-from m4moe import optimizer as optimizer_lib
-from m4moe import sharding as sharding_lib
+from m4moe.model import interfaces
+from m4moe.model import losses
+from m4moe.training import optimizer as optimizer_lib
+from m4moe.parallel import sharding as sharding_lib
 
 MODEL_KEYS = interfaces.MODEL_KEYS
 
@@ -96,9 +96,9 @@ class StepRunner:
   """Builds and runs the compiled train and eval steps of one model.
 
   Args:
-    model: a :class:`~m4moe.interfaces.TrainableModel` (``model(batch,
+    model: a :class:`~m4moe.model.interfaces.TrainableModel` (``model(batch,
       training=..., seed=...)`` returns a ModelOutput).
-    optimizer: a built :class:`m4moe.optimizer.Adafactor`.
+    optimizer: a built :class:`m4moe.training.optimizer.Adafactor`.
     variables: the trained variables (given to ``optimizer.build``).
     strategy: the tf.distribute strategy the variables were created under.
     label_smoothing: epsilon of the training loss.
@@ -110,7 +110,7 @@ class StepRunner:
       ``token_loss(logits=, batch=, weights=, label_smoothing=)`` returns
       the <float32>[] loss summed over the micro-batch's target tokens
       (``weights`` <float32>[B, Lt], 0 = padding), e.g. distillation's
-      (:class:`m4moe.distill.DistillationLoss`). None: the usual loss.
+      (:class:`m4moe.training.distill.DistillationLoss`). None: the usual loss.
   """
 
   def __init__(self, *, model: interfaces.TrainableModel, optimizer: optimizer_lib.Adafactor,
@@ -237,7 +237,7 @@ class StepRunner:
   def put(self, batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """A host batch on the mesh, rows split over the batch axis (else as is).
 
-    The batch axis is :attr:`m4moe.sharding.Sharding.batch_axis` (``data``,
+    The batch axis is :attr:`m4moe.parallel.sharding.Sharding.batch_axis` (``data``,
     or ``expert`` on a mesh without a ``data`` axis). A batch whose row count
     that axis does not divide (e.g. the last dev batch) is put replicated.
     """

@@ -64,10 +64,10 @@ _CORES = flags.DEFINE_list("cores", ["0", "1"],
 _ONMT_VENV = flags.DEFINE_string(
     "onmt_venv", "/work/venv/onmt",
     "OpenNMT-tf virtualenv (built with the pinned versions if missing).")
-_OUTPUT = flags.DEFINE_string("output", "eval/results/peer/peer.json",
+_OUTPUT = flags.DEFINE_string("output", "results/peer/peer.json",
                               "Result JSON to write.")
 _BENCHMARKS_MD = flags.DEFINE_string(
-    "benchmarks_md", "eval/results/benchmarks.md",
+    "benchmarks_md", "results/benchmarks.md",
     "Append peer_train/peer_decode JSON lines here ('' to skip).")
 _EXAMPLES = flags.DEFINE_integer("examples", 5,
                                  "Example translations in --output.")

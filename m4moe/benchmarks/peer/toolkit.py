@@ -473,7 +473,7 @@ _SECTION_TEXT = f"""{PEER_SECTION}
 Equal wall-clock training on the demo's pt->en pair, then beam-4 decoding of
 the same test sentences; each system pinned to its own core. Written by
 `python -m m4moe.benchmarks.peer.run` (m4moe/benchmarks/peer/README.md);
-scores in `eval/results/peer/peer.json`.
+scores in `results/peer/peer.json`.
 
 ```
 ```
@@ -495,7 +495,7 @@ def append_benchmark_lines(path: pathlib.Path,
   """
   if not path.is_file():
     raise PeerError(f"{path} does not exist; pass --benchmarks_md=PATH of "
-                    "eval/results/benchmarks.md, or '' to skip")
+                    "results/benchmarks.md, or '' to skip")
   text = path.read_text(encoding="utf-8")
   if PEER_SECTION not in text:
     anchor = "## Default dispatch per platform"

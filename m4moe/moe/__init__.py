@@ -1,0 +1,10 @@
+"""The sparsely-gated Mixture-of-Experts feed-forward layer.
+
+* ``routing``: the routers (top-2 GShard, top-1 Switch, noisy top-k,
+  expert choice) and their typed results.
+* ``dispatch``: the dispatch paths that move tokens to expert buffers and
+  back, their registry and resolver.
+* ``layer``: the MoE layer, its experts and local group dispatching.
+* ``task_routing``: routing by language (``--route_by=language``).
+* ``upcycle``: dense -> MoE initialisation (``--init_from_dense``).
+"""

@@ -1,0 +1,795 @@
+"""Routers: which token goes to which slot of which expert's buffer.
+
+Dimensions (letters of the glossary in :mod:`m4moe`; GShard Algorithm 2's):
+
+  G: number of groups (local group dispatching: groups route independently);
+  S: group size, tokens per group; E: number of experts;
+  C: expert capacity, buffer slots per expert per group;
+  M: model width (d_model); H: expert hidden width;
+  K: expert choices per token (top2: 2, top1: 1, noisy_topk: k).
+
+Every router maps ``<float32>[G, S, M]`` router inputs (token activations;
+with ``--route_by=language`` one-hot language ids, M = number of routing
+languages, :mod:`m4moe.moe.task_routing`) and a
+``<float32>[G, S]`` padding mask (1 real, 0 pad) to a :class:`RoutingResult`.
+The router weights ``wg <float32>[M, E]`` and all routing arithmetic stay in
+float32 whatever the activation dtype ("selective precision", Switch §2.4).
+
+Routers:
+
+* :class:`Top2Router` -- GShard Algorithm 1, vectorised. First choices of the
+  whole group take buffer positions in token order before any second choice
+  does. As in the paper's loop (Algorithm 1, line 22), a real token's second
+  choice advances its expert's counter even when the ``random`` policy decides
+  not to dispatch it, so such a choice leaves its slot empty.
+* :class:`SwitchRouter` -- top-1 (Switch Transformer), multiplicative jitter.
+* :class:`NoisyTopKRouter` -- Shazeer et al. (2017) noisy top-k gating.
+* :class:`ExpertChoiceRouter` -- each expert picks its top-C tokens of the
+  group by gate value (encoder only: a token's routing depends on later
+  tokens).
+
+Load-balancing ("aux") losses, all unweighted:
+
+* top2 and top1: ``E * sum_e f_e * P_e`` per group, where ``f_e`` is the
+  fraction of the group's real tokens whose first choice is ``e`` (counted
+  before capacity is applied) and ``P_e`` is their mean gate for ``e``. This
+  equals GShard's ``mean_e(c_e/S * m_e)`` scaled by ``E**2`` and Switch's
+  ``N * sum_i f_i P_i``; uniform routing gives exactly **1.0** (with uniform
+  gates it is 1.0 whatever the assignment). Only ``P_e`` carries gradient.
+* noisy_topk: importance loss ``CV(sum_x G(x))**2`` per group (squared
+  coefficient of variation over experts); uniform importance gives **0.0**.
+* expert_choice: balanced by construction, the loss is **0.0**.
+
+Per-group losses are averaged over groups weighted by their number of real
+tokens, so all-padding groups change nothing. The optional z-loss is the mean
+over real tokens of ``logsumexp(logits)**2``.
+
+Padding tokens take no capacity, never enter losses or statistics, and get
+no buffer slot (hence zero MoE output).
+
+Per-group capacity: ``group_capacity <int32>[G]`` (optional) caps group g at
+``group_capacity[g] <= C`` slots per expert; the buffers stay C wide and the
+slots past the cap stay empty. The MoE layer uses it to give every sentence
+the capacity of its own real-token count (see ``MoeLayer``, decode routing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+
+from m4moe.model import initializers
+from m4moe.parallel import sharding as sharding_lib
+from m4moe.config import ConfigError, ModelConfig
+from m4moe.model.numerics import NEG_INF as _NEG_INF
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterStats:
+  """Routing statistics of one MoE layer for one step (no gradient).
+
+  Attributes:
+    load: <float32>[E] fraction of real tokens whose first choice is expert e
+      (expert_choice: whose highest gate is e).
+    load_cv: <float32>[] coefficient of variation (std/mean) of ``load``.
+    dropped_first: <float32>[] fraction of real tokens whose first choice got
+      no buffer slot (expert_choice: tokens no expert picked).
+    dropped_second: <float32>[] fraction of attempted later choices (2nd..kth,
+      after the second-expert policy) that got no slot.
+    entropy: <float32>[] mean over real tokens of the router distribution's
+      entropy (nats).
+    max_logit: <float32>[] largest router logit over real tokens.
+    aux_loss: <float32>[] unweighted load-balancing loss.
+    z_loss: <float32>[] unweighted router z-loss.
+  """
+
+  load: tf.Tensor
+  load_cv: tf.Tensor
+  dropped_first: tf.Tensor
+  dropped_second: tf.Tensor
+  entropy: tf.Tensor
+  max_logit: tf.Tensor
+  aux_loss: tf.Tensor
+  z_loss: tf.Tensor
+
+  def as_dict(self) -> dict[str, tf.Tensor]:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+  # tf.nest support, so stats can leave a tf.function or a while loop.
+  def __tf_flatten__(self) -> tuple[Any, tuple[tf.Tensor, ...]]:
+    return (), tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+  @classmethod
+  def __tf_unflatten__(cls, metadata: Any, components: Any) -> RouterStats:
+    del metadata
+    return cls(*components)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingResult:
+  """Where every token goes; every dispatch implementation reads this.
+
+  Token-choice routers fill the per-token view (``expert_index``,
+  ``buffer_position``, ``combine_weights``); expert_choice fills the
+  buffer-slot view (``slot_token``, ``slot_weight``). The methods derive
+  everything else: :meth:`dispatch_mask` / :meth:`combine_array` (one-hot
+  ops only, for the einsum path -- nothing but elementwise ops and einsums,
+  so DTensor can partition it) and :meth:`slots` (a scatter, for the index
+  path).
+
+  Attributes:
+    num_experts: E (static).
+    capacity: C (static).
+    group_size: S (static).
+    aux_loss: <float32>[] unweighted load-balancing loss.
+    z_loss: <float32>[] unweighted router z-loss.
+    stats: the step's :class:`RouterStats`.
+    expert_index: <int32>[G, S, K] expert of each choice (kept or not).
+    buffer_position: <int32>[G, S, K] slot of each dispatched choice in its
+      expert's buffer, -1 if it was not dispatched (pad, policy, capacity).
+    combine_weights: <float32>[G, S, K] weight of each choice, 0 unless
+      dispatched.
+    slot_token: <int32>[G, E, C] index in [0, S) of the token in each buffer
+      slot, or S for an empty slot.
+    slot_weight: <float32>[G, E, C] combine weight of each slot (0 if empty).
+  """
+
+  num_experts: int
+  capacity: int
+  group_size: int
+  aux_loss: tf.Tensor
+  z_loss: tf.Tensor
+  stats: RouterStats
+  expert_index: tf.Tensor | None = None
+  buffer_position: tf.Tensor | None = None
+  combine_weights: tf.Tensor | None = None
+  slot_token: tf.Tensor | None = None
+  slot_weight: tf.Tensor | None = None
+
+  def slots(self) -> tuple[tf.Tensor, tf.Tensor]:
+    """(slot_token <int32>[G, E, C], slot_weight <float32>[G, E, C])."""
+    if self.slot_token is not None:
+      return self.slot_token, self.slot_weight
+    return _slot_view(self.expert_index, self.buffer_position,
+                      self.combine_weights, num_experts=self.num_experts,
+                      capacity=self.capacity)
+
+  def _one_hot(self, weighted: bool) -> tf.Tensor:
+    if self.expert_index is None:  # slot view: GECS one-hot -> GSEC
+      # An empty slot holds S, whose one-hot row of depth S is all zeros.
+      one_hot = tf.one_hot(self.slot_token, self.group_size, dtype=tf.float32)
+      if weighted:
+        one_hot *= tf.expand_dims(self.slot_weight, -1)
+      return tf.transpose(one_hot, [0, 3, 1, 2])
+    expert = tf.one_hot(self.expert_index, self.num_experts)  # GSKE
+    if weighted:
+      expert *= tf.expand_dims(self.combine_weights, -1)
+    position = tf.one_hot(self.buffer_position, self.capacity)  # -1: zeros
+    return tf.einsum("GSKE,GSKC->GSEC", expert, position)
+
+  def dispatch_mask(self) -> tf.Tensor:
+    """<float32>[G, S, E, C] Algorithm 2's binary dispatch mask."""
+    return self._one_hot(weighted=False)
+
+  def combine_array(self) -> tf.Tensor:
+    """<float32>[G, S, E, C] Algorithm 2's combine weights."""
+    return self._one_hot(weighted=True)
+
+
+def _masked_mean(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """Mean of <float32>[...] over positions where mask <float32>[...] is 1."""
+  return tf.math.divide_no_nan(tf.reduce_sum(values * mask),
+                               tf.reduce_sum(mask))
+
+
+def _group_weighted_mean(per_group: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """<float32>[G] per-group values averaged with real-token-count weights."""
+  tokens = tf.reduce_sum(mask, axis=1)
+  return tf.math.divide_no_nan(tf.reduce_sum(per_group * tokens),
+                               tf.reduce_sum(tokens))
+
+
+def balance_loss(gates: tf.Tensor, first_choice: tf.Tensor,
+                 mask: tf.Tensor) -> tf.Tensor:
+  """GShard/Switch load-balancing loss ``E * sum_e f_e * P_e`` (1 if uniform).
+
+  Args:
+    gates: <float32>[G, S, E] router probabilities (carry the gradient).
+    first_choice: <int32>[G, S] each token's first-choice expert.
+    mask: <float32>[G, S] 1 for real tokens.
+
+  Returns:
+    <float32>[] the loss, averaged over groups by real-token count.
+  """
+  num_experts = gates.shape[-1]
+  tokens = tf.reduce_sum(mask, axis=1, keepdims=True)  # [G, 1]
+  counts = tf.reduce_sum(
+      tf.one_hot(first_choice, num_experts) * tf.expand_dims(mask, -1), axis=1)
+  fraction = tf.math.divide_no_nan(counts, tokens)  # c_e / S, [G, E]
+  mean_gate = tf.math.divide_no_nan(
+      tf.reduce_sum(gates * tf.expand_dims(mask, -1), axis=1), tokens)  # m_e
+  per_group = num_experts * tf.reduce_sum(
+      tf.stop_gradient(fraction) * mean_gate, axis=-1)
+  return _group_weighted_mean(per_group, mask)
+
+
+def z_loss(logits: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """Router z-loss: mean over real tokens of logsumexp(<[G, S, E]>)**2."""
+  return _masked_mean(tf.square(tf.reduce_logsumexp(logits, axis=-1)), mask)
+
+
+def _base_stats(logits: tf.Tensor, first_choice: tf.Tensor,
+                mask: tf.Tensor) -> dict[str, tf.Tensor]:
+  """load, load_cv, entropy and max_logit over the real tokens."""
+  num_experts = logits.shape[-1]
+  load = tf.math.divide_no_nan(
+      tf.reduce_sum(tf.one_hot(first_choice, num_experts)
+                    * tf.expand_dims(mask, -1), axis=[0, 1]),
+      tf.reduce_sum(mask))
+  load_cv = tf.math.divide_no_nan(tf.math.reduce_std(load),
+                                  tf.reduce_mean(load))
+  log_probs = tf.nn.log_softmax(logits)
+  entropy = _masked_mean(
+      -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=-1), mask)
+  masked_logits = tf.where(tf.expand_dims(mask, -1) > 0, logits, _NEG_INF)
+  max_logit = tf.where(tf.reduce_sum(mask) > 0,
+                       tf.reduce_max(masked_logits), 0.0)
+  return dict(load=load, load_cv=load_cv, entropy=entropy,
+              max_logit=max_logit)
+
+
+class Router(tf.Module):
+  """Base router: owns ``wg <float32>[M, E]`` and computes router logits."""
+
+  def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
+               name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    super().__init__(name=name)
+    self.num_experts = num_experts
+    # Random draws are pinned (Sharding.pin_random): same routing on any mesh.
+    self.sharding = sharding
+    with self.name_scope:
+      self.wg = initializers.init_variable(
+          (model_dim, num_experts), fan_in=model_dim, scale=init_scale,
+          name="wg")
+
+  def logits(self, x: tf.Tensor) -> tf.Tensor:
+    """<float32>[G, S, E] router logits of x <float32>[G, S, M]."""
+    return tf.einsum("GSM,ME->GSE", x, self.wg)
+
+  def uses_randomness(self, *, training: bool) -> bool:
+    """Whether ``__call__`` draws random numbers (then it needs a seed)."""
+    del training
+    return False
+
+  def __call__(self, x: tf.Tensor, *, padding_mask: tf.Tensor, capacity: int,
+               training: bool, seed: tf.Tensor | None = None,
+               group_capacity: tf.Tensor | None = None) -> RoutingResult:
+    """Routes one batch of groups.
+
+    Args:
+      x: <float32>[G, S, M] router inputs (cast to float32 if not already).
+      padding_mask: <float32>[G, S] 1 for real tokens, 0 for padding.
+      capacity: C, buffer slots per expert per group.
+      training: enables jitter/noise/random policies.
+      seed: <int32>[2] stateless seed, required when
+        ``uses_randomness(training=training)``.
+      group_capacity: optional <int32>[G] slots per expert of each group, each
+        at most C (None: C for every group).
+
+    Returns:
+      The :class:`RoutingResult`.
+    """
+    if self.uses_randomness(training=training) and seed is None:
+      raise ValueError(
+          f"{type(self).__name__} draws random numbers when training=True; "
+          "pass seed=<int32>[2] (e.g. fold_in(base_seed, step))")
+    x = tf.cast(x, tf.float32)
+    mask = tf.cast(padding_mask, tf.float32)
+    return self._route(x, mask=mask, capacity=capacity, training=training,
+                       seed=seed, group_capacity=group_capacity)
+
+  def _route(self, x: tf.Tensor, *, mask: tf.Tensor, capacity: int,
+             training: bool, seed: tf.Tensor | None,
+             group_capacity: tf.Tensor | None) -> RoutingResult:
+    raise NotImplementedError
+
+
+def _capacity_limit(capacity: int,
+                    group_capacity: tf.Tensor | None) -> int | tf.Tensor:
+  """C, or the per-group caps as <int32>[G, 1] (broadcasts against [G, S])."""
+  if group_capacity is None:
+    return capacity
+  return tf.expand_dims(tf.minimum(tf.cast(group_capacity, tf.int32),
+                                   capacity), 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Selection:
+  """What a token-choice router chose, before capacity is applied.
+
+  Attributes:
+    logits: <float32>[G, S, E] clean router logits (z-loss, statistics).
+    scores: <float32>[G, S, E] probabilities the combine weights come from.
+    normaliser: <float32>[G, S] combine weight of a choice e is
+      ``scores[e] / normaliser``.
+    choices: <int32>[G, S, K] chosen experts, first choice first.
+    policy_keep: <bool>[G, S, K] False where a policy declines to dispatch a
+      choice (it still takes a buffer position, as in Algorithm 1).
+    reroute_key: <float32>[G, S, E] preference order for No-Token-Left-Behind.
+    aux_loss: <float32>[] unweighted load-balancing loss.
+  """
+
+  logits: tf.Tensor
+  scores: tf.Tensor
+  normaliser: tf.Tensor
+  choices: tf.Tensor
+  policy_keep: tf.Tensor
+  reroute_key: tf.Tensor
+  aux_loss: tf.Tensor
+
+
+def _reroute_candidates(reroute_key: tf.Tensor,
+                        choices: tf.Tensor) -> tf.Tensor:
+  """<int32>[G, S, E-K] experts a token did not choose, most preferred first."""
+  num_experts, k = reroute_key.shape[-1], choices.shape[-1]
+  chosen = tf.reduce_sum(tf.one_hot(choices, num_experts), axis=2) > 0
+  key = tf.where(chosen, _NEG_INF, reroute_key)
+  order = tf.argsort(key, axis=-1, direction="DESCENDING", stable=True)
+  return tf.cast(tf.gather(order, tf.range(num_experts - k), axis=2),
+                 tf.int32)
+
+
+def _request(expert: tf.Tensor, requesting: tf.Tensor, counts: tf.Tensor):
+  """Hands out buffer positions in token order.
+
+  Args:
+    expert: <int32>[G, S] requested expert per token.
+    requesting: <bool>[G, S] which tokens request.
+    counts: <int32>[G, E] positions handed out so far.
+
+  Returns:
+    (position <int32>[G, S] (0 where not requesting), new counts).
+  """
+  one_hot = (tf.one_hot(expert, counts.shape[-1], dtype=tf.int32)
+             * tf.expand_dims(tf.cast(requesting, tf.int32), -1))  # [G, S, E]
+  before = (tf.cumsum(one_hot, axis=1, exclusive=True)
+            + tf.expand_dims(counts, 1))
+  return (tf.reduce_sum(before * one_hot, axis=-1),
+          counts + tf.reduce_sum(one_hot, axis=1))
+
+
+def _no_token_left_behind(expert, position, kept, pending, counts, *,
+                          taken, candidates, capacity: int | tf.Tensor):
+  """Re-routes one choice's overflowed tokens to their next-best free expert.
+
+  Round t offers every pending token its t-th candidate expert (skipping one
+  the token already uses); requests take positions in token order after
+  everything already placed and succeed below C. Rounds repeat until nothing
+  is pending or the candidates run out.
+
+  Args:
+    expert, position: <int32>[G, S] this choice; kept, pending: <bool>[G, S].
+    counts: <int32>[G, E] positions handed out so far.
+    taken: <int32>[G, S, j+1] experts of the token's choices 0..j (this
+      choice j's own expert is full).
+    candidates: <int32>[G, S, E-K] from :func:`_reroute_candidates`.
+    capacity: C, or <int32>[G, 1] per-group caps.
+
+  Returns:
+    Updated (expert, position, kept, counts).
+  """
+  def body(t, expert, position, kept, pending, counts):
+    candidate = tf.gather(candidates, t, axis=2)  # [G, S]
+    requesting = pending & ~tf.reduce_any(
+        taken == tf.expand_dims(candidate, -1), axis=-1)
+    offered, counts = _request(candidate, requesting, counts)
+    moved = requesting & (offered < capacity)
+    return (t + 1, tf.where(moved, candidate, expert),
+            tf.where(moved, offered, position), kept | moved,
+            pending & ~moved, counts)
+
+  def cond(t, expert, position, kept, pending, counts):
+    del expert, position, kept, counts
+    return tf.logical_and(t < candidates.shape[-1], tf.reduce_any(pending))
+
+  _, expert, position, kept, _, counts = tf.while_loop(
+      cond, body, (tf.constant(0), expert, position, kept, pending, counts))
+  return expert, position, kept, counts
+
+
+def _place(choices: tf.Tensor, requested: tf.Tensor, attempted: tf.Tensor, *,
+           num_experts: int, capacity: int | tf.Tensor,
+           candidates: tf.Tensor | None) -> tuple[tf.Tensor, ...]:
+  """Capacity: all 1st choices of a group (in token order), then all 2nd, ...
+
+  Args:
+    choices: <int32>[G, S, K] chosen experts.
+    requested: <bool>[G, S, K] choices that take a buffer position (real
+      tokens; Algorithm 1 counts a 2nd choice even if the policy skips it).
+    attempted: <bool>[G, S, K] requested choices the policy dispatches.
+    num_experts: E.
+    capacity: C, or <int32>[G, 1] per-group caps (:func:`_capacity_limit`).
+    candidates: <int32>[G, S, R] No-Token-Left-Behind re-routing order, or
+      None to drop overflowed choices. Overflowed j-th choices are re-routed
+      before any (j+1)-th choice is placed.
+
+  Returns:
+    (choices, positions, kept): final <int32>[G, S, K] experts, positions and
+    <bool>[G, S, K] dispatched flags.
+  """
+  # tf.unstack rather than [:, :, j] slices: DTensor partitions it cleanly.
+  choice_list = tf.unstack(choices, axis=-1)
+  requested_list = tf.unstack(requested, axis=-1)
+  attempted_list = tf.unstack(attempted, axis=-1)
+  counts = tf.reduce_sum(  # zeros <int32>[G, E] laid out like the inputs
+      tf.one_hot(choice_list[0], num_experts, dtype=tf.int32) * 0, axis=1)
+  experts, positions, kepts = [], [], []
+  for j, expert in enumerate(choice_list):
+    position, counts = _request(expert, requested_list[j], counts)
+    kept = attempted_list[j] & (position < capacity)
+    if candidates is not None:
+      taken = tf.stack(experts + [expert], -1)  # its own expert is full
+      expert, position, kept, counts = _no_token_left_behind(
+          expert, position, kept, attempted_list[j] & ~kept, counts,
+          taken=taken, candidates=candidates, capacity=capacity)
+    experts.append(expert)
+    positions.append(position)
+    kepts.append(kept)
+  return (tf.stack(experts, -1), tf.stack(positions, -1),
+          tf.stack(kepts, -1))
+
+
+def _slot_view(choices: tf.Tensor, positions: tf.Tensor, weights: tf.Tensor,
+               *, num_experts: int,
+               capacity: int) -> tuple[tf.Tensor, tf.Tensor]:
+  """Scatters the per-token view <[G, S, K]> into buffer slots <[G, E, C]>.
+
+  Args:
+    choices: <int32>[G, S, K] experts; positions: <int32>[G, S, K] buffer
+      positions, -1 if not dispatched; weights: <float32>[G, S, K].
+    num_experts: E.
+    capacity: C.
+
+  Returns:
+    (slot_token <int32>[G, E, C] (S if empty), slot_weight <float32>[G, E, C]).
+  """
+  num_groups = tf.shape(choices)[0]
+  group_size = choices.shape[1]
+  num_slots = num_groups * num_experts * capacity
+  group = tf.range(num_groups)[:, tf.newaxis, tf.newaxis]
+  kept = positions >= 0
+  slot = tf.where(kept, (group * num_experts + choices) * capacity + positions,
+                  num_slots)  # trash segment for choices not dispatched
+  token = tf.broadcast_to(
+      tf.range(1, group_size + 1)[tf.newaxis, :, tf.newaxis],
+      tf.shape(choices))
+  slot = tf.reshape(slot, [-1])
+  shape = tf.stack([num_groups, num_experts, capacity])
+  slot_token = tf.math.unsorted_segment_sum(
+      tf.reshape(tf.where(kept, token, 0), [-1]), slot, num_slots + 1)
+  slot_token = tf.reshape(slot_token[:-1], shape) - 1
+  slot_token = tf.where(slot_token < 0, group_size, slot_token)
+  slot_weight = tf.math.unsorted_segment_sum(
+      tf.reshape(weights, [-1]), slot, num_slots + 1)
+  return slot_token, tf.reshape(slot_weight[:-1], shape)
+
+
+class TokenChoiceRouter(Router):
+  """Routers where each token picks K experts (top2, top1, noisy_topk).
+
+  Subclasses implement :meth:`_select`; this class applies capacity (all
+  first choices of a group before any second choice, in token order),
+  optional No-Token-Left-Behind re-routing, and builds the result.
+  """
+
+  def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
+               no_token_left_behind: bool = False, name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    super().__init__(model_dim=model_dim, num_experts=num_experts,
+                     init_scale=init_scale, name=name, sharding=sharding)
+    self.no_token_left_behind = no_token_left_behind
+
+  def _select(self, x: tf.Tensor, *, mask: tf.Tensor, training: bool,
+              seed: tf.Tensor | None) -> _Selection:
+    raise NotImplementedError
+
+  def _route(self, x, *, mask, capacity, training, seed, group_capacity,
+             **select_kwargs) -> RoutingResult:
+    sel = self._select(x, mask=mask, training=training, seed=seed,
+                       **select_kwargs)
+    num_experts = self.num_experts
+    real = tf.expand_dims(mask, -1) > 0
+    requested = tf.broadcast_to(real, tf.shape(sel.choices))
+    attempted = requested & sel.policy_keep
+    candidates = None
+    if self.no_token_left_behind and num_experts > sel.choices.shape[-1]:
+      candidates = _reroute_candidates(sel.reroute_key, sel.choices)
+    choices, positions, kept = _place(
+        sel.choices, requested, attempted, num_experts=num_experts,
+        capacity=_capacity_limit(capacity, group_capacity),
+        candidates=candidates)
+    score = tf.reduce_sum(tf.one_hot(choices, num_experts)
+                          * tf.expand_dims(sel.scores, 2), axis=-1)
+    weights = tf.where(kept, score / tf.expand_dims(sel.normaliser, -1), 0.0)
+    zl = z_loss(sel.logits, mask)
+    stats = self._stats(sel, kept=kept, attempted=attempted, mask=mask,
+                        z=zl)
+    return RoutingResult(
+        num_experts=num_experts, capacity=capacity, group_size=x.shape[1],
+        aux_loss=sel.aux_loss, z_loss=zl, stats=stats, expert_index=choices,
+        buffer_position=tf.where(kept, positions, -1),
+        combine_weights=weights)
+
+  def _stats(self, sel: _Selection, *, kept, attempted, mask, z) -> RouterStats:
+    base = _base_stats(sel.logits, tf.unstack(sel.choices, axis=-1)[0], mask)
+    dropped = tf.unstack(tf.cast(attempted & ~kept, tf.float32), axis=-1)
+    later = tf.unstack(tf.cast(attempted, tf.float32), axis=-1)[1:]
+    later_attempts = tf.add_n([tf.reduce_sum(a) for a in later] + [0.0])
+    return tf.nest.map_structure(tf.stop_gradient, RouterStats(
+        dropped_first=_masked_mean(dropped[0], mask),
+        dropped_second=tf.math.divide_no_nan(
+            tf.add_n([tf.reduce_sum(d) for d in dropped[1:]] + [0.0]),
+            later_attempts),
+        aux_loss=sel.aux_loss, z_loss=z, **base))
+
+
+def _gather_expert(values: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+  """values <[G, S, E]> at index <int32>[G, S] -> <[G, S]>."""
+  return tf.reduce_sum(values * tf.one_hot(index, values.shape[-1],
+                                           dtype=values.dtype), axis=-1)
+
+
+class Top2Router(TokenChoiceRouter):
+  """GShard Algorithm 1 (top-2 gating), vectorised over groups and tokens.
+
+  Second-expert policies (``second_expert_policy``), applied when training:
+  ``random`` dispatches the second choice iff ``2 * g2 > U(0, 1)`` with g2 the
+  renormalised second gate (the paper's); ``all`` always dispatches it;
+  ``sampling`` samples e2 from the gates with e1 excluded (Gumbel-max). At
+  eval every policy deterministically dispatches the second-best expert.
+  """
+
+  def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
+               second_expert_policy: str = "random",
+               no_token_left_behind: bool = False, name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    super().__init__(model_dim=model_dim, num_experts=num_experts,
+                     init_scale=init_scale,
+                     no_token_left_behind=no_token_left_behind, name=name,
+                     sharding=sharding)
+    self.second_expert_policy = second_expert_policy
+
+  def uses_randomness(self, *, training: bool) -> bool:
+    return training and self.second_expert_policy in ("random", "sampling")
+
+  def __call__(self, x: tf.Tensor, *, padding_mask: tf.Tensor, capacity: int,
+               training: bool, seed: tf.Tensor | None = None,
+               group_capacity: tf.Tensor | None = None,
+               uniform_draws: tf.Tensor | None = None) -> RoutingResult:
+    """As :meth:`Router.__call__`.
+
+    Args:
+      uniform_draws: optional <float32>[G, S] U(0, 1) draws for the
+        ``random`` policy (tests inject them); drawn from ``seed`` if None.
+    """
+    needs_seed = training and (
+        self.second_expert_policy == "sampling" or
+        (self.second_expert_policy == "random" and uniform_draws is None))
+    if needs_seed and seed is None:
+      raise ValueError(
+          f"Top2Router with --second_expert_policy="
+          f"{self.second_expert_policy} draws random numbers when "
+          "training=True; pass seed=<int32>[2] (e.g. fold_in(base_seed, "
+          "step))")
+    return self._route(tf.cast(x, tf.float32),
+                       mask=tf.cast(padding_mask, tf.float32),
+                       capacity=capacity, training=training, seed=seed,
+                       group_capacity=group_capacity,
+                       uniform_draws=uniform_draws)
+
+  def _select(self, x, *, mask, training, seed,
+              uniform_draws=None) -> _Selection:
+    logits = self.logits(x)
+    gates = tf.nn.softmax(logits)
+    e1 = tf.argmax(gates, axis=-1, output_type=tf.int32)
+    without_e1 = tf.where(tf.one_hot(e1, self.num_experts) > 0, _NEG_INF,
+                          logits)
+    policy = self.second_expert_policy if training else "all"
+    if policy == "sampling":
+      u = self.sharding.pin_random(tf.random.stateless_uniform(
+          tf.shape(logits), seed=tf.random.experimental.stateless_fold_in(
+              seed, 0), minval=1e-9, maxval=1.0))
+      without_e1 -= tf.math.log(-tf.math.log(u))  # Gumbel-max sample
+    e2 = tf.argmax(without_e1, axis=-1, output_type=tf.int32)
+    g1, g2 = _gather_expert(gates, e1), _gather_expert(gates, e2)
+    normaliser = g1 + g2
+    keep_second = tf.ones_like(g1, dtype=tf.bool)
+    if policy == "random":
+      if uniform_draws is None:
+        uniform_draws = self.sharding.pin_random(tf.random.stateless_uniform(
+            tf.shape(g1), seed=tf.random.experimental.stateless_fold_in(
+                seed, 1)))
+      keep_second = 2.0 * g2 / normaliser > uniform_draws
+    return _Selection(
+        logits=logits, scores=gates, normaliser=normaliser,
+        choices=tf.stack([e1, e2], axis=-1),
+        policy_keep=tf.stack([tf.ones_like(keep_second), keep_second], -1),
+        reroute_key=gates, aux_loss=balance_loss(gates, e1, mask))
+
+
+class SwitchRouter(TokenChoiceRouter):
+  """Switch Transformer top-1 routing with multiplicative input jitter.
+
+  The combine weight is the (not renormalised) gate of the chosen expert.
+  ``jitter`` multiplies router inputs by U(1 - eps, 1 + eps) when training.
+  """
+
+  def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
+               jitter: float = 0.0, no_token_left_behind: bool = False,
+               name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    super().__init__(model_dim=model_dim, num_experts=num_experts,
+                     init_scale=init_scale,
+                     no_token_left_behind=no_token_left_behind, name=name,
+                     sharding=sharding)
+    self.jitter = jitter
+
+  def uses_randomness(self, *, training: bool) -> bool:
+    return training and self.jitter > 0
+
+  def _select(self, x, *, mask, training, seed) -> _Selection:
+    if self.uses_randomness(training=training):
+      x *= self.sharding.pin_random(tf.random.stateless_uniform(
+          tf.shape(x), seed=tf.random.experimental.stateless_fold_in(seed, 2),
+          minval=1.0 - self.jitter, maxval=1.0 + self.jitter))
+    logits = self.logits(x)
+    gates = tf.nn.softmax(logits)
+    e1 = tf.argmax(gates, axis=-1, output_type=tf.int32)
+    return _Selection(
+        logits=logits, scores=gates, normaliser=tf.ones_like(gates[..., 0]),
+        choices=tf.expand_dims(e1, -1),
+        policy_keep=tf.ones_like(tf.expand_dims(e1, -1), dtype=tf.bool),
+        reroute_key=gates, aux_loss=balance_loss(gates, e1, mask))
+
+
+def importance_loss(gates: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """Shazeer et al. (2017): CV(sum_x G(x))**2 per group (0 if uniform).
+
+  Args:
+    gates: <float32>[G, S, E] sparse gates G(x) (zero off the top-k).
+    mask: <float32>[G, S] 1 for real tokens.
+
+  Returns:
+    <float32>[] squared coefficient of variation of the per-expert
+    importance, averaged over groups by real-token count.
+  """
+  importance = tf.reduce_sum(gates * tf.expand_dims(mask, -1), axis=1)  # [G, E]
+  mean = tf.reduce_mean(importance, axis=-1)
+  variance = tf.reduce_mean(tf.square(importance - tf.expand_dims(mean, 1)), -1)
+  return _group_weighted_mean(tf.math.divide_no_nan(variance, mean * mean),
+                              mask)
+
+
+class NoisyTopKRouter(TokenChoiceRouter):
+  """Noisy top-k gating (Shazeer et al. 2017).
+
+  ``H = x.wg + eps * softplus(x.w_noise)``, eps ~ N(0, 1), when training
+  (``H = x.wg`` at eval); the k largest H are kept and the gates are a softmax
+  over them. ``w_noise <float32>[M, E]`` starts at zero, like ``wg`` in the
+  paper. The aux loss is the importance loss; ``stats.load`` reports load.
+  """
+
+  def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
+               k: int, no_token_left_behind: bool = False,
+               name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    super().__init__(model_dim=model_dim, num_experts=num_experts,
+                     init_scale=init_scale,
+                     no_token_left_behind=no_token_left_behind, name=name,
+                     sharding=sharding)
+    self.k = k
+    with self.name_scope:
+      self.w_noise = tf.Variable(tf.zeros((model_dim, num_experts)),
+                                 name="w_noise")
+
+  def uses_randomness(self, *, training: bool) -> bool:
+    return training
+
+  def _select(self, x, *, mask, training, seed) -> _Selection:
+    logits = self.logits(x)
+    h = logits
+    if training:
+      noise_std = tf.nn.softplus(tf.einsum("GSM,ME->GSE", x, self.w_noise))
+      h += noise_std * self.sharding.pin_random(tf.random.stateless_normal(
+          tf.shape(logits), seed=tf.random.experimental.stateless_fold_in(
+              seed, 3)))
+    _, choices = tf.math.top_k(h, k=self.k)
+    scores = tf.nn.softmax(h)
+    chosen = tf.reduce_sum(tf.one_hot(choices, self.num_experts), axis=2)
+    normaliser = tf.reduce_sum(scores * chosen, axis=-1)
+    sparse_gates = scores * chosen / tf.expand_dims(normaliser, -1)
+    return _Selection(
+        logits=logits, scores=scores, normaliser=normaliser,
+        choices=tf.cast(choices, tf.int32),
+        policy_keep=tf.ones_like(choices, dtype=tf.bool), reroute_key=h,
+        aux_loss=importance_loss(sparse_gates, mask))
+
+
+class ExpertChoiceRouter(Router):
+  """Expert-choice routing (Zhou et al. 2022): expert e takes its top-C tokens.
+
+  Each expert ranks the group's real tokens by their gate softmax(x.wg)[e] and
+  fills its C slots with the best; the combine weight is that gate. A token
+  may be taken by several experts or by none. A token's routing depends on
+  the whole group, so this is for the encoder only.
+  """
+
+  def _route(self, x, *, mask, capacity, training, seed,
+             group_capacity) -> RoutingResult:
+    del training, seed
+    group_size = x.shape[1]
+    logits = self.logits(x)
+    gates = tf.nn.softmax(logits)
+    keyed = tf.where(tf.expand_dims(mask, -1) > 0, gates, -1.0)
+    values, tokens = tf.math.top_k(tf.transpose(keyed, [0, 2, 1]), k=capacity)
+    if group_capacity is not None:  # slots past a group's cap stay empty
+      in_cap = (tf.range(capacity)[tf.newaxis, :] <
+                _capacity_limit(capacity, group_capacity))  # [G, C]
+      values = tf.where(tf.expand_dims(in_cap, 1), values, -1.0)
+    valid = values >= 0  # [G, E, C]
+    slot_token = tf.where(valid, tokens, group_size)
+    slot_weight = tf.where(valid, values, 0.0)
+    # A real token is picked iff its gate reaches some expert's last valid
+    # slot (its C-th best, or its cap-th best under a per-group cap).
+    threshold = tf.maximum(tf.reduce_min(
+        tf.where(valid, values, 2.0), axis=-1), 0.0)  # [G, E]
+    picked = tf.reduce_any(keyed >= tf.expand_dims(threshold, 1), axis=-1)
+    zl = z_loss(logits, mask)
+    aux = tf.zeros([], tf.float32)
+    base = _base_stats(logits, tf.argmax(logits, -1, output_type=tf.int32),
+                       mask)
+    stats = tf.nest.map_structure(tf.stop_gradient, RouterStats(
+        dropped_first=_masked_mean(1.0 - tf.cast(picked, tf.float32), mask),
+        dropped_second=tf.zeros([], tf.float32), aux_loss=aux, z_loss=zl,
+        **base))
+    return RoutingResult(num_experts=self.num_experts, capacity=capacity,
+                         slot_token=slot_token, slot_weight=slot_weight,
+                         group_size=group_size, aux_loss=aux, z_loss=zl,
+                         stats=stats)
+
+
+def make_router(config: ModelConfig, *, name: str = "router",
+                sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING
+                ) -> Router:
+  """The router ``config.moe.router`` names, built from the config.
+
+  With ``--route_by=language`` its input width is the number of routing
+  languages (inputs are one-hot language ids, :mod:`m4moe.moe.task_routing`), so
+  ``wg <float32>[num_languages, E]`` is a learned per-language gate.
+
+  Raises:
+    ConfigError: ``--route_by=language`` without routing languages.
+  """
+  moe = config.moe
+  model_dim = config.d_model
+  if moe.route_by == "language":  # wg is the per-language gate [L, E]
+    if not moe.routing_languages:
+      raise ConfigError(
+          "--route_by=language needs the routing languages (the rows of the "
+          "per-language gate); m4moe-train sets them to the training "
+          "languages, other callers pass routing_languages=(...)")
+    model_dim = moe.router_input_dim
+  common = dict(model_dim=model_dim, num_experts=moe.num_experts,
+                init_scale=config.moe_init_scale, name=name, sharding=sharding)
+  ntlb = dict(no_token_left_behind=moe.no_token_left_behind)
+  if moe.router == "top2":
+    return Top2Router(second_expert_policy=moe.second_expert_policy,
+                      **ntlb, **common)
+  if moe.router == "top1":
+    return SwitchRouter(jitter=moe.router_jitter, **ntlb, **common)
+  if moe.router == "noisy_topk":
+    return NoisyTopKRouter(k=moe.num_selected_experts, **ntlb, **common)
+  return ExpertChoiceRouter(**common)

@@ -35,7 +35,7 @@ setuptools.setup(
         "m4moe.eval": "eval",
     },
     package_data={
-        "m4moe.configs": ["*.flags", "*/*.flags"],
+        "m4moe.configs": ["*.flags", "*/*.flags", "recipes/*.toml"],
         "m4moe.data": ["recipes/*.txt", "splits/*"],
     },
     install_requires=[

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from m4moe.pipeline import plan as main_job
+from m4moe.pipeline import recipes as recipes_lib
 from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import loop as train_lib
 from m4moe.training import checkpointing
@@ -124,12 +125,12 @@ def test_an_interrupted_copy_is_redone_from_scratch(tmp_path):
 
 
 def _recipe(**extended):
-  base = main_job.ModelRun(name="dense", config="tiny/dense", train_steps=100,
+  base = recipes_lib.ModelRun(name="dense", config="tiny/dense", train_steps=100,
                            seeds=(1, 2), lane=0, eval_every=10)
   longer = dataclasses.replace(base, name="dense_long", train_steps=200,
                                continue_from="dense")
   longer = dataclasses.replace(longer, **extended)
-  return main_job.Recipe(
+  return recipes_lib.Recipe(
       name="r", description="", languages=("de", "fr"),
       use_packaged_corpus_recipe=False, source_vocab_size=300,
       target_vocab_size=300, models=(base, longer),

@@ -26,11 +26,11 @@ print("STAGE", os.getpid(), flush=True)
 time.sleep(600)
 '''
 
-# The job: runs the stage through main_job.run_stage_process, as m4moe-run.
+# The job: runs the stage through supervisor.run_stage_process, as m4moe-run.
 JOB = r'''
 import sys
-from m4moe.pipeline import plan as main_job
-result = main_job.run_stage_process([sys.executable, sys.argv[1]])
+from m4moe.pipeline import supervisor
+result = supervisor.run_stage_process([sys.executable, sys.argv[1]])
 print("JOB", result.returncode, result.interrupted_by, flush=True)
 '''
 

@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from m4moe.pipeline import plan as main_job
+from m4moe.pipeline import supervisor
+from m4moe.pipeline import recipes as recipes_lib
 
 
 def _flags(stage: main_job.Stage) -> dict[str, str]:
@@ -14,7 +16,7 @@ def _flags(stage: main_job.Stage) -> dict[str, str]:
 
 
 def test_demo_plan_trains_then_evaluates_every_model_and_reports_last(tmp_path):
-  recipe = main_job.RECIPES["demo"]
+  recipe = recipes_lib.load_recipe("demo")
   stages = main_job.plan(recipe, run_dir=tmp_path, cache_dir=tmp_path / "c")
   names = [s.name for s in stages]
   assert names[:2] == ["corpus", "vocab"]
@@ -42,21 +44,21 @@ def test_demo_plan_trains_then_evaluates_every_model_and_reports_last(tmp_path):
 
 
 def test_recipe_validation_names_the_problem():
-  run = main_job.ModelRun(name="m", config="tiny/moe", train_steps=1)
+  run = recipes_lib.ModelRun(name="m", config="tiny/moe", train_steps=1)
   with pytest.raises(ValueError, match="repeats a model name"):
-    main_job.Recipe(name="r", description="", languages=("de",),
+    recipes_lib.Recipe(name="r", description="", languages=("de",),
                     use_packaged_corpus_recipe=False, source_vocab_size=300,
                     target_vocab_size=300, models=(run, run), baseline=None,
                     batch_tokens=64, sequence_length=8, eval_max_sentences=1,
                     beam_size=1)
   with pytest.raises(ValueError, match="explicit language list"):
-    main_job.Recipe(name="r", description="", languages=(),
+    recipes_lib.Recipe(name="r", description="", languages=(),
                     use_packaged_corpus_recipe=False, source_vocab_size=300,
                     target_vocab_size=300, models=(run,), baseline=run,
                     batch_tokens=64, sequence_length=8, eval_max_sentences=1,
                     beam_size=1)
   with pytest.raises(ValueError, match="exactly one"):
-    main_job.ModelRun(name="b", config="tiny/dense", train_steps=1,
+    recipes_lib.ModelRun(name="b", config="tiny/dense", train_steps=1,
                       bilingual=True)
 
 
@@ -176,13 +178,13 @@ def test_lanes_share_the_cores_evenly_and_need_one_each():
   assert main_job.lane_cpus(1, [0, 1]) == [(0, 1)]
   with pytest.raises(ValueError, match="2 lane.*have 1"):
     main_job.lane_cpus(2, [0])
-  env = main_job.lane_environment((0, 1, 2))
+  env = supervisor.lane_environment((0, 1, 2))
   assert env["TF_NUM_INTRAOP_THREADS"] == env["OMP_NUM_THREADS"] == "3"
 
 
 def test_the_demo_trains_its_multilingual_model_beside_the_baselines(
     tmp_path):
-  recipe = main_job.RECIPES["demo"]
+  recipe = recipes_lib.load_recipe("demo")
   stages = main_job.plan(recipe, run_dir=tmp_path, cache_dir=tmp_path / "c")
   blocks = main_job.parallel_blocks(stages)
   # corpus, vocab, then two lanes, then the report.
@@ -194,9 +196,9 @@ def test_the_demo_trains_its_multilingual_model_beside_the_baselines(
   assert sorted(n for lane in lanes for n in lane) == sorted(
       s.name for s in stages if s.lane is not None)
   with pytest.raises(ValueError, match="lane must be >= 0"):
-    main_job.ModelRun(name="m", config="tiny/moe", train_steps=1, lane=-1)
+    recipes_lib.ModelRun(name="m", config="tiny/moe", train_steps=1, lane=-1)
   with pytest.raises(ValueError, match="baseline_lanes names languages"):
-    main_job.Recipe(name="r", description="", languages=("de",),
+    recipes_lib.Recipe(name="r", description="", languages=("de",),
                     use_packaged_corpus_recipe=False, source_vocab_size=300,
                     target_vocab_size=300, models=recipe.models,
                     baseline=recipe.baseline, baseline_lanes=(("fr", 0),),
@@ -228,7 +230,7 @@ def test_a_failing_lane_stops_the_others_and_records_neither(tmp_path):
   bad = _ScriptStage(name="bad", description="", tool="eval", lane=0,
                      args=("import time, sys; time.sleep(1); "
                            "print('boom'); sys.exit(4)",))
-  job = run_cli._Job(recipe=main_job.RECIPES["smoke"], run_dir=tmp_path,
+  job = run_cli._Job(recipe=recipes_lib.load_recipe("smoke"), run_dir=tmp_path,
                      stages=[fast_ok, bad, slow])
   with pytest.raises(SystemExit, match="stage 'bad' failed .exit 4."):
     job.run_lanes([[fast_ok, bad], [slow]], [(0,), (0,)])
@@ -249,7 +251,7 @@ def test_demo_schedule_is_the_tiny_recipe_at_the_demos_batch_size():
   warmup must hold the same peak rate for the same number of tokens.
   """
   from m4moe.training import optimizer  # pylint: disable=g-import-not-at-top
-  recipe = main_job.RECIPES["demo"]
+  recipe = recipes_lib.load_recipe("demo")
   assert recipe.batch_tokens == 2048
   for model in (*recipe.models, recipe.baseline):
     tiny = optimizer.load_config(model.config)
@@ -263,11 +265,11 @@ def test_demo_schedule_is_the_tiny_recipe_at_the_demos_batch_size():
     assert demo.factored == tiny.factored and demo.beta1 == tiny.beta1
 
 
-def _recipe(**overrides) -> main_job.Recipe:
-  run = main_job.ModelRun(name="m", config="tiny/moe", train_steps=1)
-  base = main_job.ModelRun(name="b", config="tiny/dense", train_steps=5,
+def _recipe(**overrides) -> recipes_lib.Recipe:
+  run = recipes_lib.ModelRun(name="m", config="tiny/moe", train_steps=1)
+  base = recipes_lib.ModelRun(name="b", config="tiny/dense", train_steps=5,
                            extra_flags=("--d_ff=64",))
-  return main_job.Recipe(
+  return recipes_lib.Recipe(
       name="r", description="", languages=("de", "fr"),
       use_packaged_corpus_recipe=False, source_vocab_size=300,
       target_vocab_size=300, models=(run,), baseline=base, batch_tokens=64,
@@ -287,7 +289,7 @@ def test_baseline_flags_tune_one_languages_baseline_only():
 def test_demo_baselines_of_small_languages_keep_dropout():
   """Dropout 0 overfit the kk and si baselines (results/demo/)."""
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
-  recipe = main_job.RECIPES["demo"]
+  recipe = recipes_lib.load_recipe("demo")
   rates = {}
   for b in recipe.baselines():
     flags = [f for f in b.extra_flags if f.startswith("--dropout_rate")]
@@ -320,7 +322,7 @@ def test_stop_after_runs_the_stages_up_to_it_and_a_rerun_goes_on(tmp_path):
 def test_demo_lanes_train_at_most_2000_seconds_whatever_the_cpu(tmp_path):
   """Every demo training run has a wall-clock cap, and each lane's caps add
   up to at most 2000 s, so a slower CPU still ends the job inside 45 min."""
-  recipe = main_job.RECIPES["demo"]
+  recipe = recipes_lib.load_recipe("demo")
   stages = main_job.plan(recipe, run_dir=tmp_path, cache_dir=tmp_path / "c")
   per_lane = {}
   for stage in stages:
@@ -333,12 +335,12 @@ def test_demo_lanes_train_at_most_2000_seconds_whatever_the_cpu(tmp_path):
   # The study and smoke recipes train to their step budgets only.
   for name in ("study", "smoke"):
     assert not any("max_train_seconds" in _flags(s) for s in main_job.plan(
-        main_job.RECIPES[name], run_dir=tmp_path, cache_dir=tmp_path))
+        recipes_lib.load_recipe(name), run_dir=tmp_path, cache_dir=tmp_path))
 
 
 def test_time_caps_are_validated_and_set_per_baseline():
   with pytest.raises(ValueError, match="max_train_seconds must be >= 0"):
-    main_job.ModelRun(name="m", config="tiny/moe", train_steps=1,
+    recipes_lib.ModelRun(name="m", config="tiny/moe", train_steps=1,
                       max_train_seconds=-1)
   recipe = _recipe(baseline_seconds=(("fr", 30.0),))
   caps = {b.languages[0]: b.max_train_seconds for b in recipe.baselines()}
@@ -350,7 +352,7 @@ def test_time_caps_are_validated_and_set_per_baseline():
 
 def test_only_runs_the_matching_stages_in_plan_order(tmp_path):
   from m4moe.cli import run as run_cli  # pylint: disable=g-import-not-at-top
-  stages = main_job.plan(main_job.RECIPES["study"], run_dir=tmp_path,
+  stages = main_job.plan(recipes_lib.load_recipe("study"), run_dir=tmp_path,
                          cache_dir=tmp_path)
   chosen = run_cli._matching(stages, ["train_bilingual_s*", "eval_bilingual_s*"])
   assert [s.name for s in chosen] == [

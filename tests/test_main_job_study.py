@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from m4moe.pipeline import plan as main_job
+from m4moe.pipeline import recipes as recipes_lib
 
 
 def _flags(stage: main_job.Stage) -> dict[str, str]:
@@ -14,7 +15,7 @@ def _flags(stage: main_job.Stage) -> dict[str, str]:
 
 
 def test_study_plan_trains_every_seed_and_reports_both_test_splits(tmp_path):
-  recipe = main_job.RECIPES["study"]
+  recipe = recipes_lib.load_recipe("study")
   stages = main_job.plan(recipe, run_dir=tmp_path, cache_dir=tmp_path / "c")
   by_name = {s.name: s for s in stages}
   assert len(by_name) == len(stages)
@@ -72,7 +73,7 @@ def test_study_plan_trains_every_seed_and_reports_both_test_splits(tmp_path):
 
 
 def test_recipes_without_seeds_or_ood_plan_as_before(tmp_path):
-  recipe = main_job.RECIPES["demo"]
+  recipe = recipes_lib.load_recipe("demo")
   names = [s.name for s in main_job.plan(recipe, run_dir=tmp_path,
                                          cache_dir=tmp_path / "c")]
   assert not any("ood" in n or "_s1" in n for n in names)
@@ -82,13 +83,13 @@ def test_recipes_without_seeds_or_ood_plan_as_before(tmp_path):
 
 def test_seed_and_ood_validation_names_the_problem():
   with pytest.raises(ValueError, match="distinct non-negative"):
-    main_job.ModelRun(name="m", config="tiny/moe", train_steps=1,
+    recipes_lib.ModelRun(name="m", config="tiny/moe", train_steps=1,
                       seeds=(1, 1))
-  seeded = main_job.ModelRun(name="m", config="tiny/moe", train_steps=1,
+  seeded = recipes_lib.ModelRun(name="m", config="tiny/moe", train_steps=1,
                              seeds=(1, 2))
   assert seeded.runs() == (("m_s1", 1), ("m_s2", 2))
-  clash = main_job.ModelRun(name="m_s1", config="tiny/moe", train_steps=1)
-  recipe = main_job.RECIPES["smoke"]
+  clash = recipes_lib.ModelRun(name="m_s1", config="tiny/moe", train_steps=1)
+  recipe = recipes_lib.load_recipe("smoke")
   with pytest.raises(ValueError, match="two runs share a directory name"):
     dataclasses.replace(recipe, models=(seeded, clash))
   with pytest.raises(ValueError, match="ood_test needs the packaged"):
@@ -110,7 +111,7 @@ def test_study_dry_run_shows_the_new_plan(tmp_path):
 def test_study_runs_in_two_balanced_lanes(tmp_path):
   """Dense seeds on one core, MoE seeds on the other, baselines alternating;
   every eval stage in its model's lane, after its train stage."""
-  recipe = main_job.RECIPES["study"]
+  recipe = recipes_lib.load_recipe("study")
   stages = main_job.plan(recipe, run_dir=tmp_path, cache_dir=tmp_path / "c")
   train = {s.name.removeprefix("train_"): s.lane for s in stages
            if s.tool == "train"}

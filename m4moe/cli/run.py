@@ -51,11 +51,15 @@ from absl import logging
 
 from m4moe import cli
 from m4moe.pipeline import plan as main_job
+from m4moe.pipeline import recipes as recipes_lib
+from m4moe.pipeline import supervisor
 
-_RECIPE = flags.DEFINE_enum("recipe", "demo", sorted(main_job.RECIPES),
-                            "What to build, train and evaluate: " + "; ".join(
-                                f"{k}: {r.description}"
-                                for k, r in sorted(main_job.RECIPES.items())))
+_RECIPE = flags.DEFINE_string(
+    "recipe", "demo", "What to build, train and evaluate: a packaged recipe "
+    "(" + "; ".join(f"{name}: {recipes_lib.load_recipe(name).description}"
+                    for name in recipes_lib.packaged_names()) +
+    ") or the path of a recipe file of the same form (configs/recipes/*.toml; "
+    "see m4moe.pipeline.recipes).")
 _RUN_DIR = flags.DEFINE_string("run_dir", "runs/demo",
                                "Where every stage writes its outputs.")
 _CACHE_DIR = flags.DEFINE_string(
@@ -166,7 +170,7 @@ def _training_finished(stage: main_job.Stage) -> bool:
   return reason == "done"
 
 
-def _prepare_fixtures(recipe: main_job.Recipe, run_dir: pathlib.Path) -> None:
+def _prepare_fixtures(recipe: recipes_lib.Recipe, run_dir: pathlib.Path) -> None:
   """Writes the generated catalog tree the ``smoke`` recipe builds from."""
   if recipe.use_packaged_corpus_recipe:
     return
@@ -179,7 +183,7 @@ def _prepare_fixtures(recipe: main_job.Recipe, run_dir: pathlib.Path) -> None:
     fixtures.write_catalog(po, root / locale / "LC_MESSAGES" / "demo.po")
 
 
-def _ensure_apt_lists(recipe: main_job.Recipe) -> None:
+def _ensure_apt_lists(recipe: recipes_lib.Recipe) -> None:
   """Runs ``apt-get update`` once if the package lists are empty.
 
   ``apt-get download`` (the Debian half of the corpus recipe) finds nothing
@@ -225,7 +229,7 @@ def _stopped(stage_names: str, signum: int, returncodes: str) -> None:
 class _Job:
   """Runs the plan's blocks, recording finished stages."""
 
-  def __init__(self, *, recipe: main_job.Recipe, run_dir: pathlib.Path,
+  def __init__(self, *, recipe: recipes_lib.Recipe, run_dir: pathlib.Path,
                stages: list[main_job.Stage]) -> None:
     self.recipe = recipe
     self.run_dir = run_dir
@@ -260,7 +264,7 @@ class _Job:
       _prepare_fixtures(self.recipe, self.run_dir)
       _ensure_apt_lists(self.recipe)
     stage_start = time.monotonic()
-    result = main_job.run_stage_process(stage.command())
+    result = supervisor.run_stage_process(stage.command())
     if result.interrupted_by is not None:
       _stopped(f"stage {stage.name!r}", result.interrupted_by,
                f"it exited with {result.returncode}")
@@ -283,7 +287,7 @@ class _Job:
     running = {}
     failure = None
     interrupted = []
-    with main_job.StageProcesses() as processes:
+    with supervisor.StageProcesses() as processes:
 
       def launch(index: int) -> None:
         stage = queues[index].pop(0)
@@ -296,7 +300,7 @@ class _Job:
         out.write(f"$ {' '.join(stage.command())}\n")
         out.flush()
         child = processes.start(stage.command(), cpus=cpus,
-                                env=main_job.lane_environment(cpus),
+                                env=supervisor.lane_environment(cpus),
                                 stdout=out)
         running[child] = (index, stage, time.monotonic(), out, log)
 
@@ -341,7 +345,10 @@ class _Job:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  recipe = main_job.RECIPES[_RECIPE.value]
+  try:
+    recipe = recipes_lib.load_recipe(_RECIPE.value)
+  except recipes_lib.RecipeError as e:
+    raise app.UsageError(str(e)) from None
   run_dir = pathlib.Path(_RUN_DIR.value).resolve()
   cache_dir = pathlib.Path(_CACHE_DIR.value or run_dir / "cache").resolve()
   stages = main_job.plan(recipe, run_dir=run_dir, cache_dir=cache_dir)

@@ -1,0 +1,364 @@
+"""Recipes: what ``m4moe-run`` builds, trains and evaluates, as data.
+
+A recipe is a TOML file. The packaged ones live in ``configs/recipes/``
+(installed as ``m4moe.configs/recipes``) and are named by their stem
+(``--recipe=demo``); ``--recipe`` also takes a path to a file of the same
+form. The reasons behind each packaged number (step budgets, caps, seeds,
+stopping rules) are in the matching ``results/*/README.md``.
+
+Form of a recipe file (keys are the :class:`Recipe` attributes):
+
+  name = "demo"                 # every top-level attribute of Recipe
+  languages = ["pt", "kk"]
+  ...
+  [[models]]                    # one table per multilingual ModelRun
+  name = "moe"
+  config = "tiny/moe"
+  train_steps = 5200
+  [baseline]                    # the bilingual baselines' template
+  ...
+  [baselines.kk]                # per-language overrides of the template:
+  train_steps = 3000            #   train_steps, max_train_seconds, lane,
+  extra_flags = ["--dropout_rate=0.1"]   # extra_flags (appended)
+
+Built recipes are validated as a whole (:class:`Recipe`); any unknown key,
+wrong type or inconsistency is a :class:`RecipeError` naming the file, the
+key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import os
+import pathlib
+import tomllib
+import types
+import typing
+from typing import Any, Mapping
+
+
+class RecipeError(ValueError):
+  """A recipe file is unreadable or invalid; the message names file and key."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelRun:
+  """One model the job trains and evaluates.
+
+  Attributes:
+    name: run sub-directory and the model's name in the report.
+    config: zoo entry or flagfile for ``m4moe-train --config``.
+    train_steps: optimiser steps.
+    extra_flags: further ``m4moe-train`` flags (e.g. model overrides).
+    languages: the languages this model trains on; empty means the recipe's.
+      A bilingual baseline has exactly one.
+    bilingual: evaluated and reported as a bilingual baseline.
+    eval_every: dev evaluations every N steps (0: ``train_steps // 5``).
+    early_stopping_patience: stop when this many dev evaluations in a row
+      have not improved the best dev cross-entropy (0: train all
+      ``train_steps``, which is then only a cap).
+    lane: models with a lane train (and are decoded) concurrently with the
+      other lanes' models, each lane pinned to its share of the cores and
+      running its own models one after the other (see
+      :func:`parallel_blocks`); None: alone, on every core.
+    seeds: train one run per seed (``--seed``), each in its own directory
+      ``<name>_s<seed>``, all evaluated under ``name`` so the report
+      aggregates them (seed means, spread, intervals); empty: one run named
+      ``name`` with the trainer's default seed.
+    continue_from: the name of an earlier model of the recipe, with the same
+      config, flags, seeds and lane and fewer ``train_steps``: each run of
+      this model starts as a copy of that model's run of the same seed
+      (``m4moe-train --continue_from``) and trains on to ``train_steps``,
+      so the report shows both budgets of the same runs. Planned after the
+      baselines. Empty: trained from scratch.
+    max_train_seconds: a wall-clock cap on the training loop
+      (``m4moe-train --max_train_seconds``, summed over resumes), so that a
+      job sized in steps on one CPU still ends in time on a slower one; the
+      run then stops early and its log says ``time_budget``. 0: none.
+  """
+
+  name: str
+  config: str
+  train_steps: int
+  extra_flags: tuple[str, ...] = ()
+  languages: tuple[str, ...] = ()
+  bilingual: bool = False
+  eval_every: int = 0
+  early_stopping_patience: int = 0
+  lane: int | None = None
+  seeds: tuple[int, ...] = ()
+  continue_from: str = ""
+  max_train_seconds: float = 0.0
+
+  def __post_init__(self) -> None:
+    if self.max_train_seconds < 0:
+      raise RecipeError(f"model {self.name!r}: max_train_seconds must be >= 0 "
+                       f"(0: no cap), got {self.max_train_seconds}")
+    if self.lane is not None and self.lane < 0:
+      raise RecipeError(f"model {self.name!r}: lane must be >= 0 or None, "
+                       f"got {self.lane}")
+    if self.bilingual and len(self.languages) != 1:
+      raise RecipeError(f"bilingual model {self.name!r} needs exactly one "
+                       f"language, got {self.languages}")
+    if len(set(self.seeds)) != len(self.seeds) or any(
+        s < 0 for s in self.seeds):
+      raise RecipeError(f"model {self.name!r}: seeds {self.seeds} must be "
+                       "distinct non-negative integers")
+
+  def runs(self) -> tuple[tuple[str, int | None], ...]:
+    """(run directory name, seed or None) of each training run."""
+    if not self.seeds:
+      return ((self.name, None),)
+    return tuple((f"{self.name}_s{seed}", seed) for seed in self.seeds)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+  """What the main job builds, trains and evaluates.
+
+  Attributes:
+    name: recipe name (``--recipe``).
+    description: one line for ``--help`` and the log.
+    languages: source languages (X->English); empty means all.
+    use_packaged_corpus_recipe: build from the packaged Debian/PyPI recipe;
+      otherwise from a generated fixture catalog tree.
+    source_vocab_size, target_vocab_size: SentencePiece sizes.
+    models: the multilingual models to train and evaluate.
+    baseline: a template for the bilingual baselines: one copy of it per
+      language, named ``bilingual_<lang>`` (None: no baselines, so the
+      report shows BLEU but no ΔBLEU).
+    baseline_steps: per-language ``train_steps`` of the baselines, overriding
+      the template's (baselines sized for their data); languages not listed
+      keep the template's.
+    baseline_seconds: per-language :attr:`ModelRun.max_train_seconds` of
+      the baselines, overriding the template's.
+    baseline_lanes: per-language :attr:`ModelRun.lane` of the baselines,
+      overriding the template's (to balance the lanes' work).
+    baseline_flags: per-language ``m4moe-train`` flags appended to the
+      template's :attr:`ModelRun.extra_flags` (baselines tuned for their
+      data, e.g. dropout for the small languages).
+    vocab_flags: further ``m4moe-vocab`` flags.
+    report_flags: further ``m4moe-report`` flags (e.g. ``--ce_thresholds``
+      suited to the models' cross-entropy range).
+    batch_tokens: tokens per training batch.
+    sequence_length: packed row length.
+    eval_max_sentences: test sentences per language (0: all).
+    beam_size: beams for decoding the test split.
+    ood_test: hold out the packaged out-of-domain source packages
+      (``m4moe-build-corpus --ood_packages=packaged``), decode their
+      ``test_ood`` split with every run too and write a second report,
+      ``report_ood/``, beside the in-domain ``report/``.
+    ood_eval_max_sentences: ``test_ood`` sentences per language (0: all;
+      the held-out packages give up to ~16k per language, in a fixed
+      shuffled order).
+  """
+
+  name: str
+  description: str
+  languages: tuple[str, ...] = ()
+  use_packaged_corpus_recipe: bool
+  source_vocab_size: int
+  target_vocab_size: int
+  models: tuple[ModelRun, ...]
+  baseline: ModelRun | None = None
+  batch_tokens: int
+  sequence_length: int
+  eval_max_sentences: int
+  beam_size: int
+  baseline_steps: tuple[tuple[str, int], ...] = ()
+  baseline_seconds: tuple[tuple[str, float], ...] = ()
+  baseline_lanes: tuple[tuple[str, int], ...] = ()
+  baseline_flags: tuple[tuple[str, tuple[str, ...]], ...] = ()
+  report_flags: tuple[str, ...] = ()
+  vocab_flags: tuple[str, ...] = ()
+  ood_test: bool = False
+  ood_eval_max_sentences: int = 1000
+
+  def __post_init__(self) -> None:
+    for field in ("baseline_steps", "baseline_seconds", "baseline_lanes",
+                  "baseline_flags"):
+      unknown = {lang for lang, _ in getattr(self, field)} - set(
+          self.languages)
+      if unknown:
+        raise RecipeError(f"recipe {self.name!r}: {field} names languages "
+                         f"{sorted(unknown)} that the recipe does not train")
+    if not self.models:
+      raise RecipeError(f"recipe {self.name!r} trains no model; add one")
+    names = [m.name for m in self.models]
+    if len(set(names)) != len(names):
+      raise RecipeError(f"recipe {self.name!r} repeats a model name: {names}")
+    runs = [run for m in self.models for run, _ in m.runs()]
+    if len(set(runs)) != len(runs):
+      raise RecipeError(f"recipe {self.name!r}: two runs share a directory "
+                       f"name: {runs}; rename a model")
+    if self.ood_test and not self.use_packaged_corpus_recipe:
+      raise RecipeError(f"recipe {self.name!r}: ood_test needs the packaged "
+                       "corpus recipe (the out-of-domain packages are "
+                       "recipe pins)")
+    if self.baseline is not None and not self.languages:
+      raise RecipeError(f"recipe {self.name!r}: bilingual baselines need an "
+                       "explicit language list")
+    earlier: dict[str, ModelRun] = {}
+    for model in self.models:
+      if model.continue_from:
+        self._check_continuation(model, earlier.get(model.continue_from))
+      earlier[model.name] = model
+
+  def _check_continuation(self, model: ModelRun,
+                          source: ModelRun | None) -> None:
+    where = (f"recipe {self.name!r}: model {model.name!r} continues "
+             f"{model.continue_from!r}")
+    if source is None:
+      raise RecipeError(f"{where}, which is not an earlier model of the "
+                       "recipe; list that model first")
+    for field in ("config", "extra_flags", "languages", "seeds", "lane"):
+      if getattr(model, field) != getattr(source, field):
+        raise RecipeError(
+            f"{where} but its {field} differs ({getattr(model, field)!r} vs "
+            f"{getattr(source, field)!r}); a continued run keeps its "
+            "model, data, seeds and lane")
+    if model.train_steps <= source.train_steps:
+      raise RecipeError(
+          f"{where} but has train_steps={model.train_steps} <= "
+          f"{source.train_steps}; give it a larger budget")
+
+  def baselines(self) -> tuple[ModelRun, ...]:
+    """One bilingual model per language, from :attr:`baseline`."""
+    if self.baseline is None:
+      return ()
+    steps = dict(self.baseline_steps)
+    seconds = dict(self.baseline_seconds)
+    lanes = dict(self.baseline_lanes)
+    extra = dict(self.baseline_flags)
+    return tuple(
+        dataclasses.replace(
+            self.baseline, name=f"bilingual_{lang}", languages=(lang,),
+            bilingual=True,
+            train_steps=steps.get(lang, self.baseline.train_steps),
+            max_train_seconds=seconds.get(lang,
+                                          self.baseline.max_train_seconds),
+            lane=lanes.get(lang, self.baseline.lane),
+            extra_flags=(*self.baseline.extra_flags, *extra.get(lang, ())))
+        for lang in self.languages)
+
+
+# Per-language overrides of the baseline template: the file's key -> the
+# Recipe attribute that holds them.
+_OVERRIDES = {"train_steps": "baseline_steps",
+              "max_train_seconds": "baseline_seconds",
+              "lane": "baseline_lanes", "extra_flags": "baseline_flags"}
+
+
+def _check_type(value: Any, hint: Any, where: str) -> Any:
+  """``value`` converted to ``hint`` (lists -> tuples); else RecipeError."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin in (typing.Union, types.UnionType):
+    if value is None and type(None) in args:
+      return None
+    hint = next(a for a in args if a is not type(None))
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin is tuple:
+    if not isinstance(value, list):
+      raise RecipeError(f"{where}: expected a list, got {value!r}")
+    return tuple(_check_type(v, args[0], f"{where}[{i}]")
+                 for i, v in enumerate(value))
+  if hint is float and isinstance(value, int) and not isinstance(value, bool):
+    return float(value)
+  if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+    raise RecipeError(f"{where}: expected {hint.__name__}, got {value!r}")
+  return value
+
+
+def _build(cls: type, table: Mapping[str, Any], where: str,
+           skip: tuple[str, ...] = ()) -> dict[str, Any]:
+  """Checked keyword arguments of ``cls`` from one TOML table."""
+  hints = typing.get_type_hints(cls)
+  fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+  unknown = sorted(set(table) - set(fields))
+  if unknown:
+    raise RecipeError(f"{where}: unknown key(s) {unknown}; known: "
+                      f"{sorted(fields)}")
+  missing = sorted(name for name, f in fields.items()
+                   if name not in table and f.default is dataclasses.MISSING)
+  if missing:
+    raise RecipeError(f"{where}: missing key(s) {missing}")
+  return {key: _check_type(value, hints[key], f"{where}: {key}")
+          for key, value in table.items()}
+
+
+def _overrides(table: Mapping[str, Any], where: str) -> dict[str, Any]:
+  """The ``[baselines.<lang>]`` tables as Recipe's per-language tuples."""
+  out: dict[str, list] = {attr: [] for attr in _OVERRIDES.values()}
+  hints = typing.get_type_hints(ModelRun)
+  for lang, values in table.items():
+    here = f"{where}: baselines.{lang}"
+    if not isinstance(values, dict):
+      raise RecipeError(f"{here}: expected a table of {sorted(_OVERRIDES)}")
+    for key, value in values.items():
+      if key not in _OVERRIDES:
+        raise RecipeError(f"{here}: unknown key {key!r}; a baseline override "
+                          f"sets one of {sorted(_OVERRIDES)}")
+      out[_OVERRIDES[key]].append(
+          (lang, _check_type(value, hints[key], f"{here}.{key}")))
+  return {attr: tuple(pairs) for attr, pairs in out.items()}
+
+
+def recipe_from_table(table: Mapping[str, Any], *, source: str) -> Recipe:
+  """Builds and validates a :class:`Recipe` from a parsed TOML document.
+
+  Raises:
+    RecipeError: naming ``source`` and the key at fault.
+  """
+  table = dict(table)
+  models = table.pop("models", [])
+  baseline = table.pop("baseline", None)
+  overrides = table.pop("baselines", {})
+  if not isinstance(models, list) or not models:
+    raise RecipeError(f"{source}: needs at least one [[models]] table")
+  kwargs = _build(Recipe, table, source,
+                  skip=("models", "baseline", *_OVERRIDES.values()))
+  kwargs["models"] = tuple(
+      ModelRun(**_build(ModelRun, m, f"{source}: models[{i}]"))
+      for i, m in enumerate(models))
+  kwargs["baseline"] = (None if baseline is None else ModelRun(
+      **_build(ModelRun, baseline, f"{source}: baseline")))
+  if overrides and baseline is None:
+    raise RecipeError(f"{source}: [baselines.*] overrides need a [baseline]")
+  kwargs.update(_overrides(overrides, source))
+  try:
+    return Recipe(**kwargs)
+  except RecipeError as e:
+    raise RecipeError(f"{source}: {e}") from None
+
+
+def packaged_dir() -> pathlib.Path:
+  """The directory of the packaged recipe files."""
+  return pathlib.Path(str(importlib.resources.files("m4moe.configs"))) / (
+      "recipes")
+
+
+def packaged_names() -> list[str]:
+  """The names ``--recipe`` accepts without a path, sorted."""
+  return sorted(p.stem for p in packaged_dir().glob("*.toml"))
+
+
+def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
+  """A packaged recipe by name (``demo``) or a recipe file by path.
+
+  Raises:
+    RecipeError: no such recipe, a file that is not TOML, or an invalid
+      recipe; the message names the file and what to do.
+  """
+  text = str(name_or_path)
+  path = (pathlib.Path(text) if text.endswith(".toml") or os.sep in text
+          else packaged_dir() / f"{text}.toml")
+  if not path.is_file():
+    raise RecipeError(f"--recipe={text}: no such recipe; give one of "
+                      f"{packaged_names()} or the path of a .toml recipe file")
+  try:
+    table = tomllib.loads(path.read_text(encoding="utf-8"))
+  except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    raise RecipeError(f"{path}: not a valid TOML recipe ({e}); fix the "
+                      "file") from None
+  return recipe_from_table(table, source=str(path))

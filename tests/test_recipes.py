@@ -1,0 +1,86 @@
+"""Recipe files (configs/recipes/*.toml) and their loader."""
+
+import pathlib
+
+import pytest
+
+from m4moe.pipeline import plan as plan_lib
+from m4moe.pipeline import recipes as recipes_lib
+
+_MINIMAL = '''
+name = "mini"
+description = "one model"
+use_packaged_corpus_recipe = false
+source_vocab_size = 400
+target_vocab_size = 320
+batch_tokens = 512
+sequence_length = 32
+eval_max_sentences = 8
+beam_size = 2
+[[models]]
+name = "m"
+config = "tiny/moe"
+train_steps = 3
+'''
+
+
+def test_packaged_recipes_are_the_three_documented_ones():
+  assert recipes_lib.packaged_names() == ["demo", "smoke", "study"]
+
+
+def test_demo_recipe_values_come_from_its_file():
+  recipe = recipes_lib.load_recipe("demo")
+  assert recipe.languages == ("pt", "kk", "si", "ia")
+  assert recipe.models[0].max_train_seconds == 1200.0
+  baselines = {b.languages[0]: b for b in recipe.baselines()}
+  assert baselines["si"].lane == 0 and baselines["pt"].lane == 1
+  assert baselines["ia"].max_train_seconds == 370.0
+  assert "--dropout_rate=0.1" in baselines["kk"].extra_flags
+  assert "--dropout_rate=0.1" not in baselines["pt"].extra_flags
+
+
+def test_a_recipe_file_by_path_plans_like_a_packaged_one(tmp_path):
+  path = tmp_path / "mini.toml"
+  path.write_text(_MINIMAL)
+  recipe = recipes_lib.load_recipe(str(path))
+  stages = plan_lib.plan(recipe, run_dir=tmp_path / "r", cache_dir=tmp_path)
+  assert [s.name for s in stages] == [
+      "corpus", "vocab", "train_m", "eval_m", "report"]
+  assert "--train_steps=3" in stages[2].args
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("trian_steps = 3\n", "unknown key(s) ['trian_steps']"),
+    ("batch_tokens = \"many\"\n", "batch_tokens: expected int"),
+    ("[baselines.pt]\nlane = 1\n", "need a [baseline]"),
+])
+def test_bad_recipe_files_name_file_and_key(tmp_path, extra, message):
+  path = tmp_path / "bad.toml"
+  lines = _MINIMAL.replace("batch_tokens = 512\n", "")
+  if "batch_tokens" not in extra:
+    lines = lines.replace("beam_size = 2\n", "beam_size = 2\nbatch_tokens = 512\n")
+  head, _, models = lines.partition("[[models]]")
+  path.write_text(head + extra + "[[models]]" + models)
+  with pytest.raises(recipes_lib.RecipeError) as error:
+    recipes_lib.load_recipe(str(path))
+  assert str(path) in str(error.value) and message in str(error.value)
+
+
+def test_an_unknown_recipe_lists_the_packaged_ones():
+  with pytest.raises(recipes_lib.RecipeError, match=r"demo.*smoke.*study"):
+    recipes_lib.load_recipe("demoo")
+
+
+def test_a_file_that_is_not_toml_is_named(tmp_path):
+  path = tmp_path / "broken.toml"
+  path.write_text("name = \n")
+  with pytest.raises(recipes_lib.RecipeError, match="not a valid TOML"):
+    recipes_lib.load_recipe(str(path))
+
+
+def test_recipe_validation_errors_carry_the_file(tmp_path):
+  path = tmp_path / "dup.toml"
+  path.write_text(_MINIMAL + '[[models]]\nname = "m"\nconfig = "tiny/dense"\n'
+                  'train_steps = 1\n')
+  with pytest.raises(recipes_lib.RecipeError, match=r"dup.toml.*repeats"):
+    recipes_lib.load_recipe(str(path))

@@ -1,4 +1,6 @@
-"""Probe behind m4moe.moe.layer.TRANSPOSE_B_MIN_ROWS (benchmarks.md, session 6).
+"""Probe behind m4moe.moe.layer.TRANSPOSE_B_MIN_ROWS.
+
+Its output is quoted in 2026-11-24-quiet-rerun.md, beside this file.
 
 Times, in one process, interleaved per line (median of 15 calls, wall and
 CPU seconds), the experts' matmuls of one MoE layer at M=512, H=2048 and
@@ -10,7 +12,7 @@ CPU seconds), the experts' matmuls of one MoE layer at M=512, H=2048 and
    as a ``transpose_b`` matmul (A), as ``(w @ a^T)^T`` (B), and with an
    explicit transpose of the weight (C, which grappler folds into A).
 
-  python3 results/expert_matmul_probe.py
+  python3 results/benchmarks/expert_matmul_probe.py
 """
 
 import statistics

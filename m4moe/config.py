@@ -57,7 +57,10 @@ class MoeConfig:
     second_expert_policy: top2 only: ``random`` (dispatch iff 2*g2 > U(0,1),
       the paper's), ``all`` (always) or ``sampling`` (sample e2 from the gates).
     group_size: S, tokens per dispatch group (local group dispatching).
-    train_capacity_factor: capacity C = factor * k * S / E while training.
+    train_capacity_factor: capacity C = factor * k * S / E while training;
+      0 means dropless training (C = S: no token is ever dropped; only with
+      ``--dispatch=sorted``, whose expert matmuls run on the dispatched
+      rows only, so the no-drop capacity costs no padding).
     eval_capacity_factor: the same at eval/inference; 0 means no-drop
       (C = S, so no token is ever dropped and outputs do not depend on what
       else shares the group).
@@ -88,6 +91,17 @@ class MoeConfig:
       ``wi``/``wo`` (sigma = sqrt(scale / fan_in)); 0 uses the model's
       ``init_scale``. An ablation knob: 0.7737 x init_scale reproduces the
       initializer defect fixed in issue 15 (expert weights 0.8796x narrower).
+
+  Layer features (``docs/moe_layer_features.md``):
+    num_shared_experts: always-on FFN experts beside the routed ones
+      (DeepSeekMoE's shared experts, DeepSpeed's Residual-MoE); their output
+      is added to the routed experts' combined output for every real token.
+    shared_expert_hidden_dim: hidden width of each shared expert; 0 uses
+      ``expert_hidden_dim``.
+    expert_output_mask_rate: expert output masking (NLLB-200): while
+      training, each real token's whole MoE output (routed plus shared) is
+      zeroed with this probability and kept tokens are scaled by
+      1/(1 - rate); separate from ``expert_dropout_rate``.
   """
 
   num_experts: int = 0
@@ -113,6 +127,10 @@ class MoeConfig:
       default="token", metadata=flagutil.metadata(enum=ROUTE_BY))
   routing_languages: tuple[str, ...] = ()
   expert_init_scale: float = 0.0
+  # --- Layer features (shared experts, expert output masking). ---
+  num_shared_experts: int = 0
+  shared_expert_hidden_dim: int = 0
+  expert_output_mask_rate: float = 0.0
 
   def __post_init__(self) -> None:
     # From config.json the languages come back as a list.
@@ -136,8 +154,9 @@ class MoeConfig:
              self.dispatch, f"choose one of {', '.join(DISPATCH_IMPLEMENTATIONS)}")
     _require(self.group_size >= 1, "group_size", self.group_size,
              "use a positive number of tokens per group")
-    _require(self.train_capacity_factor > 0, "train_capacity_factor",
-             self.train_capacity_factor, "use a positive factor (1.0-2.0 is usual)")
+    _require(self.train_capacity_factor >= 0, "train_capacity_factor",
+             self.train_capacity_factor,
+             "use a positive factor (1.0-2.0 is usual) or 0 (dropless)")
     _require(self.eval_capacity_factor >= 0, "eval_capacity_factor",
              self.eval_capacity_factor, "use 0 for no-drop or a positive factor")
     for name in ("aux_loss_weight", "z_loss_weight", "router_jitter"):
@@ -152,6 +171,7 @@ class MoeConfig:
              f"choose one of {', '.join(ROUTE_BY)}")
     if self.route_by == "language":
       self._check_language_routing()
+    self._check_layer_features()
     if self.num_experts:
       k = self.top_k
       _require(1 <= k <= self.num_experts, "num_selected_experts",
@@ -160,6 +180,40 @@ class MoeConfig:
       _require(not (self.router == "top2" and self.num_experts < 2),
                "num_experts", self.num_experts,
                "top2 routing needs at least 2 experts; use --router=top1")
+
+  def _check_layer_features(self) -> None:
+    """Layer features: shared experts, output masking, dropless training."""
+    _require(self.num_shared_experts >= 0, "num_shared_experts",
+             self.num_shared_experts,
+             "use 0 (no shared expert) or a positive count")
+    _require(self.shared_expert_hidden_dim >= 0, "shared_expert_hidden_dim",
+             self.shared_expert_hidden_dim,
+             "use 0 (the routed experts' --expert_hidden_dim) or a positive "
+             "width")
+    _require(0 <= self.expert_output_mask_rate < 1, "expert_output_mask_rate",
+             self.expert_output_mask_rate, "use a rate in [0, 1)")
+    if self.train_capacity_factor == 0:
+      _require(self.dispatch == "sorted", "train_capacity_factor",
+               self.train_capacity_factor,
+               f"dropless training (0) needs --dispatch=sorted: the "
+               f"--dispatch={self.dispatch} buffers would be C = S slots per "
+               "expert (E/k times the useful rows); use --dispatch=sorted or "
+               "a positive factor")
+      _require(self.router != "expert_choice", "train_capacity_factor",
+               self.train_capacity_factor,
+               "dropless training (0) is for token-choice routers; with "
+               "--router=expert_choice, C = S makes every expert take every "
+               "token; use a positive factor")
+
+  @property
+  def shared_hidden_dim(self) -> int:
+    """Hidden width of one shared expert (``expert_hidden_dim`` if 0)."""
+    return self.shared_expert_hidden_dim or self.expert_hidden_dim
+
+  @property
+  def dropless(self) -> bool:
+    """True for dropless training (``--train_capacity_factor=0``)."""
+    return self.train_capacity_factor == 0
 
   def _check_language_routing(self) -> None:
     _require(self.router != "expert_choice", "route_by", self.route_by,
@@ -228,8 +282,8 @@ class MoeConfig:
     model all call it). The factor is taken as the decimal it is written as
     (``Fraction(str(1.1)) == 11/10``) and the product is rational, so an
     exact integer such as 1.1 * 2 * 25 / 5 = 11 is not rounded up to 12 by
-    float error. With ``eval_capacity_factor == 0`` at eval time this is S
-    (no drops).
+    float error. A factor of 0 (``eval_capacity_factor`` at eval, or
+    dropless ``train_capacity_factor`` in training) gives S (no drops).
 
     Args:
       group_size: S, tokens per group (>= 1).

@@ -425,6 +425,23 @@ def sorted_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   return tf.reshape(combined, tf.shape(x))
 
 
+def dispatched_assignments(routing: RoutingResult) -> tf.Tensor:
+  """<float32>[] (token, expert) assignments the experts actually compute.
+
+  Every path computes one expert row per dispatched choice: token-choice
+  routers' choices with a buffer position (after the second-expert policy's
+  skips, capacity drops and No-Token-Left-Behind moves), expert choice's
+  filled slots. Padding tokens are never dispatched. The buffer paths
+  (``index``, ``einsum``) also multiply their empty slots; those are not
+  counted here (:func:`m4moe.cost.estimate_device` counts them).
+  """
+  if routing.expert_index is not None:
+    kept = routing.buffer_position >= 0
+  else:
+    kept = routing.slot_token < routing.group_size
+  return tf.reduce_sum(tf.cast(kept, tf.float32))
+
+
 class BlockFn(Protocol):
   """The experts on expert-homogeneous blocks of rows."""
 

@@ -78,6 +78,37 @@ from m4moe.config import ConfigError, ModelConfig
 from m4moe.model.numerics import fold_seed
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoeLayerStats(routing.RouterStats):
+  """The router's statistics plus what the layer's experts executed.
+
+  Counted from the dispatch actually made (:func:`m4moe.dispatch.
+  dispatched_assignments`), so the second-expert policy's skips and the
+  capacity drops are subtracted; FLOPs are forward multiply-adds times 2,
+  as in :mod:`m4moe.cost`. Per real (non-padding) token of the call.
+
+  Attributes (besides :class:`m4moe.routing.RouterStats`'):
+    expert_assignments_per_token: <float32>[] dispatched (token, routed
+      expert) pairs per real token (top2 with the ``all`` policy and no
+      drops: 2).
+    expert_flops_per_token: <float32>[] FLOPs of the routed experts run
+      (assignments x 4 M H) plus the shared experts (4 M H_s each), per real
+      token.
+    expert_flops_dense_fraction: <float32>[] ``expert_flops_per_token``
+      over the 4 M F FLOPs of the dense FFN (``--d_ff``) the layer replaces.
+  """
+
+  expert_assignments_per_token: tf.Tensor
+  expert_flops_per_token: tf.Tensor
+  expert_flops_dense_fraction: tf.Tensor
+
+  @classmethod
+  def __tf_unflatten__(cls, metadata: Any, components: Any) -> MoeLayerStats:
+    del metadata
+    names = [f.name for f in dataclasses.fields(cls)]
+    return cls(**dict(zip(names, components)))
+
+
 @dataclasses.dataclass(frozen=True)
 class MoeOutput:
   """Result of one :class:`MoeLayer` call.
@@ -88,14 +119,15 @@ class MoeOutput:
     z_loss: <float32>[] unweighted router z-loss.
     weighted_loss: <float32>[] ``aux_loss_weight * aux_loss +
       z_loss_weight * z_loss``, to add to the model loss.
-    stats: the layer's :class:`m4moe.moe.routing.RouterStats`.
+    stats: the layer's :class:`MoeLayerStats` (router statistics and the
+      expert FLOPs executed).
   """
 
   outputs: tf.Tensor
   aux_loss: tf.Tensor
   z_loss: tf.Tensor
   weighted_loss: tf.Tensor
-  stats: routing.RouterStats
+  stats: MoeLayerStats
 
   def __tf_flatten__(self) -> tuple[Any, tuple[Any, ...]]:
     return (), (self.outputs, self.aux_loss, self.z_loss, self.weighted_loss,
@@ -447,6 +479,18 @@ _ROUTER_CLASSES = {
     "expert_choice": routing.ExpertChoiceRouter}
 
 
+def _check_layer_features(config: ModelConfig, *,
+                          sharding: sharding_lib.Sharding) -> None:
+  """Rejects layer features this layer cannot run on ``sharding``."""
+  moe = config.moe
+  if moe.dropless and sharding.backend != "none":
+    raise ConfigError(
+        "--train_capacity_factor=0 (dropless) runs on the one-device sorted "
+        "dispatch; on a mesh the layer uses the grouped index buffers, whose "
+        "no-drop capacity C = S costs E/k times the useful rows; use a "
+        "positive --train_capacity_factor on a mesh")
+
+
 def _check_parts(config: ModelConfig, *, router: routing.Router,
                  experts: FeedForwardExperts) -> None:
   """Rejects a router or experts that disagree with ``config``."""
@@ -565,8 +609,17 @@ class MoeLayer(tf.Module):
             dropout_rate=moe.expert_dropout_rate, sharding=sharding,
             name="experts")
     _check_parts(config, router=router, experts=experts)
+    _check_layer_features(config, sharding=sharding)
     self.router = router
     self.experts = experts
+    self.shared_experts = None
+    if moe.num_shared_experts:
+      # Scope ``shared_experts/ffn``: the dense FFN's layout rules apply.
+      with self.name_scope, tf.name_scope("shared_experts"):
+        self.shared_experts = layers.DenseFfn(
+            d_model=config.d_model,
+            d_ff=moe.num_shared_experts * moe.shared_hidden_dim,
+            init_scale=config.moe_init_scale, name="ffn", sharding=sharding)
 
   @property
   def dispatch(self) -> str:
@@ -592,7 +645,8 @@ class MoeLayer(tf.Module):
 
   def uses_randomness(self, *, training: bool) -> bool:
     return (self.router.uses_randomness(training=training) or
-            (training and self.experts.dropout_rate > 0))
+            (training and (self.experts.dropout_rate > 0 or
+                           self.config.moe.expert_output_mask_rate > 0)))
 
   def group_size(self, num_tokens: int | None) -> int:
     """S for a call with ``num_tokens`` tokens (None: unknown statically)."""
@@ -628,7 +682,8 @@ class MoeLayer(tf.Module):
     if self.uses_randomness(training=training) and seed is None:
       raise ValueError(
           f"MoeLayer {self.name!r} is random when training=True (router "
-          f"{self.config.moe.router!r} / expert dropout); pass "
+          f"{self.config.moe.router!r} / expert dropout / output masking); "
+          "pass "
           "seed=<int32>[2], e.g. fold_in(base_seed, step)")
     model_dim = x.shape[-1]
     tokens = tf.reshape(x, [-1, model_dim])
@@ -660,6 +715,9 @@ class MoeLayer(tf.Module):
     combined = dispatch_lib.DISPATCH_PATHS[path](
         grouped, result, self.experts, training=training,
         seed=fold_seed(seed, 1))
+    combined = self._shared_and_masked(combined, grouped, grouped_mask,
+                                       training=training,
+                                       seed=fold_seed(seed, 2))
     combined = _split_groups(self.sharding, combined, dim=0, name="combined")
     # Each token reads its row of its own shard's groups (batched over D).
     outputs = tf.gather(
@@ -671,7 +729,57 @@ class MoeLayer(tf.Module):
         aux_loss=result.aux_loss, z_loss=result.z_loss,
         weighted_loss=(moe.aux_loss_weight * result.aux_loss +
                        moe.z_loss_weight * result.z_loss),
-        stats=result.stats)
+        stats=self._layer_stats(result, grouped_mask))
+
+  def _shared_and_masked(self, combined: tf.Tensor, grouped: tf.Tensor,
+                         grouped_mask: tf.Tensor, *, training: bool,
+                         seed: tf.Tensor | None) -> tf.Tensor:
+    """Adds the shared experts and applies expert output masking.
+
+    Args:
+      combined: <dtype>[G, S, M] the routed experts' combined outputs.
+      grouped: <dtype>[G, S, M] the grouped tokens.
+      grouped_mask: <float32>[G, S] 1 for real tokens.
+      training: output masking applies only when training.
+      seed: <int32>[2], the masking draw's (required if it applies).
+
+    Returns:
+      <dtype>[G, S, M] the MoE layer's output per grouped token (0 at
+      padding). The masking draw is one unit per grouped token, laid out by
+      group as the routers' draws are.
+    """
+    moe = self.config.moe
+    if self.shared_experts is not None:
+      real = tf.cast(grouped_mask > 0, combined.dtype)[..., tf.newaxis]
+      combined += self.shared_experts(grouped) * real
+    if training and moe.expert_output_mask_rate > 0:
+      keep = layers.dropout_scale(
+          tf.shape(grouped_mask), rate=moe.expert_output_mask_rate,
+          seed=seed, dtype=combined.dtype, sharding=self.sharding)
+      combined *= keep[..., tf.newaxis]
+    return combined
+
+  def _layer_stats(self, result: routing.RoutingResult,
+                   grouped_mask: tf.Tensor) -> MoeLayerStats:
+    """The router's stats plus the expert FLOPs this call executed.
+
+    Args:
+      result: the call's routing.
+      grouped_mask: <float32>[G, S] 1 for real tokens.
+    """
+    config, moe = self.config, self.config.moe
+    real = tf.reduce_sum(tf.cast(grouped_mask > 0, tf.float32))
+    per_token = tf.math.divide_no_nan(
+        dispatch_lib.dispatched_assignments(result), real)
+    routed = 4.0 * config.d_model * moe.expert_hidden_dim
+    shared = 4.0 * config.d_model * moe.num_shared_experts * (
+        moe.shared_hidden_dim)
+    flops = per_token * routed + shared
+    computed = tf.nest.map_structure(tf.stop_gradient, dict(
+        expert_assignments_per_token=per_token, expert_flops_per_token=flops,
+        expert_flops_dense_fraction=flops / (4.0 * config.d_model *
+                                             config.d_ff)))
+    return MoeLayerStats(**result.stats.as_dict(), **computed)
 
   def _language_router_inputs(self, languages: tf.Tensor | None,
                               padding_mask: tf.Tensor, *, training: bool,

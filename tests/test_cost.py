@@ -34,7 +34,7 @@ def test_micro_config_parameters_by_hand():
   breakdown = cost.param_breakdown(_micro())
   assert breakdown == cost.ParamBreakdown(
       embedding=68, output=28, attention=384, ffn=80, router=12, expert=144,
-      layer_norm=72)
+      shared_expert=0, layer_norm=72)
   assert cost.num_params(_micro()) == 788
   assert cost.num_params(_micro(), share_target_embedding=True) == 760
   assert cost.num_moe_layers(_micro()) == 1
@@ -96,6 +96,39 @@ def test_tiny_moe_and_dense_have_equal_active_flops():
   assert moe_flops.forward - dense_flops.forward == 2 * router
   assert abs(moe_flops.forward / dense_flops.forward - 1) < 0.02
   assert cost.num_params(moe) > cost.num_params(dense)
+
+
+def test_shared_experts_params_and_flops_by_hand():
+  # Two shared experts of width 3 (M = 4): one FFN wi <4, 6>, wo <6, 4> =
+  # 48 parameters in the one MoE layer, active for every token, replicated.
+  config = _micro(num_shared_experts=2, shared_expert_hidden_dim=3)
+  breakdown = cost.param_breakdown(config)
+  assert breakdown.shared_expert == 48 and breakdown.expert == 144
+  assert cost.num_params(config) == 788 + 48
+  assert cost.active_params_per_token(config) == 644 + 48 + 96
+  flops = cost.flops_per_token(config, source_length=5, target_length=5)
+  assert flops.matmul == 2 * (600 + 48)
+  # The default width is the routed experts' (H = 6): 2 x 2 x 4 x 6 = 96.
+  assert cost.param_breakdown(
+      _micro(num_shared_experts=2)).shared_expert == 96
+  # Replicated: the expert axis does not split them, like a dense FFN.
+  estimate = cost.estimate_device(config, data_axis=1, expert_axis=3,
+                                  batch_tokens=30, sequence_length=5)
+  assert estimate.replicated_params == 644 + 48
+  forward = cost.flops_per_token(config).forward + int(0.5 * 2 * 48)
+  assert estimate.train_flops == 3 * 10 * forward
+
+
+def test_dropless_experts_run_no_empty_slots():
+  # --train_capacity_factor=0 (sorted): the experts run the k = 2 choices
+  # of each token, no capacity padding (1.25 runs 2.5 expert slots).
+  config = _micro(train_capacity_factor=0)
+  estimate = cost.estimate_device(config, data_axis=1, expert_axis=1,
+                                  batch_tokens=30, sequence_length=5)
+  assert estimate.train_flops == 3 * 30 * cost.flops_per_token(config).forward
+  padded = cost.estimate_device(_micro(), data_axis=1, expert_axis=1,
+                                batch_tokens=30, sequence_length=5)
+  assert padded.train_flops - estimate.train_flops == 3 * 30 * int(0.5 * 2 * 48)
 
 
 def test_adafactor_slot_sizes():
@@ -213,7 +246,9 @@ _TINY_CASES = [("tiny/moe", {}, False), ("tiny/dense", {}, False),
                ("tiny/moe", {}, True),
                ("tiny/moe", {"router": "top1"}, False),
                ("tiny/moe", {"router": "noisy_topk",
-                             "num_selected_experts": 3}, False)]
+                             "num_selected_experts": 3}, False),
+               ("tiny/moe", {"num_shared_experts": 2,
+                             "shared_expert_hidden_dim": 64}, False)]
 
 
 @pytest.mark.parametrize("name, moe_overrides, tied", _TINY_CASES)

@@ -25,7 +25,10 @@ layer norms'):
   per attention block (encoder self, decoder self, decoder cross): query, key,
   value <M, A, D> and output <A, D, M>; per dense FFN: wi <M, F>, wo <F, M>;
   per MoE layer: router wg <M, E> (noisy_topk adds w_noise <M, E>), experts
-  wi <E, M, H> and wo <E, H, M>; a layer norm (scale <M>, bias <M>) before
+  wi <E, M, H> and wo <E, H, M>, and with ``--num_shared_experts`` = Es
+  the shared experts as one FFN wi <M, Es*Hs>, wo <Es*Hs, M> (Hs:
+  ``MoeConfig.shared_hidden_dim``; replicated like a dense FFN, active for
+  every token); a layer norm (scale <M>, bias <M>) before
   every sub-layer, and a final layer norm per stack.
 
 Activations (:func:`estimate_device`) are counted for one of two executions
@@ -39,7 +42,8 @@ FLOPs are forward multiply-adds times 2 per "token", where a token means one
 source token through the encoder plus one target token through the decoder
 (the paper's batches count source tokens; MT pairs have about as many target
 tokens). Counted: every matmul with a weight (attention projections, dense
-FFN, the K selected experts, the router, the output projection) and the two
+FFN, the K selected experts, the shared experts, the router, the output
+projection) and the two
 attention matmuls QK^T and AV over the full (masked) key length. Not counted:
 embedding gathers, softmax, layer norm, ReLU, dropout, the loss, and the
 dispatch/combine data movement (reported separately as ``einsum_dispatch`` for
@@ -57,7 +61,7 @@ from m4moe.parallel import mesh as mesh_lib
 from m4moe.config import ModelConfig
 
 KINDS = ("embedding", "output", "attention", "ffn", "router", "expert",
-         "layer_norm")
+         "shared_expert", "layer_norm")
 _ACTIVATION_BYTES = {"float32": 4, "bfloat16": 2}
 _WEIGHT_BYTES = 4  # Weights, gradients and optimizer slots are float32.
 # How the step runs, which decides the activations it keeps: "fused", a
@@ -127,6 +131,12 @@ def _ffn_specs(config: ModelConfig, prefix: str,
     specs.append(VariableSpec(f"{prefix}/router/w_noise", (m, e), "router"))
   specs.append(VariableSpec(f"{prefix}/experts/wi", (e, m, h), "expert", 2))
   specs.append(VariableSpec(f"{prefix}/experts/wo", (e, h, m), "expert", 1))
+  shared = config.moe.num_shared_experts * config.moe.shared_hidden_dim
+  if shared:
+    specs.append(VariableSpec(f"{prefix}/shared_experts/ffn/wi", (m, shared),
+                              "shared_expert", 1))
+    specs.append(VariableSpec(f"{prefix}/shared_experts/ffn/wo", (shared, m),
+                              "shared_expert", 0))
   return specs
 
 
@@ -169,6 +179,7 @@ class ParamBreakdown:
   ffn: int
   router: int
   expert: int
+  shared_expert: int
   layer_norm: int
 
   @property
@@ -177,7 +188,8 @@ class ParamBreakdown:
 
   @property
   def non_expert(self) -> int:
-    """Everything but the experts: replicated on every device under GShard."""
+    """Everything but the routed experts: replicated on every device under
+  GShard (the shared experts included)."""
     return self.total - self.expert
 
 
@@ -225,8 +237,8 @@ def active_params_per_token(config: ModelConfig, *,
                             share_target_embedding: bool = False) -> int:
   """Parameters a (source, target) token pair touches.
 
-  All but the experts, plus K of the E experts in every MoE layer; embedding
-  tables are counted whole.
+  All but the routed experts (the shared experts included), plus K of the E
+  experts in every MoE layer; embedding tables are counted whole.
   """
   breakdown = param_breakdown(config,
                               share_target_embedding=share_target_embedding)
@@ -279,7 +291,8 @@ def flops_per_token(config: ModelConfig, *, source_length: int | None = None,
   # The softmax matmul <M, Vt> costs the same whether tied or not.
   breakdown = param_breakdown(config)
   matmul_params = (breakdown.attention + breakdown.ffn + breakdown.router +
-                   breakdown.output + _active_expert_params(config))
+                   breakdown.output + breakdown.shared_expert +
+                   _active_expert_params(config))
   dispatch = 0
   if config.moe.enabled and config.moe.dispatch == "einsum":
     capacity = config.moe.capacity(group_size=config.moe.group_size,
@@ -386,7 +399,9 @@ def _activations_per_token(config: ModelConfig, *, source_length: int,
   Per attention block: its layer-norm input M, q/k/v/context 4 A D and the
   probabilities A x keys. Per dense FFN: M + F. Per MoE layer: M, the gates
   E, and for each of the capacity_factor x K buffer slots a token fills on
-  average the dispatched input M and hidden H; with ``--dispatch=einsum``
+  average (K for dropless training, whose sorted rows have no empty slots)
+  the dispatched input M and hidden H, plus the shared experts' hidden
+  Es*Hs; with ``--dispatch=einsum``
   also the one-hot dispatch_mask and combine_weights <[G, S, E, C]>, i.e.
   2 E C per token (C for the configured group size S). Plus the logits Vt.
   A ``model`` axis divides the head-wise terms (A), F and H by model_axis.
@@ -404,9 +419,11 @@ def _activations_per_token(config: ModelConfig, *, source_length: int,
   dense_layers = config.num_layers - moe_layers
   total += dense_layers * (m + config.d_ff // model_axis)
   if moe_layers:
-    slots = config.moe.train_capacity_factor * config.moe.top_k
-    total += moe_layers * int(m + config.moe.num_experts + slots *
-                              (m + config.moe.expert_hidden_dim // model_axis))
+    moe = config.moe
+    slots = (1 if moe.dropless else moe.train_capacity_factor) * moe.top_k
+    shared = moe.num_shared_experts * moe.shared_hidden_dim // model_axis
+    total += moe_layers * int(m + moe.num_experts + shared + slots *
+                              (m + moe.expert_hidden_dim // model_axis))
     if config.moe.dispatch == "einsum":
       capacity = config.moe.capacity(group_size=config.moe.group_size,
                                      training=True)
@@ -479,11 +496,13 @@ def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
                          if s.kind != "expert")
   flops = flops_per_token(config, source_length=length, target_length=length)
   expert_flops = 2 * params_per_expert(config) * num_moe_layers(config)
-  capacity_extra = (config.moe.train_capacity_factor - 1) * config.moe.top_k
+  # Empty buffer slots cost too; dropless (sorted) rows have none.
+  capacity_extra = (0 if config.moe.dropless else
+                    (config.moe.train_capacity_factor - 1) * config.moe.top_k)
   # The matmuls whose width the model axis splits: attention projections and
   # QK^T/AV (heads), dense FFN (d_ff), the K active experts (H).
   breakdown = param_breakdown(config)
-  split = (2 * (breakdown.attention + breakdown.ffn +
+  split = (2 * (breakdown.attention + breakdown.ffn + breakdown.shared_expert +
                 _active_expert_params(config)) + flops.attention)
   whole = flops.forward - split  # Router and softmax projection.
   forward = tokens * (whole + split // model_axis + flops.einsum_dispatch +

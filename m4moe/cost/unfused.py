@@ -153,6 +153,12 @@ def check_supported(config: ModelConfig, *, model_axis: int = 1) -> None:
     if moe.expert_dropout_rate:
       problems.append(f"--expert_dropout_rate={moe.expert_dropout_rate} "
                       "(use 0)")
+    if moe.num_shared_experts:
+      problems.append(f"--num_shared_experts={moe.num_shared_experts} "
+                      "(use 0)")
+    if moe.expert_output_mask_rate:
+      problems.append(f"--expert_output_mask_rate="
+                      f"{moe.expert_output_mask_rate} (use 0)")
   if model_axis != 1:
     problems.append(f"a model axis of {model_axis} (use 1)")
   if problems:

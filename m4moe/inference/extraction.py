@@ -158,8 +158,8 @@ def extract_language(model: Any, *, language: str) -> Extraction:
 
   Raises:
     ExtractionError: a token-routed model (extraction is only exact when
-      routing depends on the language alone), a model without MoE layers,
-      or a language without a gate row.
+      routing depends on the language alone), a model with shared experts,
+      a model without MoE layers, or a language without a gate row.
   """
   moe = model.config.moe
   if moe.route_by != "language":
@@ -169,6 +169,11 @@ def extract_language(model: Any, *, language: str) -> Extraction:
         "experts and no subset reproduces its translations; extraction needs "
         "a model trained with --route_by=language (export without "
         "--language to keep every expert)")
+  if moe.num_shared_experts:
+    raise ExtractionError(
+        f"--language={language}: the model has shared experts "
+        f"(--num_shared_experts={moe.num_shared_experts}), which the "
+        "per-language export does not carry yet; export without --language")
   layers = _moe_layers(model)
   if not layers:
     raise ExtractionError("the model has no MoE layers (--num_experts=0): "

@@ -331,6 +331,7 @@ class _Loop:
         "batch_tokens": self.config.batch_tokens,
         "grad_accum_steps": self.config.grad_accum_steps,
         "router": metrics_lib.router_scalars(result.router),
+        "expert_compute": metrics_lib.expert_compute_means(result.router),
     }
     self.interval.reset()
     self.last_train_ce = record["train_ce"]

@@ -8,7 +8,10 @@ needs no ``tensorboard`` package (reading them does). Tags:
   train/z_loss, train/learning_rate, train/grad_norm, train/step_time_sec,
   train/tokens_per_sec, train/nonfinite_skipped
   router/<layer>/<stat> for every scalar RouterStats field (load_cv,
-    dropped_first, dropped_second, entropy, max_logit, ...)
+    dropped_first, dropped_second, entropy, max_logit, ...) and the
+    executed expert compute of ``m4moe.moe_layer.MoeLayerStats``
+    (expert_assignments_per_token, expert_flops_per_token,
+    expert_flops_dense_fraction)
   router/<layer>/load_per_expert   a histogram with one bucket per expert
     (x = expert index, height = fraction of tokens routed to it)
   dev/cross_entropy/<lang>, dev/cross_entropy (token-weighted over languages)
@@ -22,11 +25,17 @@ dropped so every (kind, step) appears once:
   "source_tokens_seen", "train_ce", "train_loss", "moe_loss", "aux_loss",
   "z_loss", "learning_rate", "grad_norm", "step_time_sec", "tokens_per_sec",
   "target_tokens_per_sec", "nonfinite_skipped", "devices", "device_kind",
-  "batch_tokens", "grad_accum_steps", "router": {layer: {stat: value}}}``
+  "batch_tokens", "grad_accum_steps", "router": {layer: {stat: value}},
+  "expert_compute": {stack: {stat: mean}}}``
   -- ``train_ce`` is the plain token cross-entropy (no label smoothing, no
   aux loss) averaged over the target tokens of the logging interval;
   ``tokens_seen`` counts non-padding target tokens since step 0;
-  ``tokens_per_sec`` counts source + target non-padding tokens.
+  ``tokens_per_sec`` counts source + target non-padding tokens;
+  ``expert_compute`` (MoE models) is :func:`expert_compute_means` of
+  ``router``: per stack (``encoder``, ``decoder``) the mean over its MoE
+  layers of the expert FLOPs actually executed per real token, absolute and
+  as a fraction of the dense FFN's (after second-expert policy skips and
+  capacity drops), so "equal active FLOPs" is measured.
 * ``{"kind": "eval", "step", "time", "tokens_seen", "dev_ce": {lang: ce},
   "dev_tokens": {lang: n}, "dev_ce_mean", "source_reliance": {lang: gap}}``
   -- ``dev_ce_mean`` is weighted by tokens over all languages;
@@ -99,6 +108,35 @@ def router_scalars(router: Mapping[str, Mapping[str, np.ndarray]]
   """The scalar router stats as plain floats (for the JSONL log)."""
   return {layer: {k: float(v) for k, v in stats.items() if np.ndim(v) == 0}
           for layer, stats in router.items()}
+
+
+# The per-layer stats of the executed expert compute (MoeLayerStats).
+EXPERT_COMPUTE_STATS = ("expert_assignments_per_token",
+                        "expert_flops_per_token",
+                        "expert_flops_dense_fraction")
+
+
+def expert_compute_means(router: Mapping[str, Mapping[str, Any]]
+                         ) -> dict[str, dict[str, float]]:
+  """Per stack, the mean over its MoE layers of the executed expert compute.
+
+  Args:
+    router: ``{layer: {stat: value}}`` with layer names such as
+      ``encoder/layer_1/moe`` (the stack is the first path component).
+
+  Returns:
+    ``{stack: {stat: mean}}`` for the :data:`EXPERT_COMPUTE_STATS`, stacks
+    in sorted order; empty without MoE layers that report them.
+  """
+  values: dict[str, dict[str, list[float]]] = {}
+  for layer, stats in router.items():
+    stack = layer.split("/")[0]
+    for name in EXPERT_COMPUTE_STATS:
+      if name in stats:
+        values.setdefault(stack, {}).setdefault(name, []).append(
+            float(stats[name]))
+  return {stack: {name: float(np.mean(v)) for name, v in stats.items()}
+          for stack, stats in sorted(values.items())}
 
 
 class MetricsLog:

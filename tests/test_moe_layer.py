@@ -87,14 +87,19 @@ def _outputs_and_grads(layer, x, mask, *, training, probe):
   return out, [tf.convert_to_tensor(g).numpy() for g in grads]
 
 
-@pytest.mark.parametrize("router,policy,training", [
-    ("top2", "all", True), ("top2", "random", False), ("top1", "random", True),
-    ("noisy_topk", "random", False), ("expert_choice", "random", True)])
+@pytest.mark.parametrize("router,policy,training,extra", [
+    ("top2", "all", True, {}), ("top2", "random", False, {}),
+    ("top1", "random", True, {}), ("noisy_topk", "random", False, {}),
+    ("expert_choice", "random", True, {}),
+    ("top2", "all", True, dict(num_shared_experts=2,
+                               shared_expert_hidden_dim=3)),
+    ("top2", "all", True, dict(train_capacity_factor=0))])
 def test_adding_padding_changes_nothing_for_real_tokens(router, policy,
-                                                        training):
+                                                        training, extra):
   layer = make_layer(router=router, second_expert_policy=policy,
-                     train_capacity_factor=1.0, eval_capacity_factor=1.0,
-                     z_loss_weight=0.1, no_token_left_behind=False)
+                     **{"train_capacity_factor": 1.0,
+                        "eval_capacity_factor": 1.0, "z_loss_weight": 0.1,
+                        "no_token_left_behind": False, **extra})
   x, mask = random_batch((2, 6), seed=1, pad_rows=[(0, 4)])
   probe = tf.constant(np.random.default_rng(2).normal(size=(2, 6, D)),
                       tf.float32)
@@ -174,7 +179,8 @@ def test_expert_choice_in_a_causal_layer_is_rejected():
     lambda: make_layer(router="noisy_topk", num_selected_experts=5),
     lambda: make_layer(router="expert_choice", no_token_left_behind=True),
     lambda: make_layer(dispatch="dense"),
-    lambda: make_layer(train_capacity_factor=0.0),
+    lambda: make_layer(train_capacity_factor=-1.0),
+    lambda: make_layer(train_capacity_factor=0.0, dispatch="index"),
 ])
 def test_bad_configs_raise_config_error(build):
   with pytest.raises(ConfigError, match="--"):
@@ -264,7 +270,8 @@ def test_moe_output_is_nest_compatible():
   x, mask = random_batch((2, 4))
   out = layer(x, padding_mask=mask, training=False)
   flat = tf.nest.flatten(out)
-  assert len(flat) == 4 + len(dataclasses.fields(routing.RouterStats))
+  # The router's stats and the layer's 3 executed-compute stats.
+  assert len(flat) == 4 + len(dataclasses.fields(routing.RouterStats)) + 3
   assert isinstance(tf.nest.pack_sequence_as(out, flat), MoeOutput)
 
 

@@ -76,6 +76,8 @@ def test_learns_below_unigram_and_writes_metrics(tmp_path):
               "learning_rate", "grad_norm", "moe_loss", "batch_tokens"):
     assert key in train[-1], key
   assert train[-1]["router"]["toy/moe"].keys() >= {"load_cv", "entropy"}
+  # The toy reports no executed expert compute (MoeLayerStats does).
+  assert train[-1]["expert_compute"] == {}
   assert 0 < train[0]["tokens_seen"] < train[-1]["tokens_seen"]
   # TensorBoard events: train scalars, router histogram, dev CE per language.
   tags = set()

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from m4moe import layers, routing
+from m4moe.model import layers
+from m4moe.moe import routing
 from m4moe.config import ConfigError, ModelConfig, MoeConfig, load_model_config
-from m4moe.moe_layer import MoeLayer, MoeLayerStats
-from m4moe.numerics import fold_seed
+from m4moe.moe.layer import MoeLayer, MoeLayerStats
+from m4moe.model.numerics import fold_seed
 from m4moe.training import metrics as metrics_lib
 from m4moe.training import step as step_lib
 
@@ -271,7 +272,7 @@ def test_bad_feature_flags_name_the_flag_and_the_fix(kwargs, match):
 
 
 def test_dropless_is_refused_on_a_mesh():
-  from m4moe import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   config = ModelConfig(d_model=M, moe=MoeConfig(num_experts=E,
                                                 train_capacity_factor=0))
   mesh = sharding_lib.make_sharding("data:2", backend="xla")
@@ -367,7 +368,7 @@ def test_expert_compute_means_per_stack_by_hand():
 
 
 def test_model_reports_executed_compute_per_moe_layer_and_stack():
-  from m4moe import model as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   config = load_model_config(
       "tiny/moe", ["--moe_layer_interval=1", "--moe_layer_offset=0",
                    "--num_encoder_layers=2", "--num_decoder_layers=2",

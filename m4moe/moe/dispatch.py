@@ -433,7 +433,7 @@ def dispatched_assignments(routing: RoutingResult) -> tf.Tensor:
   skips, capacity drops and No-Token-Left-Behind moves), expert choice's
   filled slots. Padding tokens are never dispatched. The buffer paths
   (``index``, ``einsum``) also multiply their empty slots; those are not
-  counted here (:func:`m4moe.cost.estimate_device` counts them).
+  counted here (:func:`m4moe.cost.model.estimate_device` counts them).
   """
   if routing.expert_index is not None:
     kept = routing.buffer_position >= 0

@@ -82,12 +82,12 @@ from m4moe.model.numerics import fold_seed
 class MoeLayerStats(routing.RouterStats):
   """The router's statistics plus what the layer's experts executed.
 
-  Counted from the dispatch actually made (:func:`m4moe.dispatch.
+  Counted from the dispatch actually made (:func:`m4moe.moe.dispatch.
   dispatched_assignments`), so the second-expert policy's skips and the
   capacity drops are subtracted; FLOPs are forward multiply-adds times 2,
-  as in :mod:`m4moe.cost`. Per real (non-padding) token of the call.
+  as in :mod:`m4moe.cost.model`. Per real (non-padding) token of the call.
 
-  Attributes (besides :class:`m4moe.routing.RouterStats`'):
+  Attributes (besides :class:`m4moe.moe.routing.RouterStats`'):
     expert_assignments_per_token: <float32>[] dispatched (token, routed
       expert) pairs per real token (top2 with the ``all`` policy and no
       drops: 2).

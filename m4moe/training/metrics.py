@@ -9,7 +9,7 @@ needs no ``tensorboard`` package (reading them does). Tags:
   train/tokens_per_sec, train/nonfinite_skipped
   router/<layer>/<stat> for every scalar RouterStats field (load_cv,
     dropped_first, dropped_second, entropy, max_logit, ...) and the
-    executed expert compute of ``m4moe.moe_layer.MoeLayerStats``
+    executed expert compute of ``m4moe.moe.layer.MoeLayerStats``
     (expert_assignments_per_token, expert_flops_per_token,
     expert_flops_dense_fraction)
   router/<layer>/load_per_expert   a histogram with one bucket per expert

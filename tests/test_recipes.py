@@ -84,3 +84,27 @@ def test_recipe_validation_errors_carry_the_file(tmp_path):
                   'train_steps = 1\n')
   with pytest.raises(recipes_lib.RecipeError, match=r"dup.toml.*repeats"):
     recipes_lib.load_recipe(str(path))
+
+
+def test_a_dev_only_recipe_never_reads_a_test_split(tmp_path):
+  path = tmp_path / "screen.toml"
+  path.write_text(_MINIMAL.replace("beam_size = 2\n",
+                                   'beam_size = 2\neval_split = "dev"\n'))
+  stages = plan_lib.plan(recipes_lib.load_recipe(str(path)),
+                         run_dir=tmp_path / "r", cache_dir=tmp_path)
+  evals = [s for s in stages if s.tool == "eval"]
+  assert [s.name for s in evals] == ["eval_dev_m"]
+  assert all("--split=dev" in s.args for s in evals)
+  assert stages[-1].name == "report_dev"
+  args = [arg.replace(str(tmp_path), "") for s in stages[1:] for arg in s.args]
+  assert not [arg for arg in args if "test" in arg], "a test split is named"
+
+
+def test_a_dev_only_recipe_refuses_the_ood_test(tmp_path):
+  path = tmp_path / "screen.toml"
+  path.write_text(_MINIMAL.replace(
+      "beam_size = 2\n", 'beam_size = 2\neval_split = "dev"\nood_test = true\n'
+  ).replace("use_packaged_corpus_recipe = false",
+            "use_packaged_corpus_recipe = true"))
+  with pytest.raises(recipes_lib.RecipeError, match="reads no test split"):
+    recipes_lib.load_recipe(str(path))

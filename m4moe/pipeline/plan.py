@@ -124,8 +124,8 @@ def _eval_stage(recipe: Recipe, model: ModelRun, *, run: str, split: str,
                 out: str, run_dir: pathlib.Path,
                 languages: Sequence[str]) -> Stage:
   """``m4moe-eval`` of one run on ``split``, writing ``<out>/<run>.json``."""
-  max_sentences = (recipe.eval_max_sentences if split == "test"
-                   else recipe.ood_eval_max_sentences)
+  max_sentences = (recipe.ood_eval_max_sentences if split == "test_ood"
+                   else recipe.eval_max_sentences)
   return Stage(
       name=f"{out}_{run}",
       description=f"decode the {split} split with {run} and score it",
@@ -146,7 +146,9 @@ def _eval_stage(recipe: Recipe, model: ModelRun, *, run: str, split: str,
 
 
 def _splits(recipe: Recipe) -> tuple[tuple[str, str], ...]:
-  """(split, output directory name) of every test split the recipe scores."""
+  """(split, output directory name) of every split the recipe scores."""
+  if recipe.eval_split == "dev":
+    return (("dev", "eval_dev"),)
   return (("test", "eval"),) + (
       (("test_ood", "eval_ood"),) if recipe.ood_test else ())
 
@@ -190,12 +192,16 @@ def _report_stages(recipe: Recipe, *, run_dir: pathlib.Path,
       for m in recipe.models)
   stages = []
   for split, out in _splits(recipe):
-    name = "report" if split == "test" else "report_ood"
+    name = {"test": "report", "test_ood": "report_ood",
+            "dev": "report_dev"}[split]
     title = f"m4moe {recipe.name}: {recipe.description}"
     description = "write the BLEU report"
-    if split != "test":
+    if split == "test_ood":
       title += f" ({split}: out-of-domain test)"
       description += " of the out-of-domain test"
+    elif split == "dev":
+      title += " (dev: selection only)"
+      description += " of the dev split (selection)"
     found = jsons[split]
     baselines = ([f"--baselines={','.join(str(p) for p in found.baselines)}"]
                  if found.baselines else [])

@@ -152,6 +152,10 @@ class Recipe:
     ood_eval_max_sentences: ``test_ood`` sentences per language (0: all;
       the held-out packages give up to ~16k per language, in a fixed
       shuffled order).
+    eval_split: the split every run is decoded and scored on: ``test``
+      (reporting) or ``dev`` (selection: a screening recipe chooses among
+      candidates on dev and never reads a test split; ``eval_max_sentences``
+      then caps the dev sentences per language).
   """
 
   name: str
@@ -174,8 +178,16 @@ class Recipe:
   vocab_flags: tuple[str, ...] = ()
   ood_test: bool = False
   ood_eval_max_sentences: int = 1000
+  eval_split: str = "test"
 
   def __post_init__(self) -> None:
+    if self.eval_split not in ("test", "dev"):
+      raise RecipeError(f"recipe {self.name!r}: eval_split must be 'test' or "
+                        f"'dev', got {self.eval_split!r}")
+    if self.eval_split == "dev" and self.ood_test:
+      raise RecipeError(f"recipe {self.name!r}: a dev-only recipe "
+                        "(eval_split = 'dev') reads no test split; drop "
+                        "ood_test")
     for field in ("baseline_steps", "baseline_seconds", "baseline_lanes",
                   "baseline_flags"):
       unknown = {lang for lang, _ in getattr(self, field)} - set(

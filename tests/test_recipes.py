@@ -24,8 +24,9 @@ train_steps = 3
 '''
 
 
-def test_packaged_recipes_are_the_three_documented_ones():
-  assert recipes_lib.packaged_names() == ["demo", "smoke", "study"]
+def test_packaged_recipes_are_the_documented_ones():
+  assert recipes_lib.packaged_names() == ["demo", "smoke", "study",
+                                          "study3_screen"]
 
 
 def test_demo_recipe_values_come_from_its_file():

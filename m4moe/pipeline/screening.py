@@ -1,0 +1,173 @@
+r"""The selection table of a dev-only recipe: candidates ranked on dev.
+
+A screening recipe (``eval_split = "dev"``, e.g. ``study3_screen``) trains
+each candidate once and scores it on dev only. This tool reads what each
+finished run left in the run directory (its ``metrics.jsonl`` and its
+``eval_dev/<run>.json``) and writes one table, ranked by the best
+token-weighted dev cross-entropy (the selection rule; dev BLEU is shown
+beside it). Candidates still training or not started are listed as such,
+so the table can be regenerated as runs land:
+
+  python3 -m m4moe.pipeline.screening --recipe=study3_screen \
+      --run_dir=runs/study3 --output=results/study/v3/screening
+
+writes ``screening.md`` and ``screening.json`` under ``--output``. It never
+reads a test split: the recipe has none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import statistics
+from typing import Any, Sequence
+
+from absl import app
+from absl import flags
+
+from m4moe import cli
+from m4moe.eval import results as results_lib
+from m4moe.eval import training_logs
+from m4moe.pipeline import recipes as recipes_lib
+
+_RECIPE = flags.DEFINE_string("recipe", "study3_screen",
+                              "The dev-only recipe (name or .toml path).")
+_RUN_DIR = flags.DEFINE_string("run_dir", None, "Where the recipe ran.")
+_OUTPUT = flags.DEFINE_string(
+    "output", None, "Directory for screening.md and screening.json.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """What one candidate run shows on dev (None: not measured yet)."""
+  name: str
+  run: str
+  status: str  # "scored", "trained", "training", "not started"
+  steps: int | None = None
+  best_dev_ce: float | None = None
+  best_step: int | None = None
+  final_dev_ce: float | None = None
+  dev_bleu: float | None = None
+  dev_languages: int = 0
+  executed_ffn_fraction: dict[str, float] | None = None
+  steps_per_sec: float | None = None
+  num_params: int | None = None
+  flags: tuple[str, ...] = ()
+
+
+def _dev_curve(records: Sequence[dict]) -> list[tuple[int, float]]:
+  return [(int(r["step"]), float(r["dev_ce_mean"])) for r in records
+          if r.get("kind") == "eval"
+          and isinstance(r.get("dev_ce_mean"), (int, float))]
+
+
+def _executed(records: Sequence[dict]) -> dict[str, float] | None:
+  """Per stack, the mean executed expert FLOPs / dense FFN FLOPs of the
+  last logged quarter of training."""
+  rows = [r["expert_compute"] for r in records
+          if r.get("kind", "train") == "train"
+          and isinstance(r.get("expert_compute"), dict) and r["expert_compute"]]
+  if not rows:
+    return None
+  tail = rows[-max(1, len(rows) // 4):]
+  stacks = sorted({s for row in tail for s in row})
+  return {s: statistics.fmean(row[s]["expert_flops_dense_fraction"]
+                              for row in tail if s in row) for s in stacks}
+
+
+def _dev_bleu(path: pathlib.Path) -> tuple[float | None, int]:
+  if not path.is_file():
+    return None, 0
+  scored = [s.bleu for s in results_lib.read_eval_json(path).languages.values()
+            if s.bleu is not None]
+  return (statistics.fmean(scored) if scored else None), len(scored)
+
+
+def candidate(model: recipes_lib.ModelRun, run: str,
+              run_dir: pathlib.Path) -> Candidate:
+  """The dev measurements of one run of ``model``."""
+  metrics = run_dir / "models" / run / "metrics.jsonl"
+  if not metrics.is_file():
+    return Candidate(name=model.name, run=run, status="not started",
+                     flags=model.extra_flags)
+  records = training_logs.read_records(metrics)
+  curve = _dev_curve(records)
+  best = min(curve, key=lambda point: point[1]) if curve else (None, None)
+  bleu, languages = _dev_bleu(run_dir / "eval_dev" / f"{run}.json")
+  done = (run_dir / "stages" / f"train_{run}.json").is_file()
+  start = [r for r in records if r.get("kind") == "start"]
+  cost = training_logs.training_cost(records)
+  return Candidate(
+      name=model.name, run=run,
+      status="scored" if bleu is not None else (
+          "trained" if done else "training"),
+      steps=cost.steps, best_dev_ce=best[1], best_step=best[0],
+      final_dev_ce=curve[-1][1] if curve else None, dev_bleu=bleu,
+      dev_languages=languages, executed_ffn_fraction=_executed(records),
+      steps_per_sec=cost.steps_per_sec,
+      num_params=start[0].get("num_params") if start else None,
+      flags=model.extra_flags)
+
+
+def _cell(value: Any, fmt: str) -> str:
+  return "-" if value is None else format(value, fmt)
+
+
+def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate]) -> str:
+  """The ranked table (best dev CE first; unmeasured candidates last)."""
+  lines = [f"# {recipe.name}: selection on dev", "",
+           "Ranked by the best token-weighted dev cross-entropy over the "
+           "recipe's languages (lower is better); dev BLEU is the mean over "
+           "the languages scored (beam "
+           f"{recipe.beam_size}, at most {recipe.eval_max_sentences} dev "
+           "sentences each, at the best dev-CE checkpoint). Executed FFN = "
+           "expert FLOPs actually executed per token over the dense FFN's "
+           "(encoder / decoder means). Regenerate: `python3 -m "
+           "m4moe.pipeline.screening --recipe=RECIPE --run_dir=RUN_DIR "
+           "--output=DIR`.", "",
+           "| rank | candidate | status | steps | best dev CE (step) | final "
+           "dev CE | dev BLEU (langs) | executed FFN enc / dec | steps/s | "
+           "params |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+  ranked = sorted(rows, key=lambda c: (c.best_dev_ce is None,
+                                       c.best_dev_ce or 0.0))
+  for rank, c in enumerate(ranked, 1):
+    executed = ("-" if not c.executed_ffn_fraction else " / ".join(
+        f"{v:.2f}" for v in c.executed_ffn_fraction.values()))
+    best = ("-" if c.best_dev_ce is None
+            else f"{c.best_dev_ce:.3f} ({c.best_step})")
+    lines.append(
+        f"| {rank} | {c.name} | {c.status} | {_cell(c.steps, 'd')} | {best} "
+        f"| {_cell(c.final_dev_ce, '.3f')} | {_cell(c.dev_bleu, '.2f')} "
+        f"({c.dev_languages}) | {executed} | {_cell(c.steps_per_sec, '.3f')} "
+        f"| {_cell(c.num_params, ',d')} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _RUN_DIR.value or not _OUTPUT.value:
+    raise app.UsageError("give --run_dir (where the recipe ran) and --output")
+  try:
+    recipe = recipes_lib.load_recipe(_RECIPE.value)
+  except recipes_lib.RecipeError as e:
+    raise app.UsageError(str(e)) from None
+  if recipe.eval_split != "dev":
+    raise app.UsageError(f"--recipe={_RECIPE.value} scores {recipe.eval_split}"
+                         "; a selection table reads dev-only recipes")
+  run_dir = pathlib.Path(_RUN_DIR.value)
+  rows = [candidate(model, run, run_dir) for model in recipe.models
+          for run, _ in model.runs()]
+  out = pathlib.Path(_OUTPUT.value)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "screening.md").write_text(markdown(recipe, rows), encoding="utf-8")
+  (out / "screening.json").write_text(json.dumps(
+      {"recipe": recipe.name, "selected_on": "dev",
+       "candidates": [dataclasses.asdict(r) for r in rows]}, indent=1),
+      encoding="utf-8")
+  print(markdown(recipe, rows))
+
+
+if __name__ == "__main__":
+  cli.run_tool(main, module=__name__)

@@ -1,0 +1,99 @@
+"""m4moe.pipeline.screening: dev-only candidates ranked by best dev CE."""
+
+import json
+import subprocess
+import sys
+
+from m4moe.eval import results
+from m4moe.eval import scoring
+from m4moe.pipeline import recipes as recipes_lib
+from m4moe.pipeline import screening
+
+_RECIPE = '''
+name = "screen"
+description = "two candidates"
+use_packaged_corpus_recipe = false
+source_vocab_size = 400
+target_vocab_size = 320
+batch_tokens = 512
+sequence_length = 32
+eval_max_sentences = 8
+eval_split = "dev"
+beam_size = 2
+[[models]]
+name = "a"
+config = "tiny/dense"
+train_steps = 30
+seeds = [1]
+[[models]]
+name = "b"
+config = "tiny/moe"
+train_steps = 30
+seeds = [1]
+[[models]]
+name = "c"
+config = "tiny/moe"
+train_steps = 30
+seeds = [1]
+'''
+
+
+def _run(run_dir, run, curve, *, bleu=None, fraction=None):
+  model = run_dir / "models" / run
+  model.mkdir(parents=True)
+  records = [{"kind": "start", "step": 0, "num_params": 1000}]
+  for step, ce in curve:
+    train = {"kind": "train", "step": step, "step_time_sec": 0.5,
+             "tokens_seen": step * 100}
+    if fraction is not None:
+      train["expert_compute"] = {
+          "decoder": {"expert_flops_dense_fraction": fraction[1]},
+          "encoder": {"expert_flops_dense_fraction": fraction[0]}}
+    records += [train, {"kind": "eval", "step": step, "dev_ce_mean": ce}]
+  (model / "metrics.jsonl").write_text(
+      "\n".join(json.dumps(r) for r in records) + "\n")
+  if bleu is not None:
+    (run_dir / "stages").mkdir(exist_ok=True)
+    (run_dir / "stages" / f"train_{run}.json").write_text("{}")
+    languages = {lang: scoring.LanguageScore(
+        language=lang, source_lang=lang, target_lang="en", num_segments=5,
+        bleu=value, chrf=value, bleu_signature="s", chrf_signature="s")
+                 for lang, value in bleu.items()}
+    results.write_eval_json(results.EvalResult(
+        model=run, kind="multilingual", metadata={}, languages=languages),
+        run_dir / "eval_dev" / f"{run}.json")
+
+
+def test_candidates_rank_by_best_dev_ce(tmp_path):
+  path = tmp_path / "screen.toml"
+  path.write_text(_RECIPE)
+  recipe = recipes_lib.load_recipe(str(path))
+  run_dir = tmp_path / "run"
+  # a: best 3.0 at step 20, then overfits; b: best 2.9 (final) and scored.
+  _run(run_dir, "a_s1", [(10, 3.2), (20, 3.0), (30, 3.1)], bleu={"de": 10.0,
+                                                               "fr": 14.0})
+  _run(run_dir, "b_s1", [(10, 3.3), (20, 2.95), (30, 2.9)],
+       bleu={"de": 12.0, "fr": 13.0}, fraction=(0.5, 0.75))
+  rows = [screening.candidate(m, run, run_dir) for m in recipe.models
+          for run, _ in m.runs()]
+  by_name = {r.name: r for r in rows}
+  assert (by_name["a"].best_dev_ce, by_name["a"].best_step) == (3.0, 20)
+  assert by_name["a"].final_dev_ce == 3.1
+  assert by_name["a"].dev_bleu == 12.0 and by_name["a"].dev_languages == 2
+  assert by_name["b"].executed_ffn_fraction == {"decoder": 0.75,
+                                                "encoder": 0.5}
+  assert by_name["b"].steps_per_sec == 2.0
+  assert by_name["c"].status == "not started"
+  table = screening.markdown(recipe, rows)
+  lines = [l for l in table.splitlines() if l.startswith("| ")][1:]
+  assert [l.split("|")[2].strip() for l in lines] == ["b", "a", "c"]
+
+
+def test_the_tool_refuses_a_recipe_that_scores_test(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.screening", "--recipe=demo",
+       f"--run_dir={tmp_path}", f"--output={tmp_path / 'out'}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode != 0
+  assert "dev-only recipes" in proc.stderr
+  assert not (tmp_path / "out").exists()

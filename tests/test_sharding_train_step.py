@@ -137,7 +137,7 @@ def _one_step(mesh_text, *, extra_flags=(), remat=False, one_device=False,
   batch = runner.put(_batch())
   seed = sharding.put(tf.random.experimental.stateless_fold_in([5, 6], 0))
   tokens = tf.constant(float(np.count_nonzero(_batch()["targets"])))
-  grads, _, _ = runner._grads_fn(batch, seed, tokens, tf.constant(1.0))  # pylint: disable=protected-access
+  grads = runner._grads_fn(batch, seed, tokens, tf.constant(1.0))[0]  # pylint: disable=protected-access
   grads = sharding.like_variables(grads, variables)
   initial = [runner.host(v).tolist() for v in variables]
   result = runner.train_step([_batch()], seed=tf.constant([5, 6]))

@@ -272,7 +272,7 @@ class MoeConfig:
     _require(self.router != "expert_choice", "route_by", self.route_by,
              "language routing sends all of a language's tokens to the same "
              "experts, so experts cannot choose among them; use a "
-             "token-choice --router (top2, top1 or noisy_topk) or "
+             "token-choice --router (top2, top1, topk or noisy_topk) or "
              "--route_by=token")
     _require(self.eval_capacity_factor == 0, "eval_capacity_factor",
              self.eval_capacity_factor,

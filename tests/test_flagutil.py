@@ -36,7 +36,8 @@ NON_DEFAULT = {
     "expert_dropout_rate": 0.2, "no_token_left_behind": True,
     "expert_init_scale": 0.5,
     "renormalize_combine_weights": False, "batch_prioritized_routing": True,
-    "bias_balancing_rate": 0.01,
+    "bias_balancing_rate": 0.01, "num_shared_experts": 2,
+    "shared_expert_hidden_dim": 24, "expert_output_mask_rate": 0.1,
     "dispatch": "index",
     # --route_by=language needs --eval_capacity_factor=0 (the default), so it
     # cannot join the non-defaults here; test_task_routing.py round-trips it.

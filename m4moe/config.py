@@ -31,10 +31,12 @@ from m4moe import errors
 from m4moe import flagutil
 from m4moe.errors import ConfigError
 
-ROUTERS = ("top2", "top1", "noisy_topk", "expert_choice")
+ROUTERS = ("top2", "top1", "topk", "noisy_topk", "expert_choice")
 SECOND_EXPERT_POLICIES = ("random", "all", "sampling")
 DISPATCH_IMPLEMENTATIONS = ("einsum", "index", "sorted")
 ROUTE_BY = ("token", "language")
+# Routers that support --bias_balancing_rate (a selection bias per expert).
+BIAS_BALANCED_ROUTERS = ("topk", "top1", "top2")
 ACTIVATION_DTYPES = ("float32", "bfloat16")
 
 
@@ -52,8 +54,10 @@ class MoeConfig:
     moe_layer_offset: layer ``i`` (0-based, per stack) is MoE iff
       ``i % interval == offset``; GShard's "every other layer" is (2, 1).
     router: one of ``top2`` (GShard Algorithm 1), ``top1`` (Switch),
-      ``noisy_topk`` (Shazeer et al. 2017), ``expert_choice`` (encoder only).
-    num_selected_experts: k for ``noisy_topk`` (top2 uses 2, top1 uses 1).
+      ``topk`` (GShard's rule for any k), ``noisy_topk`` (Shazeer et al.
+      2017), ``expert_choice`` (encoder only).
+    num_selected_experts: k for ``topk`` and ``noisy_topk`` (top2 uses 2,
+      top1 uses 1).
     second_expert_policy: top2 only: ``random`` (dispatch iff 2*g2 > U(0,1),
       the paper's), ``all`` (always) or ``sampling`` (sample e2 from the gates).
     group_size: S, tokens per dispatch group (local group dispatching).
@@ -102,6 +106,18 @@ class MoeConfig:
       training, each real token's whole MoE output (routed plus shared) is
       zeroed with this probability and kept tokens are scaled by
       1/(1 - rate); separate from ``expert_dropout_rate``.
+
+  Router techniques (``docs/moe_techniques.md``):
+    renormalize_combine_weights: ``topk`` only: a token's combine weights
+      are its k chosen gates divided by their sum (GShard; True) or the raw
+      softmax gates (Switch, DeepSeek-V2; False). See docs/moe_techniques.md.
+    batch_prioritized_routing: token-choice routers: within a group, tokens
+      take buffer positions in descending order of their largest router
+      probability instead of token order (V-MoE), for every choice rank.
+    bias_balancing_rate: auxiliary-loss-free load balancing (Wang et al.
+      2024, DeepSeek-V3) for ``topk``, ``top1`` and ``top2``: a per-expert
+      bias added to the gates for selection only, moved by this rate times
+      the sign of the load error after every training step; 0 disables it.
   """
 
   num_experts: int = 0
@@ -131,6 +147,10 @@ class MoeConfig:
   num_shared_experts: int = 0
   shared_expert_hidden_dim: int = 0
   expert_output_mask_rate: float = 0.0
+  # --- Router techniques (docs/moe_techniques.md). ---
+  renormalize_combine_weights: bool = True
+  batch_prioritized_routing: bool = False
+  bias_balancing_rate: float = 0.0
 
   def __post_init__(self) -> None:
     # From config.json the languages come back as a list.
@@ -180,6 +200,39 @@ class MoeConfig:
       _require(not (self.router == "top2" and self.num_experts < 2),
                "num_experts", self.num_experts,
                "top2 routing needs at least 2 experts; use --router=top1")
+    self._check_router_techniques()
+
+  def _check_router_techniques(self) -> None:
+    """Validation of the router-technique flags (docs/moe_techniques.md)."""
+    _require(self.renormalize_combine_weights or self.router == "topk",
+             "renormalize_combine_weights", self.renormalize_combine_weights,
+             f"--router={self.router} has a fixed combine rule; "
+             "--norenormalize_combine_weights applies to --router=topk only")
+    _require(not (self.router == "topk" and self.num_experts and
+                  self.num_selected_experts == 1 and
+                  self.renormalize_combine_weights),
+             "renormalize_combine_weights", self.renormalize_combine_weights,
+             "with --num_selected_experts=1 the renormalised weight is always "
+             "1, so the router gets no gradient from the model loss; use "
+             "--norenormalize_combine_weights (Switch's raw gate)")
+    _require(not (self.batch_prioritized_routing and
+                  self.router == "expert_choice"),
+             "batch_prioritized_routing", self.batch_prioritized_routing,
+             "experts pick tokens under --router=expert_choice, there is no "
+             "token order to prioritise; use a token-choice --router")
+    rate = self.bias_balancing_rate
+    _require(rate >= 0 and math.isfinite(rate), "bias_balancing_rate", rate,
+             "use 0 (off) or a small positive rate such as 1e-3")
+    _require(rate == 0 or self.router in BIAS_BALANCED_ROUTERS,
+             "bias_balancing_rate", rate,
+             f"--router={self.router} does not support the selection bias; "
+             f"use --router={' or '.join(BIAS_BALANCED_ROUTERS)} or "
+             "--bias_balancing_rate=0")
+    _require(rate == 0 or self.router != "top2" or
+             self.second_expert_policy != "sampling",
+             "bias_balancing_rate", rate,
+             "--second_expert_policy=sampling samples the second expert from "
+             "the unbiased gates; use --second_expert_policy=all or random")
 
   def _check_layer_features(self) -> None:
     """Layer features: shared experts, output masking, dropless training."""
@@ -219,7 +272,7 @@ class MoeConfig:
     _require(self.router != "expert_choice", "route_by", self.route_by,
              "language routing sends all of a language's tokens to the same "
              "experts, so experts cannot choose among them; use a "
-             "token-choice --router (top2, top1 or noisy_topk) or "
+             "token-choice --router (top2, top1, topk or noisy_topk) or "
              "--route_by=token")
     _require(self.eval_capacity_factor == 0, "eval_capacity_factor",
              self.eval_capacity_factor,

@@ -29,12 +29,15 @@ NON_DEFAULT = {
     "attention_dropout_rate": 0.05, "activation_dtype": "bfloat16",
     "init_scale": 0.1, "max_length": 77, "num_experts": 6,
     "expert_hidden_dim": 40, "moe_layer_interval": 3, "moe_layer_offset": 2,
-    "router": "noisy_topk", "num_selected_experts": 3,
+    "router": "topk", "num_selected_experts": 3,
     "second_expert_policy": "sampling", "group_size": 33,
     "train_capacity_factor": 1.5, "eval_capacity_factor": 2.0,
     "aux_loss_weight": 0.03, "z_loss_weight": 1e-3, "router_jitter": 0.01,
     "expert_dropout_rate": 0.2, "no_token_left_behind": True,
     "expert_init_scale": 0.5,
+    "renormalize_combine_weights": False, "batch_prioritized_routing": True,
+    "bias_balancing_rate": 0.01, "num_shared_experts": 2,
+    "shared_expert_hidden_dim": 24, "expert_output_mask_rate": 0.1,
     "dispatch": "index",
     # --route_by=language needs --eval_capacity_factor=0 (the default), so it
     # cannot join the non-defaults here; test_task_routing.py round-trips it.

@@ -1,5 +1,6 @@
 """Routers: a NumPy loop of GShard Algorithm 1 as oracle, invariants, losses."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -94,6 +95,27 @@ def test_top2_eval_dispatches_both_choices_like_policy_all():
                              atol=1e-6)
 
 
+def routing_with_techniques(common):
+  """(label, router): batch-prioritized and bias-balanced variants."""
+  out = [
+      ("top2-all-bpr", routing.Top2Router(second_expert_policy="all",
+                                          batch_prioritized=True, **common)),
+      ("top1-bpr-ntlb", routing.SwitchRouter(batch_prioritized=True,
+                                             no_token_left_behind=True,
+                                             **common)),
+      ("topk3-bpr-bias", routing.TopKRouter(k=3, batch_prioritized=True,
+                                            bias_balancing_rate=0.1,
+                                            **common)),
+      ("top2-random-bias", routing.Top2Router(bias_balancing_rate=0.1,
+                                              **common)),
+      ("top1-bias", routing.SwitchRouter(bias_balancing_rate=0.1, **common)),
+  ]
+  for _, router in out:
+    if router.balancing_bias is not None:
+      router.balancing_bias.assign([0.3, -0.2, 0.0, 0.1])
+  return out
+
+
 def _routers():
   """(label, router) for every router and option worth checking."""
   # Built at collection time, maybe after another module enabled op
@@ -111,6 +133,10 @@ def _routers():
         jitter=0.1, no_token_left_behind=ntlb, **common)))
     out.append((f"noisy3-ntlb{ntlb:d}", routing.NoisyTopKRouter(
         k=3, no_token_left_behind=ntlb, **common)))
+    out.append((f"topk3-ntlb{ntlb:d}", routing.TopKRouter(
+        k=3, no_token_left_behind=ntlb, **common)))
+  for name, router in routing_with_techniques(common):
+    out.append((name, router))
   out.append(("expert_choice", routing.ExpertChoiceRouter(**common)))
   for _, router in out:
     set_router_weights(router)
@@ -125,7 +151,7 @@ def _choices_per_token(router):
     return 2
   if isinstance(router, routing.SwitchRouter):
     return 1
-  if isinstance(router, routing.NoisyTopKRouter):
+  if isinstance(router, (routing.NoisyTopKRouter, routing.TopKRouter)):
     return router.k
   return router.num_experts  # expert choice: any number of experts
 
@@ -267,7 +293,7 @@ def _ctor_args(router):
               init_scale=1.0)
   if isinstance(router, routing.Top2Router):
     args["second_expert_policy"] = router.second_expert_policy
-  if isinstance(router, routing.NoisyTopKRouter):
+  if isinstance(router, (routing.NoisyTopKRouter, routing.TopKRouter)):
     args["k"] = router.k
   return args
 
@@ -325,6 +351,7 @@ def test_randomness_is_stateless_and_needs_a_seed(label, router):
 def test_make_router_follows_config():
   for name, cls in (("top2", routing.Top2Router),
                     ("top1", routing.SwitchRouter),
+                    ("topk", routing.TopKRouter),
                     ("noisy_topk", routing.NoisyTopKRouter),
                     ("expert_choice", routing.ExpertChoiceRouter)):
     config = ModelConfig(d_model=8, moe=MoeConfig(num_experts=4, router=name))
@@ -338,6 +365,6 @@ def test_stats_are_nest_compatible():
   router = routing.SwitchRouter(model_dim=8, num_experts=4, init_scale=1.0)
   stats = router(x, padding_mask=mask, capacity=4, training=False).stats
   flat = tf.nest.flatten(stats)
-  assert len(flat) == 8
+  assert len(flat) == len(dataclasses.fields(routing.RouterStats)) == 9
   rebuilt = tf.nest.pack_sequence_as(stats, flat)
   assert isinstance(rebuilt, routing.RouterStats)

@@ -103,7 +103,7 @@ def _restore_on_one_device(path):
 
 
 def _one_step(mesh_text, *, extra_flags=(), remat=False, one_device=False,
-              checkpoint=None):
+              checkpoint=None, steps=1):
   """One trainer step on ``mesh_text`` (None: one device, no mesh).
 
   With ``one_device``, the step runs on one device but groups the MoE
@@ -111,7 +111,8 @@ def _one_step(mesh_text, *, extra_flags=(), remat=False, one_device=False,
   (``data``, or ``expert`` without ``data``): the
   model is built with the XLA backend's annotations, identities outside XLA.
   With ``checkpoint`` (a path prefix) the model and optimiser are written
-  there after the step.
+  there after the step. ``steps`` > 1 runs further steps (on the same batch)
+  before the parameters are read.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
@@ -137,10 +138,11 @@ def _one_step(mesh_text, *, extra_flags=(), remat=False, one_device=False,
   batch = runner.put(_batch())
   seed = sharding.put(tf.random.experimental.stateless_fold_in([5, 6], 0))
   tokens = tf.constant(float(np.count_nonzero(_batch()["targets"])))
-  grads, _, _ = runner._grads_fn(batch, seed, tokens, tf.constant(1.0))  # pylint: disable=protected-access
+  grads = runner._grads_fn(batch, seed, tokens, tf.constant(1.0))[0]  # pylint: disable=protected-access
   grads = sharding.like_variables(grads, variables)
   initial = [runner.host(v).tolist() for v in variables]
-  result = runner.train_step([_batch()], seed=tf.constant([5, 6]))
+  for step in range(steps):
+    result = runner.train_step([_batch()], seed=tf.constant([5, 6 + step]))
   report = {
       "objective": result.objective, "ce_sum": result.ce_sum,
       "grad_norm": result.grad_norm, "applied": result.applied,
@@ -148,6 +150,8 @@ def _one_step(mesh_text, *, extra_flags=(), remat=False, one_device=False,
       "params": [runner.host(v).tolist() for v in variables],
       "initial": initial,
       "names": [v.name for v in variables],
+      "biases": {name: runner.host(r.balancing_bias).tolist()
+                 for name, r in runner.balanced_routers.items()},
   }
   if sharding.backend == "dtensor":
     report["shards"] = {v.name: sharding.local_shapes(v) for v in variables}
@@ -214,6 +218,14 @@ def _worker(part: str, workdir: str | None = None) -> None:
     report[_reference_key(PART_MESH)] = _one_step(
         PART_MESH, extra_flags=flags, one_device=True)
     report[PART_MESH] = _one_step(PART_MESH, extra_flags=flags)
+  elif part == "bias":
+    # Selection bias, batch priorities and top-3 routing: two steps, so the
+    # second routes with the bias the first one set from the global counts.
+    flags = ("--router=topk", "--num_selected_experts=3",
+             "--bias_balancing_rate=0.01", "--batch_prioritized_routing")
+    report[_reference_key(PART_MESH)] = _one_step(
+        PART_MESH, extra_flags=flags, one_device=True, steps=2)
+    report[PART_MESH] = _one_step(PART_MESH, extra_flags=flags, steps=2)
   print("REPORT " + json.dumps(report))
 
 
@@ -445,6 +457,17 @@ def test_bfloat16_step_on_a_mesh_matches_one_device():
         f"step {step}")
     far = np.mean(diff > 1e-2)
     assert far <= 0.01, f"updated {name}: {far:.2%} of entries differ > 1e-2"
+
+
+def test_bias_balanced_topk_steps_match_one_device():
+  report = _run_worker("bias")
+  got, ref = report[PART_MESH], report[_reference_key(PART_MESH)]
+  _assert_same_step(got, ref, rtol=1e-5, atol=1e-5)
+  assert sorted(got["biases"]) == ["decoder/layer_1/moe",
+                                   "encoder/layer_1/moe"]
+  for name, bias in ref["biases"].items():
+    assert np.abs(bias).max() > 0
+    np.testing.assert_array_equal(got["biases"][name], bias, err_msg=name)
 
 
 if __name__ == "__main__":

@@ -475,7 +475,7 @@ def _check_config(config: ModelConfig, *, causal: bool) -> None:
 
 _ROUTER_CLASSES = {
     "top2": routing.Top2Router, "top1": routing.SwitchRouter,
-    "noisy_topk": routing.NoisyTopKRouter,
+    "topk": routing.TopKRouter, "noisy_topk": routing.NoisyTopKRouter,
     "expert_choice": routing.ExpertChoiceRouter}
 
 

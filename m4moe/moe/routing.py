@@ -6,7 +6,7 @@ Dimensions (letters of the glossary in :mod:`m4moe`; GShard Algorithm 2's):
   S: group size, tokens per group; E: number of experts;
   C: expert capacity, buffer slots per expert per group;
   M: model width (d_model); H: expert hidden width;
-  K: expert choices per token (top2: 2, top1: 1, noisy_topk: k).
+  K: expert choices per token (top2: 2, top1: 1, topk and noisy_topk: k).
 
 Every router maps ``<float32>[G, S, M]`` router inputs (token activations;
 with ``--route_by=language`` one-hot language ids, M = number of routing
@@ -23,6 +23,10 @@ Routers:
   choice advances its expert's counter even when the ``random`` policy decides
   not to dispatch it, so such a choice leaves its slot empty.
 * :class:`SwitchRouter` -- top-1 (Switch Transformer), multiplicative jitter.
+* :class:`TopKRouter` -- Algorithm 1's capacity rule for any k: all first
+  choices of a group take positions before any second choice, all second
+  choices before any third, ...; combine weights renormalised over the k
+  chosen gates or not (``--renormalize_combine_weights``).
 * :class:`NoisyTopKRouter` -- Shazeer et al. (2017) noisy top-k gating.
 * :class:`ExpertChoiceRouter` -- each expert picks its top-C tokens of the
   group by gate value (encoder only: a token's routing depends on later
@@ -30,7 +34,7 @@ Routers:
 
 Load-balancing ("aux") losses, all unweighted:
 
-* top2 and top1: ``E * sum_e f_e * P_e`` per group, where ``f_e`` is the
+* top2, top1 and topk: ``E * sum_e f_e * P_e`` per group, where ``f_e`` is the
   fraction of the group's real tokens whose first choice is ``e`` (counted
   before capacity is applied) and ``P_e`` is their mean gate for ``e``. This
   equals GShard's ``mean_e(c_e/S * m_e)`` scaled by ``E**2`` and Switch's
@@ -46,6 +50,19 @@ over real tokens of ``logsumexp(logits)**2``.
 
 Padding tokens take no capacity, never enter losses or statistics, and get
 no buffer slot (hence zero MoE output).
+
+Router techniques of the token-choice routers (docs/moe_techniques.md):
+
+* Batch-prioritized routing (``batch_prioritized=True``, V-MoE): within a
+  group the tokens take buffer positions in descending order of their
+  largest router probability (ties: token order) instead of token order,
+  still all first choices before any second choice.
+* Auxiliary-loss-free balancing (``bias_balancing_rate > 0``, top2, top1 and
+  topk): a non-trainable per-expert bias ``b <float32>[E]`` is added to the
+  gates to *select* experts (``top-k(gates + b)``); combine weights, the aux
+  loss's ``P_e`` and batch priorities use the unbiased gates. After every
+  training step the trainer moves it by :func:`bias_balancing_update` from
+  ``RouterStats.selection_counts`` summed over the whole step.
 
 Per-group capacity: ``group_capacity <int32>[G]`` (optional) caps group g at
 ``group_capacity[g] <= C`` slots per expert; the buffers stay C wide and the
@@ -83,6 +100,10 @@ class RouterStats:
     max_logit: <float32>[] largest router logit over real tokens.
     aux_loss: <float32>[] unweighted load-balancing loss.
     z_loss: <float32>[] unweighted router z-loss.
+    selection_counts: <float32>[E] choices of real tokens (all K, as
+      selected: before capacity, policy skips and re-routing) that select
+      expert e, summed over the groups; the load bias balancing equalises
+      (expert_choice: tokens in e's filled slots).
   """
 
   load: tf.Tensor
@@ -93,6 +114,7 @@ class RouterStats:
   max_logit: tf.Tensor
   aux_loss: tf.Tensor
   z_loss: tf.Tensor
+  selection_counts: tf.Tensor
 
   def as_dict(self) -> dict[str, tf.Tensor]:
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -213,6 +235,31 @@ def balance_loss(gates: tf.Tensor, first_choice: tf.Tensor,
   per_group = num_experts * tf.reduce_sum(
       tf.stop_gradient(fraction) * mean_gate, axis=-1)
   return _group_weighted_mean(per_group, mask)
+
+
+def bias_balancing_update(bias: tf.Tensor, counts: tf.Tensor, *,
+                          rate: float) -> tf.Tensor:
+  """One step of auxiliary-loss-free balancing (Wang et al. 2024, Alg. 1).
+
+  ``b_e + rate * sign(mean_e'(c_e') - c_e)``: an expert selected less often
+  than the mean gains ``rate``, one selected more often loses it, one exactly
+  at the mean keeps its bias. The sign is taken of ``sum(c) - E * c_e``
+  (the same sign, exact for integer counts below 2**24, where a float mean
+  could round), so the update is a function of the counts only.
+
+  Args:
+    bias: <float32>[E] the current selection bias.
+    counts: <float32>[E] selections of each expert over the whole step
+      (``RouterStats.selection_counts`` summed over micro-batches and
+      replicas: a global count, the same on every device).
+    rate: the update rate u (``--bias_balancing_rate``).
+
+  Returns:
+    <float32>[E] the new bias.
+  """
+  counts = tf.cast(counts, tf.float32)
+  error = tf.reduce_sum(counts) - float(counts.shape[-1]) * counts
+  return bias + tf.constant(rate, tf.float32) * tf.sign(error)
 
 
 def z_loss(logits: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
@@ -478,19 +525,54 @@ def _slot_view(choices: tf.Tensor, positions: tf.Tensor, weights: tf.Tensor,
 
 
 class TokenChoiceRouter(Router):
-  """Routers where each token picks K experts (top2, top1, noisy_topk).
+  """Routers where each token picks K experts (top2, top1, topk, noisy_topk).
 
   Subclasses implement :meth:`_select`; this class applies capacity (all
-  first choices of a group before any second choice, in token order),
-  optional No-Token-Left-Behind re-routing, and builds the result.
+  first choices of a group before any second choice, in token order, or in
+  priority order with ``batch_prioritized``), optional No-Token-Left-Behind
+  re-routing, and builds the result.
+
+  With ``bias_balancing_rate > 0`` (subclasses that select through
+  :meth:`_selection_key`) the router owns ``balancing_bias <float32>[E]``, a
+  non-trainable variable (so checkpoints carry it and no optimiser touches
+  it) that the trainer updates with :meth:`update_balancing_bias`.
   """
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
-               no_token_left_behind: bool = False, name: str = "router",
+               no_token_left_behind: bool = False,
+               batch_prioritized: bool = False,
+               bias_balancing_rate: float = 0.0, name: str = "router",
                sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(model_dim=model_dim, num_experts=num_experts,
                      init_scale=init_scale, name=name, sharding=sharding)
     self.no_token_left_behind = no_token_left_behind
+    self.batch_prioritized = batch_prioritized
+    self.bias_balancing_rate = bias_balancing_rate
+    self.balancing_bias = None
+    if bias_balancing_rate > 0:
+      with self.name_scope:
+        self.balancing_bias = tf.Variable(
+            tf.zeros([num_experts], tf.float32), trainable=False,
+            name="balancing_bias")
+
+  def _selection_key(self, gates: tf.Tensor) -> tf.Tensor:
+    """<float32>[G, S, E] what experts are selected by: gates (+ bias)."""
+    if self.balancing_bias is None:
+      return gates
+    return gates + tf.convert_to_tensor(self.balancing_bias)
+
+  def update_balancing_bias(self, counts: tf.Tensor) -> None:
+    """Applies :func:`bias_balancing_update` with the step's global counts.
+
+    Args:
+      counts: <float32>[E] selections of each expert summed over the whole
+        training step (every micro-batch, replica and device).
+    """
+    if self.balancing_bias is None:
+      raise ValueError(f"{type(self).__name__} has no balancing bias; build "
+                       "it with bias_balancing_rate > 0")
+    self.balancing_bias.assign(bias_balancing_update(
+        self.balancing_bias, counts, rate=self.bias_balancing_rate))
 
   def _select(self, x: tf.Tensor, *, mask: tf.Tensor, training: bool,
               seed: tf.Tensor | None) -> _Selection:
@@ -507,8 +589,11 @@ class TokenChoiceRouter(Router):
     candidates = None
     if self.no_token_left_behind and num_experts > sel.choices.shape[-1]:
       candidates = _reroute_candidates(sel.reroute_key, sel.choices)
-    choices, positions, kept = _place(
-        sel.choices, requested, attempted, num_experts=num_experts,
+    order = None
+    if self.batch_prioritized:
+      order = _priority_order(sel.scores, mask)
+    choices, positions, kept = _place_in_order(
+        order, sel.choices, requested, attempted, num_experts=num_experts,
         capacity=_capacity_limit(capacity, group_capacity),
         candidates=candidates)
     score = tf.reduce_sum(tf.one_hot(choices, num_experts)
@@ -525,6 +610,8 @@ class TokenChoiceRouter(Router):
 
   def _stats(self, sel: _Selection, *, kept, attempted, mask, z) -> RouterStats:
     base = _base_stats(sel.logits, tf.unstack(sel.choices, axis=-1)[0], mask)
+    selected = tf.one_hot(sel.choices, self.num_experts) * tf.expand_dims(
+        tf.expand_dims(mask, -1), -1)  # [G, S, K, E]
     dropped = tf.unstack(tf.cast(attempted & ~kept, tf.float32), axis=-1)
     later = tf.unstack(tf.cast(attempted, tf.float32), axis=-1)[1:]
     later_attempts = tf.add_n([tf.reduce_sum(a) for a in later] + [0.0])
@@ -533,7 +620,50 @@ class TokenChoiceRouter(Router):
         dropped_second=tf.math.divide_no_nan(
             tf.add_n([tf.reduce_sum(d) for d in dropped[1:]] + [0.0]),
             later_attempts),
-        aux_loss=sel.aux_loss, z_loss=z, **base))
+        aux_loss=sel.aux_loss, z_loss=z,
+        selection_counts=tf.reduce_sum(selected, axis=[0, 1, 2]), **base))
+
+
+def _priority_order(scores: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """Batch-prioritized routing's token order within each group (V-MoE).
+
+  Args:
+    scores: <float32>[G, S, E] the unbiased router probabilities.
+    mask: <float32>[G, S] 1 for real tokens.
+
+  Returns:
+    <int32>[G, S] tokens by descending largest probability, ties in token
+    order; padding (which requests nothing) last.
+  """
+  priority = tf.where(mask > 0, tf.reduce_max(scores, axis=-1), -1.0)
+  return tf.argsort(-priority, axis=1, stable=True)
+
+
+def _place_in_order(order: tf.Tensor | None, choices: tf.Tensor,
+                    requested: tf.Tensor, attempted: tf.Tensor, *,
+                    num_experts: int, capacity: int | tf.Tensor,
+                    candidates: tf.Tensor | None) -> tuple[tf.Tensor, ...]:
+  """:func:`_place` with the tokens of each group taken in ``order``.
+
+  Args:
+    order: <int32>[G, S] the order tokens request positions in (a
+      permutation per group), or None for token order.
+    choices, requested, attempted, candidates, num_experts, capacity: as
+      for :func:`_place` (every per-token tensor <[G, S, ...]>).
+
+  Returns:
+    (choices, positions, kept) of :func:`_place`, in token order.
+  """
+  if order is None:
+    return _place(choices, requested, attempted, num_experts=num_experts,
+                  capacity=capacity, candidates=candidates)
+  def permute(t, index):
+    return None if t is None else tf.gather(t, index, batch_dims=1)
+  placed = _place(permute(choices, order), permute(requested, order),
+                  permute(attempted, order), num_experts=num_experts,
+                  capacity=capacity, candidates=permute(candidates, order))
+  inverse = tf.argsort(order, axis=1, stable=True)
+  return tuple(permute(t, inverse) for t in placed)
 
 
 def _gather_expert(values: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
@@ -550,15 +680,26 @@ class Top2Router(TokenChoiceRouter):
   renormalised second gate (the paper's); ``all`` always dispatches it;
   ``sampling`` samples e2 from the gates with e1 excluded (Gumbel-max). At
   eval every policy deterministically dispatches the second-best expert.
+  With a balancing bias, e1 and e2 are the two best of ``gates + bias``
+  (not with ``sampling``); g1, g2 stay the unbiased gates.
   """
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
                second_expert_policy: str = "random",
-               no_token_left_behind: bool = False, name: str = "router",
+               no_token_left_behind: bool = False,
+               batch_prioritized: bool = False,
+               bias_balancing_rate: float = 0.0, name: str = "router",
                sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    if bias_balancing_rate > 0 and second_expert_policy == "sampling":
+      raise ConfigError(
+          "--second_expert_policy=sampling samples e2 from the unbiased "
+          "gates, so --bias_balancing_rate cannot steer it; use "
+          "--second_expert_policy=all or random")
     super().__init__(model_dim=model_dim, num_experts=num_experts,
                      init_scale=init_scale,
-                     no_token_left_behind=no_token_left_behind, name=name,
+                     no_token_left_behind=no_token_left_behind,
+                     batch_prioritized=batch_prioritized,
+                     bias_balancing_rate=bias_balancing_rate, name=name,
                      sharding=sharding)
     self.second_expert_policy = second_expert_policy
 
@@ -594,9 +735,11 @@ class Top2Router(TokenChoiceRouter):
               uniform_draws=None) -> _Selection:
     logits = self.logits(x)
     gates = tf.nn.softmax(logits)
-    e1 = tf.argmax(gates, axis=-1, output_type=tf.int32)
+    key = self._selection_key(gates)
+    e1 = tf.argmax(key, axis=-1, output_type=tf.int32)
+    # Unbiased: the logits, whose order is the gates' (as in Algorithm 1).
     without_e1 = tf.where(tf.one_hot(e1, self.num_experts) > 0, _NEG_INF,
-                          logits)
+                          logits if self.balancing_bias is None else key)
     policy = self.second_expert_policy if training else "all"
     if policy == "sampling":
       u = self.sharding.pin_random(tf.random.stateless_uniform(
@@ -617,7 +760,7 @@ class Top2Router(TokenChoiceRouter):
         logits=logits, scores=gates, normaliser=normaliser,
         choices=tf.stack([e1, e2], axis=-1),
         policy_keep=tf.stack([tf.ones_like(keep_second), keep_second], -1),
-        reroute_key=gates, aux_loss=balance_loss(gates, e1, mask))
+        reroute_key=key, aux_loss=balance_loss(gates, e1, mask))
 
 
 class SwitchRouter(TokenChoiceRouter):
@@ -625,15 +768,19 @@ class SwitchRouter(TokenChoiceRouter):
 
   The combine weight is the (not renormalised) gate of the chosen expert.
   ``jitter`` multiplies router inputs by U(1 - eps, 1 + eps) when training.
+  With a balancing bias the chosen expert is the argmax of ``gates + bias``.
   """
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
                jitter: float = 0.0, no_token_left_behind: bool = False,
-               name: str = "router",
+               batch_prioritized: bool = False,
+               bias_balancing_rate: float = 0.0, name: str = "router",
                sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(model_dim=model_dim, num_experts=num_experts,
                      init_scale=init_scale,
-                     no_token_left_behind=no_token_left_behind, name=name,
+                     no_token_left_behind=no_token_left_behind,
+                     batch_prioritized=batch_prioritized,
+                     bias_balancing_rate=bias_balancing_rate, name=name,
                      sharding=sharding)
     self.jitter = jitter
 
@@ -647,12 +794,65 @@ class SwitchRouter(TokenChoiceRouter):
           minval=1.0 - self.jitter, maxval=1.0 + self.jitter))
     logits = self.logits(x)
     gates = tf.nn.softmax(logits)
-    e1 = tf.argmax(gates, axis=-1, output_type=tf.int32)
+    key = self._selection_key(gates)
+    e1 = tf.argmax(key, axis=-1, output_type=tf.int32)
     return _Selection(
         logits=logits, scores=gates, normaliser=tf.ones_like(gates[..., 0]),
         choices=tf.expand_dims(e1, -1),
         policy_keep=tf.ones_like(tf.expand_dims(e1, -1), dtype=tf.bool),
-        reroute_key=gates, aux_loss=balance_loss(gates, e1, mask))
+        reroute_key=key, aux_loss=balance_loss(gates, e1, mask))
+
+
+class TopKRouter(TokenChoiceRouter):
+  """Token-choice top-k for any k: GShard's capacity rule generalised.
+
+  Each token selects the k largest of ``gates + bias`` (bias 0 without
+  balancing; ties: lower expert index first), k = ``--num_selected_experts``.
+  Capacity as for every token-choice router: all first choices of a group
+  take positions (in token or priority order) before any second choice,
+  all second choices before any third, and so on. Combine weight of choice
+  e: ``g_e / sum of the k chosen g`` with ``renormalize`` (GShard's rule:
+  k = 2 is the ``top2`` router with the ``all`` policy), else the raw gate
+  ``g_e`` (k = 1 is the ``top1`` router without jitter). The aux loss is
+  GShard/Switch's :func:`balance_loss` on the first choices, scaled like
+  top2's. No randomness: training and eval route alike.
+  """
+
+  def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
+               k: int, renormalize: bool = True,
+               no_token_left_behind: bool = False,
+               batch_prioritized: bool = False,
+               bias_balancing_rate: float = 0.0, name: str = "router",
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+    if not 1 <= k <= num_experts:
+      raise ConfigError(f"--num_selected_experts={k} is invalid for "
+                        f"--num_experts={num_experts}; use k in [1, E]")
+    super().__init__(model_dim=model_dim, num_experts=num_experts,
+                     init_scale=init_scale,
+                     no_token_left_behind=no_token_left_behind,
+                     batch_prioritized=batch_prioritized,
+                     bias_balancing_rate=bias_balancing_rate, name=name,
+                     sharding=sharding)
+    self.k = k
+    self.renormalize = renormalize
+
+  def _select(self, x, *, mask, training, seed) -> _Selection:
+    del training, seed
+    logits = self.logits(x)
+    gates = tf.nn.softmax(logits)
+    key = self._selection_key(gates)
+    _, choices = tf.math.top_k(key, k=self.k)
+    choices = tf.cast(choices, tf.int32)  # [G, S, K]
+    normaliser = tf.ones_like(gates[..., 0])
+    if self.renormalize:
+      chosen = tf.one_hot(choices, self.num_experts)  # [G, S, K, E]
+      normaliser = tf.reduce_sum(chosen * tf.expand_dims(gates, 2),
+                                 axis=[2, 3])
+    first = tf.unstack(choices, axis=-1)[0]
+    return _Selection(
+        logits=logits, scores=gates, normaliser=normaliser, choices=choices,
+        policy_keep=tf.ones_like(choices, dtype=tf.bool), reroute_key=key,
+        aux_loss=balance_loss(gates, first, mask))
 
 
 def importance_loss(gates: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
@@ -684,11 +884,12 @@ class NoisyTopKRouter(TokenChoiceRouter):
 
   def __init__(self, *, model_dim: int, num_experts: int, init_scale: float,
                k: int, no_token_left_behind: bool = False,
-               name: str = "router",
+               batch_prioritized: bool = False, name: str = "router",
                sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
     super().__init__(model_dim=model_dim, num_experts=num_experts,
                      init_scale=init_scale,
-                     no_token_left_behind=no_token_left_behind, name=name,
+                     no_token_left_behind=no_token_left_behind,
+                     batch_prioritized=batch_prioritized, name=name,
                      sharding=sharding)
     self.k = k
     with self.name_scope:
@@ -754,7 +955,8 @@ class ExpertChoiceRouter(Router):
     stats = tf.nest.map_structure(tf.stop_gradient, RouterStats(
         dropped_first=_masked_mean(1.0 - tf.cast(picked, tf.float32), mask),
         dropped_second=tf.zeros([], tf.float32), aux_loss=aux, z_loss=zl,
-        **base))
+        selection_counts=tf.reduce_sum(tf.cast(valid, tf.float32),
+                                       axis=[0, 2]), **base))
     return RoutingResult(num_experts=self.num_experts, capacity=capacity,
                          slot_token=slot_token, slot_weight=slot_weight,
                          group_size=group_size, aux_loss=aux, z_loss=zl,
@@ -784,12 +986,19 @@ def make_router(config: ModelConfig, *, name: str = "router",
     model_dim = moe.router_input_dim
   common = dict(model_dim=model_dim, num_experts=moe.num_experts,
                 init_scale=config.moe_init_scale, name=name, sharding=sharding)
-  ntlb = dict(no_token_left_behind=moe.no_token_left_behind)
+  options = dict(no_token_left_behind=moe.no_token_left_behind,
+                 batch_prioritized=moe.batch_prioritized_routing)
+  bias = dict(bias_balancing_rate=moe.bias_balancing_rate)
   if moe.router == "top2":
     return Top2Router(second_expert_policy=moe.second_expert_policy,
-                      **ntlb, **common)
+                      **options, **bias, **common)
   if moe.router == "top1":
-    return SwitchRouter(jitter=moe.router_jitter, **ntlb, **common)
+    return SwitchRouter(jitter=moe.router_jitter, **options, **bias,
+                        **common)
+  if moe.router == "topk":
+    return TopKRouter(k=moe.num_selected_experts,
+                      renormalize=moe.renormalize_combine_weights,
+                      **options, **bias, **common)
   if moe.router == "noisy_topk":
-    return NoisyTopKRouter(k=moe.num_selected_experts, **ntlb, **common)
+    return NoisyTopKRouter(k=moe.num_selected_experts, **options, **common)
   return ExpertChoiceRouter(**common)

@@ -251,7 +251,9 @@ def upcycle_from_dense(*, model: tf.Module,
     num_experts = variables[path].shape[0]
     variables[path].assign(np.broadcast_to(value, (num_experts, *value.shape)))
   config = getattr(model, "config", None)
-  if config is not None and config.moe.router in ("top1", "expert_choice"):
+  if config is not None and (
+      config.moe.router in ("top1", "expert_choice") or
+      not config.moe.renormalize_combine_weights):
     logging.warning(
         "--router=%s does not renormalise the combine weights to 1: the "
         "upcycled model starts near, not at, the dense model's function",

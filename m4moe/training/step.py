@@ -17,6 +17,15 @@ gradients; the update (with the non-finite guard) is a second one. Seeds:
 the trainer passes ``fold_in(base_seed, step)``; micro-batch ``i`` uses
 ``fold_in(that, i)`` and replica ``r`` ``fold_in(..., r)``, so every random
 decision is a function of (seed, step) and a resumed run repeats it exactly.
+
+Auxiliary-loss-free load balancing (``--bias_balancing_rate``): every router
+with a ``balancing_bias`` reports ``RouterStats.selection_counts``; the step
+sums them over its micro-batches and replicas (on a mesh the router's sum
+over groups already spans every device), and after the optimiser update, in
+the same compiled function and only if the update was applied, moves each
+bias by :func:`m4moe.moe.routing.bias_balancing_update`. The biases are model
+variables (non-trainable), so checkpoints carry them and a resumed run
+repeats the updates exactly.
 """
 
 from __future__ import annotations
@@ -27,10 +36,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from m4moe.analysis import capture as routing_capture
 from m4moe.model import interfaces
 from m4moe.model import losses
-from m4moe.training import optimizer as optimizer_lib
 from m4moe.parallel import sharding as sharding_lib
+from m4moe.training import optimizer as optimizer_lib
 
 MODEL_KEYS = interfaces.MODEL_KEYS
 
@@ -48,6 +58,16 @@ def flat_router_stats(
     values = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
     out[layer] = {k: tf.cast(v, tf.float32) for k, v in values.items()}
   return out
+
+
+def bias_balanced_routers(model: Any) -> dict[str, Any]:
+  """``{MoE layer name (as in moe_stats): router}`` of the routers with a
+  balancing bias; empty for models without MoE layers (e.g. the toy)."""
+  if not hasattr(model, "encoder_layers"):
+    return {}
+  return {name: layer.router
+          for name, layer in routing_capture.moe_layers(model).items()
+          if getattr(layer.router, "balancing_bias", None) is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +146,7 @@ class StepRunner:
     self.label_smoothing = label_smoothing
     self.sharding = sharding
     self.variable_names = [v.name.split(":")[0] for v in self.variables]
+    self.balanced_routers = bias_balanced_routers(model)
     self._grads_fn = tf.function(self._grads, reduce_retracing=True)
     self._apply_fn = tf.function(self._apply)
     self._eval_fn = tf.function(self._eval, reduce_retracing=True)
@@ -168,17 +189,29 @@ class StepRunner:
     }
     router = tf.nest.map_structure(lambda t: t / float(replicas),
                                    flat_router_stats(out.moe_stats))
-    return grads, metrics, router
+    counts = {name: tf.cast(out.moe_stats[name].selection_counts, tf.float32)
+              for name in self.balanced_routers}
+    return grads, metrics, router, counts
 
   def _grads(self, batch, seed, total_tokens, num_micro):
-    grads, metrics, router = self.strategy.run(
+    """Gradients, metrics and router stats, and the bias-balancing counts
+    ``{layer: <float32>[E]}``, each summed over the replicas."""
+    grads, metrics, router, counts = self.strategy.run(
         self._replica_grads, args=(batch, seed, total_tokens, num_micro))
     def total(value):
       return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value,
                                   axis=None)
-    return tf.nest.map_structure(total, (grads, metrics, router))
+    return tf.nest.map_structure(total, (grads, metrics, router, counts))
 
-  def _apply(self, grads, objective):
+  def _update_biases(self, counts: Mapping[str, tf.Tensor]) -> None:
+    """Bias balancing after the optimiser update: counts <float32>[E] of
+    the whole step per layer, laid out like each bias before the update."""
+    for name, router in self.balanced_routers.items():
+      layer_counts, = self.sharding.like_variables([counts[name]],
+                                                   [router.balancing_bias])
+      router.update_balancing_bias(layer_counts)
+
+  def _apply(self, grads, objective, counts):
     # DTensor may leave gradients as per-device partial sums; reduce first.
     grads = self.sharding.like_variables(grads, self.variables)
     finite = tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
@@ -188,6 +221,7 @@ class StepRunner:
     learning_rate = self.optimizer.learning_rate()
     if ok:
       self.optimizer.apply_gradients(grads, self.variables)
+      self._update_biases(counts)
     return ok, finite, loss_finite, grad_norm, learning_rate
 
   def train_step(self, microbatches: Sequence[Mapping[str, tf.Tensor]], *,
@@ -208,17 +242,19 @@ class StepRunner:
         for b in microbatches])
     total_tokens = tf.maximum(total_tokens, 1.0)
     num_micro = tf.constant(float(len(microbatches)))
-    grads = metrics = router = None
+    grads = metrics = router = counts = None
     for i, batch in enumerate(microbatches):
       micro_seed = tf.random.experimental.stateless_fold_in(seed, i)
-      g, m, router = self._grads_fn(batch, micro_seed, total_tokens, num_micro)
+      g, m, router, c = self._grads_fn(batch, micro_seed, total_tokens,
+                                       num_micro)
       if grads is None:
-        grads, metrics = g, m
+        grads, metrics, counts = g, m, c
       else:
         grads = [a + b for a, b in zip(grads, g)]
         metrics = {k: metrics[k] + m[k] for k in metrics}
+        counts = {k: counts[k] + c[k] for k in counts}
     ok, finite, loss_finite, grad_norm, lr = self._apply_fn(
-        grads, metrics["objective"])
+        grads, metrics["objective"], counts)
     host = self.host
     nonfinite = [name for name, ok in zip(self.variable_names, host(finite))
                  if not ok]

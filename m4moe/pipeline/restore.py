@@ -1,7 +1,8 @@
 """Seeds a study run directory with the runs already committed under v2/.
 
-The study takes more than one sitting, and a sitting's machine may be a new
-one: its run directory, checkpoints included, is then gone, and only what
+The study takes more than one session, and the next session's machine may
+be a new one: its run directory, checkpoints included, is then gone, and
+only what
 ``regenerate.sh`` copied into ``v2/`` survives (stage records, eval JSONs,
 hypotheses, training logs). This script puts those back into a run
 directory so that ``m4moe-run --recipe=study`` skips the runs that landed
@@ -19,7 +20,7 @@ sentences and pieces. A run is restored only whole: its train record and
 both of its eval records with their outputs; anything partial is left to
 train again. Nothing in the run directory is overwritten: a run that has a
 stage record there already is left as it is. Paths recorded under the
-sitting's run directory are rewritten to ``--run_dir``.
+earlier session's run directory are rewritten to ``--run_dir``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def check_inputs(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
 
 
 def recorded_run_dir(results: pathlib.Path) -> str:
-  """The run directory the committed sittings wrote to (corpus record)."""
+  """The run directory the committed runs were written in (corpus record)."""
   record = json.loads((results / "stages" / "corpus.json").read_text(
       encoding="utf-8"))
   for arg in record["command"]:

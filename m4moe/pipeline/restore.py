@@ -2,8 +2,7 @@
 
 The study takes more than one session, and the next session's machine may
 be a new one: its run directory, checkpoints included, is then gone, and
-only what
-``regenerate.sh`` copied into ``v2/`` survives (stage records, eval JSONs,
+only what ``regenerate.sh`` copied into ``v2/`` survives (stage records, eval JSONs,
 hypotheses, training logs). This script puts those back into a run
 directory so that ``m4moe-run --recipe=study`` skips the runs that landed
 and trains only the rest, and the report still has every run's hypotheses

@@ -209,10 +209,16 @@ def test_min_pairs_and_language_subset(tmp_path):
   report = _build(tmp_path, [tmp_path / "src"], languages=("pt",),
                   split_keys=None)
   assert sorted(report["languages"]) == ["pt"]
-  report = _build(tmp_path, [tmp_path / "src"], min_pairs=10_000,
-                  split_keys=None)
-  assert report["summary"]["pairs"] == 0
-  assert report["counts"]["language_below_min_pairs"] == 2
+  before = (tmp_path / "out" / "train" / "pt.tsv").read_bytes()
+  # Every language below --min_pairs: an empty corpus is an error naming
+  # them, and the previous corpus stays.
+  with pytest.raises(corpus.EmptyCorpusError,
+                     match=r"fewer pairs than --min_pairs \(\w+: \d+, \w+: "):
+    _build(tmp_path, [tmp_path / "src"], min_pairs=10_000, split_keys=None)
+  assert (tmp_path / "out" / "train" / "pt.tsv").read_bytes() == before
+  failed = json.loads((tmp_path / "out.failed-report.json").read_text())
+  assert failed["summary"]["pairs"] == 0
+  assert failed["counts"]["language_below_min_pairs"] == 2
 
 
 def test_output_is_atomic_and_idempotent(tmp_path, monkeypatch):

@@ -78,6 +78,7 @@ from typing import Callable, Container, Iterable, Iterator
 
 from absl import logging
 
+from m4moe import jsonfile
 from m4moe.data import catalogs
 from m4moe.data import cleaning
 from m4moe.data import languages
@@ -588,7 +589,8 @@ def _unexpected_files(output_dir: pathlib.Path) -> list[str] | None:
   marker = output_dir / MARKER
   if marker.is_file():
     try:
-      manifest = json.loads(marker.read_text(encoding="utf-8"))
+      manifest = jsonfile.load(marker, what="the corpus marker",
+                               fix="rebuild the corpus")
       listed = set(manifest["files"]) | {MARKER}
       if manifest.get("format") != _MARKER_FORMAT:
         return None
@@ -867,4 +869,6 @@ def _refuse_empty(report: dict, tmp: pathlib.Path,
 
 def read_report(corpus_dir: pathlib.Path) -> dict:
   """The ``report.json`` of a built corpus."""
-  return json.loads((corpus_dir / "report.json").read_text(encoding="utf-8"))
+  return jsonfile.load(corpus_dir / "report.json",
+                       what="the corpus build report",
+                       fix="rebuild the corpus with m4moe-build-corpus")

@@ -198,3 +198,18 @@ def test_routing_analysis_over_a_split_without_pairs_fails(tmp_path):
 def test_averaging_zero_checkpoints_is_an_error(kept, last, steps, match):
   with pytest.raises(averaging.AveragingError, match=match):
     averaging.choose_steps(kept, last=last, steps=steps, model_dir="run")
+
+
+def test_a_truncated_corpus_report_is_named_not_a_traceback(tmp_path):
+  corpus_dir = _corpus_tree(tmp_path / "c", "test", {"de": "a b c\tx y z\n"})
+  text = json.dumps({"languages": {"de": {"train": 5, "dev": 1, "test": 1}},
+                     "summary": {"pairs": 7}, "padding": "x" * 200})
+  (corpus_dir / "report.json").write_text(text[:100])
+  result = _cli("eval", f"--corpus_dir={corpus_dir}",
+                f"--output={tmp_path / 'eval.json'}",
+                f"--model_dir={tmp_path / 'no_model'}")
+  assert result.returncode == 1
+  assert "Traceback" not in result.stderr
+  assert (f"{corpus_dir / 'report.json'}: the corpus build report ends "
+          "early at line 1 column 94 (100 bytes: truncated") in result.stderr
+  assert "rebuild the corpus with m4moe-build-corpus" in result.stderr

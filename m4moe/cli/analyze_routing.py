@@ -169,7 +169,10 @@ def main(argv):
     raise app.UsageError(
         "--router=expert_choice has no per-token expert choices (experts "
         "pick tokens); routing by language needs top2, top1 or noisy_topk")
-  sizes = testsets.train_sizes(corpus)
+  try:
+    sizes = testsets.train_sizes(corpus)
+  except ValueError as e:
+    sys.exit(f"m4moe-analyze-routing: error: {e}")
   languages = list(comparison.order_languages(
       {lang: sizes.get(lang) for lang in languages}))
   out = pathlib.Path(_OUTPUT_DIR.value)

@@ -123,6 +123,10 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   _check_not_empty(sets)
+  try:  # read before the model is loaded: a damaged report fails fast
+    train_sizes = testsets_lib.train_sizes(_CORPUS_DIR.value)
+  except ValueError as e:
+    sys.exit(f"m4moe-eval: error: {e}")
   try:
     textio.check_output_file(_OUTPUT.value, flag="--output")
     if _HYPOTHESES_DIR.value:
@@ -145,7 +149,7 @@ def main(argv):
     result = evaluate_lib.evaluate(
         translate, sets, model=_MODEL_NAME.value or files.model_dir.name,
         kind=_KIND.value, metadata=_metadata(files, translator),
-        train_sizes=testsets_lib.train_sizes(_CORPUS_DIR.value))
+        train_sizes=train_sizes)
   except (scoring.ScoringError, translator_lib.TranslatorError) as e:
     sys.exit(f"m4moe-eval: error: {e}")
   except OSError as e:

@@ -56,6 +56,7 @@ from absl import flags
 from absl import logging
 
 from m4moe import cli
+from m4moe import jsonfile
 from m4moe.pipeline import plan as main_job
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.pipeline import supervisor
@@ -119,9 +120,11 @@ def _first_changed(stages: list[main_job.Stage],
     if not marker.exists():
       continue
     try:
-      ran = json.loads(marker.read_text(encoding="utf-8"))["command"][1:]
-    except (ValueError, KeyError, TypeError):
-      return stage.name  # unreadable marker: not trusted
+      ran = jsonfile.load(marker, what="stage record",
+                          fix="it is re-run")["command"][1:]
+    except (jsonfile.JSONFileError, KeyError, TypeError) as e:
+      print(f"m4moe-run: {e}", flush=True)
+      return stage.name  # unreadable record: not trusted
     if ran != stage.command()[1:]:
       return stage.name
   return None
@@ -171,8 +174,11 @@ def _training_finished(stage: main_job.Stage) -> bool:
   reason = None
   if metrics.is_file():
     for line in metrics.read_text(encoding="utf-8").splitlines():
-      record = json.loads(line) if line.strip() else {}
-      if record.get("kind") == "end":
+      try:  # a trainer killed mid-write leaves half a line: not its end
+        record = json.loads(line) if line.strip() else {}
+      except ValueError:
+        continue
+      if isinstance(record, dict) and record.get("kind") == "end":
         reason = record.get("reason")
   return reason == "done"
 

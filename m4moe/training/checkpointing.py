@@ -53,6 +53,7 @@ from google.protobuf import text_format
 from tensorflow.python.checkpoint import checkpoint_management
 
 from m4moe import config as config_lib
+from m4moe import jsonfile
 from m4moe.training import metrics as metrics_lib
 
 CONFIG_FILENAME = "config.json"
@@ -103,8 +104,9 @@ def _read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
   if not path.is_file():
     raise FileNotFoundError(
         f"{path} not found: is --model_dir a directory written by m4moe-train?")
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return jsonfile.load(path, what="the run's config.json",
+                       fix="restore it from a backup or start a new "
+                       "--model_dir (it records the run's model)")
 
 
 def write_run_config(model_dir: str | os.PathLike[str], *,

@@ -134,7 +134,13 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   try:
-    report = corpus.build_corpus(config)
+    with cli.exit_on_disk_full(
+        tool="m4moe-build-corpus", action="building the corpus",
+        path=config.output_dir.absolute().parent,
+        kept=f"the previous corpus at {config.output_dir} (if any) is intact "
+        "and the build's temporary directory is removed",
+        needed_bytes=cli.tree_bytes(config.output_dir)):
+      report = corpus.build_corpus(config)
   except (corpus.OutputDirError, corpus.SplitKeysError,
           sources.RecipeError) as e:
     raise app.UsageError(str(e)) from e

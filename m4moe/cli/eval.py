@@ -146,10 +146,16 @@ def main(argv):
                                "".join(o + "\n" for o in out))
     return out
   try:
-    result = evaluate_lib.evaluate(
-        translate, sets, model=_MODEL_NAME.value or files.model_dir.name,
-        kind=_KIND.value, metadata=_metadata(files, translator),
-        train_sizes=train_sizes)
+    with cli.exit_on_disk_full(
+        tool="m4moe-eval", action="writing the hypotheses",
+        path=_HYPOTHESES_DIR.value or ".",
+        kept="each <lang>.hyp is written atomically, so the files there are "
+        "whole (earlier ones may be from this run); --output was not "
+        "written yet"):
+      result = evaluate_lib.evaluate(
+          translate, sets, model=_MODEL_NAME.value or files.model_dir.name,
+          kind=_KIND.value, metadata=_metadata(files, translator),
+          train_sizes=train_sizes)
   except (scoring.ScoringError, translator_lib.TranslatorError) as e:
     sys.exit(f"m4moe-eval: error: {e}")
   except OSError as e:
@@ -162,7 +168,12 @@ def main(argv):
       "hypotheses_dir": (str(hyp_dir.resolve()) if _HYPOTHESES_DIR.value
                          else None)})
   try:
-    results.write_eval_json(result, _OUTPUT.value)
+    with cli.exit_on_disk_full(
+        tool="m4moe-eval", action=f"writing --output={_OUTPUT.value}",
+        path=pathlib.Path(_OUTPUT.value).parent,
+        kept="it is written atomically, so the previous file (if any) is "
+        "intact; the decoding is lost"):
+      results.write_eval_json(result, _OUTPUT.value)
   except OSError as e:
     sys.exit(f"m4moe-eval: error: cannot write --output={_OUTPUT.value} "
              f"({e}); nothing was written there")

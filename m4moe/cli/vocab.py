@@ -61,7 +61,12 @@ def main(argv):
   output_dir = pathlib.Path(_OUTPUT_DIR.value)
   try:
     output_dir.mkdir(parents=True, exist_ok=True)
-    with run_lock.RunLock(output_dir, role=run_lock.VOCAB):
+    with run_lock.RunLock(output_dir, role=run_lock.VOCAB), \
+        cli.exit_on_disk_full(
+            tool="m4moe-vocab", action="writing the vocabularies",
+            path=output_dir, kept="the previous models there (if any) are "
+            "intact: new ones are renamed into place only once both are "
+            "trained"):
       paths = vocab.train_vocabularies(corpus_dir, output_dir, config=config,
                                        langs=_LANGUAGES.value)
   except run_lock.RunLockedError as e:

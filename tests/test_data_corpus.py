@@ -185,7 +185,9 @@ def test_bad_inputs_are_counted_with_file_and_line(tmp_path):
   (src / "fr" / "LC_MESSAGES" / "latin1.po").write_bytes(
       b'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
       b'msgid "Open the file now"\nmsgstr "Ouvrir \xff le fichier"\n')
-  fixtures.write_catalog(fixtures.make_catalog("fr", ["Close it now"]),
+  # A directory that is not a locale and no valid Language header.
+  fixtures.write_catalog(fixtures.make_catalog("toolonglang",
+                                               ["Close it now"]),
                          src / "toolonglang" / "LC_MESSAGES" / "x.po")
   tsv = tmp_path / "extra.tsv"
   tsv.write_text("de\tSave the file now\tDatei jetzt speichern\n"

@@ -5,21 +5,20 @@ from SaveV2), since no test can rely on mounting a small file system."""
 
 import errno
 import json
-
 import subprocess
 import sys
 
 import pytest
 import tensorflow as tf
+import toy_model
 
 from m4moe import cli
 from m4moe import errors
-from m4moe import optimizer as optimizer_lib
-from m4moe import train as train_lib
 from m4moe.data import fixtures
 from m4moe.training import checkpointing
+from m4moe.training import loop as train_lib
+from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import synthetic
-from m4moe.training import toy_model
 
 VOCAB = 24
 PAIRS = synthetic.synthetic_pairs(num_pairs=128, vocab_size=VOCAB, max_length=9)

@@ -4,6 +4,7 @@ Modules (one idea each):
 
 * ``iso639``: the ISO 639 codes a catalog's language may carry.
 * ``languages``: locale normalisation (``pt_BR`` -> ``pt``) and scripts.
+* ``subtags``: the script, region and variant subtags a locale may carry.
 * ``iso639``: the ISO 639 codes the corpus accepts as languages.
 * ``catalogs``: ``.po``/``.mo`` parsing with polib, plural forms.
 * ``cleaning``: per-pair cleaning rules, each counted.

@@ -45,8 +45,13 @@ Damaged catalogs give only the entries that can be trusted; each damage is a
   kept.
 
 The language of a catalog comes from, in order: the directory above
-``LC_MESSAGES`` (``.../de/LC_MESSAGES/app.mo``), the catalog's ``Language``
-header when it is a valid locale, the file stem (``po/pt_BR.po``).
+``LC_MESSAGES`` (``.../de/LC_MESSAGES/app.mo``) when its name is a valid
+locale (every subtag checked, :func:`m4moe.data.languages.normalize_language`),
+the catalog's ``Language`` header when it is a valid locale, the file stem
+(``po/pt_BR.po``; not for catalogs under ``LC_MESSAGES``, whose stem is the
+domain). A catalog whose directory is not a locale but whose header is is
+listed as ``catalog:locale_from_header`` with its path; one with neither is
+``catalog:unknown_language``, also with its path.
 """
 
 from __future__ import annotations
@@ -167,15 +172,39 @@ def _looks_like_locale(name: str) -> bool:
   return True
 
 
-def catalog_locale(path: pathlib.Path, header_language: str | None) -> str:
-  """Best guess of a catalog's locale name (module docstring order)."""
+def catalog_locale(path: pathlib.Path, header_language: str | None, *,
+                   notes: list[str] | None = None) -> str:
+  """Best guess of a catalog's locale name (module docstring order).
+
+  A directory above ``LC_MESSAGES`` whose name is not a locale (a symlink
+  ``fr_link``) yields to the ``Language`` header, and ``notes`` gets a line
+  saying so; such a catalog's file name (its gettext domain) is never
+  taken for a locale.
+
+  Raises:
+    languages.UnknownLanguageError: naming the path and why each source of
+      a locale failed.
+  """
   parts = path.parts
+  directory, why = None, ""
   if "LC_MESSAGES" in parts:
     idx = len(parts) - 1 - parts[::-1].index("LC_MESSAGES")
     if idx >= 1:
-      return parts[idx - 1]
+      directory = parts[idx - 1]
+      try:
+        languages.normalize_language(directory)
+        return directory
+      except languages.UnknownLanguageError as e:
+        why = f" ({e})"
   if header_language and _looks_like_locale(header_language):
+    if directory is not None and notes is not None:
+      notes.append(f"directory {directory!r} is not a locale{why}; the "
+                   f"catalog's Language header {header_language!r} decides")
     return header_language
+  if directory is not None:
+    raise languages.UnknownLanguageError(
+        f"{path}: directory {directory!r} is not a locale{why} and the "
+        f"catalog has no valid Language header ({header_language!r})")
   if _looks_like_locale(path.stem):
     return path.stem
   raise languages.UnknownLanguageError(
@@ -427,7 +456,11 @@ def read_catalog(path: pathlib.Path, *, counts: collections.Counter,
   """
   problems = [] if problems is None else problems
   catalog = load_catalog(path, counts=counts, problems=problems)
-  locale = catalog_locale(path, catalog.metadata.get("Language"))
+  notes: list[str] = []
+  locale = catalog_locale(path, catalog.metadata.get("Language"), notes=notes)
+  for note in notes:
+    _add_problem(problems, counts, "catalog:locale_from_header", str(path),
+                 note)
   lang = languages.normalize_language(locale)
   if lang is None:
     counts["catalog:english_or_pseudo_locale"] += 1

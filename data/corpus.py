@@ -32,6 +32,9 @@ order given) and the first occurrence of a (lang, english, x) triple is the
 one kept, so the output is a pure function of the inputs. Everything is
 written under a temporary directory next to ``output_dir`` and renamed into
 place at the end: a killed build leaves the previous output (or nothing).
+A build holds an flock on ``.<name>.lock`` beside ``output_dir``
+(:mod:`m4moe.training.run_lock`) from before it cleans up until the rename,
+so a second build of the same directory is refused, naming the first.
 A killed build's temporary directory (recognised by the marker written into
 it first, or empty) is deleted by the next build.
 
@@ -73,18 +76,27 @@ import time
 import zlib
 from typing import Callable, Container, Iterable, Iterator
 
+from absl import logging
+
+from m4moe import jsonfile
 from m4moe.data import catalogs
 from m4moe.data import cleaning
 from m4moe.data import languages
 from m4moe.data import sources
 from m4moe.data import split
 from m4moe.data import worker_pool
+from m4moe.training import run_lock
 
 _MAX_LISTED_PROBLEMS = 200
 _CHUNKSIZE = 8
 MARKER = ".m4moe-corpus.json"
 _MARKER_FORMAT = "m4moe-corpus"
 _LEGACY_FILES = ("report.json", "split_keys.txt")
+# Per-language counters, carried through the workers' Counters and moved
+# out of "counts" into the report's "language_coverage" section.
+_UNSELECTED_PAIRS = "language_not_selected_pairs:"
+_UNSELECTED_CATALOGS = "language_not_selected_catalogs:"
+_BELOW_MIN_PAIRS = "below_min_pairs:"
 
 
 class OutputDirError(ValueError):
@@ -93,6 +105,12 @@ class OutputDirError(ValueError):
 
 class SplitKeysError(ValueError):
   """The frozen split-key file is malformed; the message names file, line."""
+
+
+class EmptyCorpusError(ValueError):
+  """No requested language (or, without a selection, no language at all)
+  got a pair; nothing was replaced. The message names the languages the
+  sources have and where the build's report was kept."""
 
 
 class BuildInterrupted(BaseException):
@@ -196,6 +214,7 @@ def _process_catalog(args) -> tuple[list[tuple[str, str, str]],
     for raw in catalogs.read_catalog(path, counts=counts, problems=problems):
       if selected and raw.lang not in selected:
         counts["pair:language_not_selected"] += 1
+        counts[f"{_UNSELECTED_PAIRS}{raw.lang}"] += 1
         continue
       counts["pair:raw"] += 1
       result = cleaning.clean_pair(raw.lang, raw.source, raw.target,
@@ -252,6 +271,8 @@ def _read_tsv(path: pathlib.Path, config: BuildConfig,
       continue
     if lang is None or (config.languages and lang not in config.languages):
       counts["pair:language_not_selected"] += 1
+      if lang is not None:
+        counts[f"{_UNSELECTED_PAIRS}{lang}"] += 1
       continue
     counts["pair:raw"] += 1
     result = cleaning.clean_pair(lang, fields[1], fields[2],
@@ -386,6 +407,7 @@ def _selected_catalogs(files: list[pathlib.Path], packages: list[str],
         lang = None
     if lang is not None and lang not in selected:
       counts["catalog:language_not_selected"] += 1
+      counts[f"{_UNSELECTED_CATALOGS}{lang}"] += 1
       continue
     kept_files.append(path)
     kept_packages.append(package)
@@ -505,6 +527,7 @@ def _write_splits(staging: pathlib.Path, out: pathlib.Path,
     lines = _staged_lines(staging / f"{lang}.tsv")
     ood_lines = _staged_lines(staging / "ood" / f"{lang}.tsv")
     if len(lines) < config.min_pairs:
+      counts[f"{_BELOW_MIN_PAIRS}{lang}"] += len(lines)
       counts["language_below_min_pairs"] += 1
       counts["pairs_of_languages_below_min_pairs"] += len(lines)
       counts["ood:pairs_of_languages_below_min_pairs"] += len(ood_lines)
@@ -566,7 +589,8 @@ def _unexpected_files(output_dir: pathlib.Path) -> list[str] | None:
   marker = output_dir / MARKER
   if marker.is_file():
     try:
-      manifest = json.loads(marker.read_text(encoding="utf-8"))
+      manifest = jsonfile.load(marker, what="the corpus marker",
+                               fix="rebuild the corpus")
       listed = set(manifest["files"]) | {MARKER}
       if manifest.get("format") != _MARKER_FORMAT:
         return None
@@ -662,7 +686,7 @@ def _remove_stale_temporaries(output_dir: pathlib.Path) -> None:
   the marker (or empty: killed before writing it) and replaced outputs
   (``.old-``, renamed only once approved for replacement), or renames a
   replaced output back when the build died before its new one was in place.
-  Two builds into one output_dir at once are not supported."""
+  Only called under the output directory's lock: no other build runs."""
   for stale in output_dir.parent.glob(f".{output_dir.name}.tmp-*"):
     if stale.is_dir() and not stale.is_symlink() and (
         (stale / MARKER).is_file() or not any(stale.iterdir())):
@@ -689,6 +713,8 @@ def build_corpus(config: BuildConfig) -> dict:
       :func:`check_output_dir`); raised before anything is read or written.
     SplitKeysError: the ``split_keys`` file is malformed (before anything
       is read or written, too).
+    run_lock.RunLockedError: another build of ``output_dir`` is running
+      (its lock ``.<name>.lock`` is beside ``output_dir``).
     BuildInterrupted: SIGTERM (main thread only); workers and the temporary
       directory are gone, the previous output is unchanged.
   """
@@ -698,6 +724,18 @@ def build_corpus(config: BuildConfig) -> dict:
   ood_packages = _ood_packages(config)
   output_dir = config.output_dir.resolve()
   output_dir.parent.mkdir(parents=True, exist_ok=True)
+  # Beside output_dir, which is replaced by renaming; held for the build,
+  # since a second build would delete this one's temporary as stale.
+  with run_lock.RunLock(output_dir.parent, role=run_lock.CORPUS,
+                        filename=f".{output_dir.name}.lock",
+                        subject=config.output_dir):
+    return _locked_build(config, frozen, ood_packages, output_dir, start)
+
+
+def _locked_build(config: BuildConfig, frozen: split.SplitKeys | None,
+                  ood_packages: frozenset[str], output_dir: pathlib.Path,
+                  start: float) -> dict:
+  """:func:`build_corpus` once it holds the output directory's lock."""
   _remove_stale_temporaries(output_dir)
   counts = cleaning.new_counter()
   problems = _Problems(counts)
@@ -708,7 +746,9 @@ def build_corpus(config: BuildConfig) -> dict:
                                         prefix=f".{output_dir.name}.tmp-"))
     try:
       _build_into(tmp, config, frozen, ood_packages, problems, report, start)
+      _refuse_empty(report, tmp, output_dir)
       _replace_dir(tmp, output_dir)
+      failed_report_path(output_dir).unlink(missing_ok=True)
     finally:
       if tmp.exists():
         shutil.rmtree(tmp, ignore_errors=True)
@@ -737,6 +777,7 @@ def _build_into(tmp: pathlib.Path, config: BuildConfig,
       "pairs": dict(sorted(ood_found.items())),
       "not_found": sorted(ood_packages - set(ood_found))}
   shutil.rmtree(staging)
+  report["language_coverage"] = _language_coverage(config, per_lang, counts)
   report.update(summary=_summary(per_lang), counts=dict(sorted(
       counts.items())), problems=problems.listed, languages=per_lang,
                 seconds=round(time.time() - start, 1))
@@ -745,6 +786,89 @@ def _build_into(tmp: pathlib.Path, config: BuildConfig,
   _write_marker(tmp)
 
 
+def _language_coverage(config: BuildConfig, per_lang: dict[str, dict],
+                       counts: collections.Counter) -> dict:
+  """Which languages were asked for, which came out empty, which the
+  sources have besides; warns of each empty requested language.
+
+  Pops the per-language counters out of ``counts``.
+  """
+  def pop(prefix: str) -> dict[str, int]:
+    found = {k[len(prefix):]: counts.pop(k) for k in list(counts)
+             if k.startswith(prefix)}
+    return dict(sorted(found.items()))
+
+  unselected, catalogs_skipped = pop(_UNSELECTED_PAIRS), pop(
+      _UNSELECTED_CATALOGS)
+  below = pop(_BELOW_MIN_PAIRS)
+  empty = {}
+  for lang in config.languages:
+    if lang in per_lang:
+      continue
+    empty[lang] = (f"{below[lang]} pair(s), fewer than --min_pairs="
+                   f"{config.min_pairs}" if lang in below
+                   else "no pairs in the sources")
+  others = {lang: {"pairs": unselected.get(lang, 0),
+                   "catalogs_not_parsed": catalogs_skipped.get(lang, 0)}
+            for lang in sorted({*unselected, *catalogs_skipped})}
+  warnings = [f"requested language {lang} has no pairs: {why}"
+              for lang, why in empty.items()]
+  if empty and per_lang:
+    for warning in warnings:
+      logging.warning("m4moe-build-corpus: %s", warning)
+  return {"requested": list(config.languages), "empty": empty,
+          "built": sorted(per_lang), "below_min_pairs": below,
+          "sources_also_have": others, "warnings": warnings}
+
+
+def _describe_available(coverage: dict) -> str:
+  others = coverage["sources_also_have"]
+  if not others:
+    return "the sources have no pairs in any language"
+  shown = ", ".join(
+      f"{lang} ({c['pairs']} pairs" + (
+          f", {c['catalogs_not_parsed']} catalogs" if c["catalogs_not_parsed"]
+          else "") + ")" for lang, c in others.items())
+  return f"the sources have: {shown}"
+
+
+def failed_report_path(output_dir: pathlib.Path) -> pathlib.Path:
+  """Where an empty build keeps its report (``output_dir`` is untouched)."""
+  return output_dir.with_name(f"{output_dir.name}.failed-report.json")
+
+
+def _refuse_empty(report: dict, tmp: pathlib.Path,
+                  output_dir: pathlib.Path) -> None:
+  """Raises EmptyCorpusError for a build without a single language.
+
+  The report goes beside ``output_dir`` (see :func:`failed_report_path`),
+  since the previous corpus, if any, stays in place.
+  """
+  if report["languages"]:
+    return
+  coverage = report["language_coverage"]
+  failed = failed_report_path(output_dir)
+  shutil.copyfile(tmp / "report.json", failed)
+  if coverage["empty"]:
+    what = "no requested language has pairs (" + "; ".join(
+        f"{lang}: {why}" for lang, why in coverage["empty"].items()) + ")"
+    fix = ("choose --languages among those, or add sources that have "
+           "them")
+  elif coverage["below_min_pairs"]:
+    what = ("every language has fewer pairs than --min_pairs (" + ", ".join(
+        f"{lang}: {n}" for lang, n in coverage["below_min_pairs"].items())
+            + ")")
+    fix = "lower --min_pairs or add sources"
+  else:
+    what = "the build produced no pairs in any language"
+    fix = "check --sources/--recipe and the report's problems and counts"
+  raise EmptyCorpusError(
+      f"{what}; {_describe_available(coverage)}. Nothing was replaced; {fix}. "
+      f"The build's report: {failed}")
+
+
 def read_report(corpus_dir: pathlib.Path) -> dict:
   """The ``report.json`` of a built corpus."""
-  return json.loads((corpus_dir / "report.json").read_text(encoding="utf-8"))
+  return jsonfile.load(corpus_dir / "report.json",
+                       what="the corpus build report",
+                       fix="rebuild the corpus with m4moe-build-corpus")

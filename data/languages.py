@@ -18,7 +18,11 @@ Catalogs name their language as a gettext locale (``pt_BR``, ``sr@latin``,
 * anything that is not an ISO 639 code the corpus knows (:mod:`iso639`:
   ISO 639-1, ISO 639-2 and a few ISO 639-3 codes used by localisation
   teams) raises :class:`UnknownLanguageError`, so a directory or file named
-  ``gui`` or ``xq`` never becomes a language.
+  ``gui`` or ``xq`` never becomes a language; so does a script, region or
+  variant subtag that is not a registered one (:mod:`subtags`), so
+  ``fr_link`` is not French in a script "Link" (a catalog directory with
+  such a name yields to the catalog's ``Language`` header, see
+  :func:`m4moe.data.catalogs.catalog_locale`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import re
 import unicodedata
 
 from m4moe.data import iso639
+from m4moe.data import subtags as subtags_lib
 
 _DEPRECATED = {"no": "nb", "iw": "he", "in": "id", "ji": "yi", "jw": "jv",
                "mo": "ro"}
@@ -102,6 +107,33 @@ def _is_pseudo(lang: str, mod: str | None) -> bool:
   return lang in _PSEUDO_LANGUAGES or (mod or "").lower() in _PSEUDO_MODIFIERS
 
 
+def _subtag_kind(locale: str, sub: str) -> str:
+  """"script", "region" or "variant" for a valid subtag of ``locale``.
+
+  Raises:
+    UnknownLanguageError: ``sub`` is none of them (by its shape, then by
+      the tables of :mod:`m4moe.data.subtags`).
+  """
+  if len(sub) == 4 and sub.isalpha():
+    if subtags_lib.is_script(sub):
+      return "script"
+    problem = "is not an ISO 15924 script code"
+  elif (len(sub) == 2 and sub.isalpha()) or (len(sub) == 3 and
+                                             sub.isdigit()):
+    if subtags_lib.is_region(sub):
+      return "region"
+    problem = "is not an ISO 3166 region (or UN M.49 area) code"
+  elif 5 <= len(sub) <= 8 or (len(sub) == 4 and sub[0].isdigit()):
+    if subtags_lib.is_variant(sub):
+      return "variant"
+    problem = "is not a registered BCP 47 variant"
+  else:
+    problem = ("is neither a script (4 letters), a region (2 letters or 3 "
+               "digits) nor a variant (5-8 characters)")
+  raise UnknownLanguageError(f"locale {locale!r}: subtag {sub!r} {problem}, "
+                             "so this is not a locale name")
+
+
 def normalize_language(locale: str) -> str | None:
   """Maps a gettext locale name to the corpus language code.
 
@@ -114,7 +146,8 @@ def normalize_language(locale: str) -> str | None:
 
   Raises:
     UnknownLanguageError: ``locale`` is not a known ISO 639 language code
-      (:mod:`iso639`) with optional region/script/modifier.
+      (:mod:`iso639`) with an optional ISO 15924 script, ISO 3166 region
+      and BCP 47 variant (:mod:`subtags`) and gettext modifier.
   """
   match = _LOCALE.match(locale.strip())
   if not match:
@@ -139,9 +172,10 @@ def normalize_language(locale: str) -> str | None:
   script = _SCRIPT_MODIFIERS.get((mod or "").lower())
   region = None
   for sub in subtags:
-    if len(sub) == 4 and sub.isalpha():
+    kind = _subtag_kind(locale, sub)
+    if kind == "script":
       script = sub.title()
-    else:
+    elif kind == "region":
       region = sub.upper()
   if lang == "zh":
     if script not in ("Hans", "Hant"):

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import random
+import tempfile
 from typing import Iterable, Sequence
 
 from absl import logging
@@ -127,6 +129,7 @@ def sample_training_text(corpus_dir: pathlib.Path, *, config: VocabConfig,
   by_lang = {}
   for lang in langs:
     by_lang[lang] = [x for _, x in read_split_pairs(corpus_dir, "train", lang)]
+  _check_sides(corpus_dir, by_lang)
   english = sorted({en for lang in langs
                     for en, _ in read_split_pairs(corpus_dir, "train", lang)})
   by_lang[ENGLISH] = english
@@ -171,11 +174,21 @@ def train_vocabularies(corpus_dir: pathlib.Path, output_dir: pathlib.Path, *,
                        langs: Sequence[str] = ()) -> VocabPaths:
   """Trains the source and target models on a built corpus.
 
+  Both models are trained into a temporary directory inside ``output_dir``
+  and then renamed into place one file at a time: a reader (a trainer
+  fingerprinting the models) never sees a half-written file, and a failed
+  or killed run leaves the previous models. ``m4moe-vocab`` also holds
+  ``output_dir``'s lock, so no second writer interleaves its files.
+
   Args:
     corpus_dir: a corpus written by ``corpus.build_corpus``.
     output_dir: where the models go.
     config: sizes and sampling.
     langs: languages (default: every ``train/*.tsv``).
+
+  Raises:
+    ValueError: no languages, or none of them has training pairs (both
+      sides would be empty), naming them.
   """
   langs = list(langs) or corpus_languages(corpus_dir)
   if not langs:
@@ -183,19 +196,45 @@ def train_vocabularies(corpus_dir: pathlib.Path, output_dir: pathlib.Path, *,
   source, target = sample_training_text(corpus_dir, config=config,
                                         langs=langs)
   tags = [languages_lib.language_tag(l) for l in sorted({*langs, ENGLISH})]
-  source_model = train_sentencepiece(
-      source, model_prefix=output_dir / "source",
-      vocab_size=config.source_vocab_size, user_defined_symbols=tags,
-      config=config)
-  target_model = train_sentencepiece(
-      target, model_prefix=output_dir / "target",
-      vocab_size=config.target_vocab_size, user_defined_symbols=(),
-      config=config)
-  (output_dir / "vocab.json").write_text(json.dumps(
-      {"config": dataclasses.asdict(config), "languages": langs,
-       "source_sentences": len(source), "target_sentences": len(target)},
-      indent=1), encoding="utf-8")
-  return VocabPaths(source_model, target_model)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=output_dir, prefix=".tmp-") as tmp:
+    staged = pathlib.Path(tmp)
+    train_sentencepiece(
+        source, model_prefix=staged / "source",
+        vocab_size=config.source_vocab_size, user_defined_symbols=tags,
+        config=config)
+    train_sentencepiece(
+        target, model_prefix=staged / "target",
+        vocab_size=config.target_vocab_size, user_defined_symbols=(),
+        config=config)
+    (staged / "vocab.json").write_text(json.dumps(
+        {"config": dataclasses.asdict(config), "languages": langs,
+         "source_sentences": len(source), "target_sentences": len(target)},
+        indent=1), encoding="utf-8")
+    for name in ("source.vocab", "target.vocab", "vocab.json",
+                 "source.model", "target.model"):
+      os.replace(staged / name, output_dir / name)
+  return VocabPaths(output_dir / "source.model", output_dir / "target.model")
+
+
+def _check_sides(corpus_dir: pathlib.Path,
+                 by_lang: dict[str, list[str]]) -> None:
+  """Refuses a vocabulary trained on nothing; warns of empty languages.
+
+  ``by_lang``: each language's training sentences (not English).
+  """
+  empty = sorted(l for l, lines in by_lang.items() if not lines)
+  if len(empty) == len(by_lang):
+    raise ValueError(
+        f"no training pairs in {corpus_dir}/train for any of the languages "
+        f"{', '.join(sorted(by_lang))}: both vocabulary sides would be "
+        "trained on nothing. Rebuild the corpus with m4moe-build-corpus "
+        "(its report.json says what was dropped) or choose --languages that "
+        "have training pairs")
+  if empty:
+    logging.warning(
+        "%s/train has no pairs for %s: the source vocabulary gets their "
+        "language tags but none of their text", corpus_dir, ", ".join(empty))
 
 
 def load(path: pathlib.Path | str) -> spm.SentencePieceProcessor:

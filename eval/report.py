@@ -944,6 +944,33 @@ def _png_bytes(fig: Any, *, dpi: int = 120) -> bytes:
   return buffer.getvalue()
 
 
+class EmptyReportError(ValueError):
+  """No language can be averaged; the message names each one's reason."""
+
+
+def check_something_averaged(comp: comparison_lib.Comparison) -> None:
+  """Refuses a report whose averages would be over zero languages.
+
+  Such a report says "BLEU None (n=0)" everywhere: an empty result that
+  looks like a finished one.
+
+  Raises:
+    EmptyReportError: naming every language and why it was left out.
+  """
+  if comp.averaged:
+    return
+  if not comp.languages:
+    raise EmptyReportError(
+        "the eval JSONs score no language at all; re-run m4moe-eval on a "
+        "corpus split with sentences (its output lists each language)")
+  reasons = "; ".join(f"{lang}: {', '.join(why)}"
+                      for lang, why in comp.excluded.items())
+  raise EmptyReportError(
+      f"no language can be averaged, so the report would be empty "
+      f"({reasons}); give eval JSONs that score the same languages with "
+      "sentences (and --baselines covering them), and nothing was written")
+
+
 def write_report(output_dir: str | pathlib.Path, *,
                  models: Sequence[results.EvalResult],
                  baselines: Sequence[results.EvalResult] = (),
@@ -987,6 +1014,7 @@ def write_report(output_dir: str | pathlib.Path, *,
       one language, one seed of a model given twice, or paths lists of the
       wrong length.
     FileNotFoundError: a log in ``training_log_paths`` does not exist.
+    EmptyReportError: no language can be averaged (nothing is written).
   """
   output_dir = pathlib.Path(output_dir)
   if baseline_paths and len(baseline_paths) != len(baselines):
@@ -998,10 +1026,11 @@ def write_report(output_dir: str | pathlib.Path, *,
   split = scored_split([*models, *baselines])
   groups = seeds_lib.group_models(models, model_paths)
   merged = [g.merged for g in groups]
-  output_dir.mkdir(parents=True, exist_ok=True)
   comp = comparison_lib.compare(merged, baselines, bounds=bounds,
                                 metric=metric,
                                 train_sizes=train_sizes)
+  check_something_averaged(comp)
+  output_dir.mkdir(parents=True, exist_ok=True)
   logs = find_training_logs(merged, training_log_paths or {})
   baseline_logs = find_training_logs(baselines, {})
   dev = dev_ce_lib.compare_dev_ce(

@@ -32,6 +32,7 @@ import os
 import pathlib
 from typing import Any, Mapping
 
+from m4moe import jsonfile
 from m4moe.eval import scoring
 from m4moe.eval import textio
 
@@ -163,10 +164,9 @@ def read_eval_json(path: str | os.PathLike[str], *,
     ValueError: naming the file, the field and what is wrong with it.
   """
   path = pathlib.Path(path)
-  try:
-    data = json.loads(path.read_text(encoding="utf-8"))
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path}: not a readable eval JSON ({e})") from e
+  data = jsonfile.load(path, what="eval JSON", expect=None,
+                       fix="re-run m4moe-eval to rewrite it (it writes "
+                       "atomically), or leave it out")
   problems = validate_eval_dict(data)
   if problems:
     raise ValueError(f"{path}: invalid eval JSON: {'; '.join(problems)} "

@@ -26,7 +26,6 @@ model's seed mean fixed, it counts the training variance between seeds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import pathlib
 import statistics
@@ -34,6 +33,7 @@ from typing import Any, Sequence
 
 from scipy import stats as scipy_stats
 
+from m4moe import jsonfile
 from m4moe.eval import results
 from m4moe.eval import scoring
 
@@ -146,9 +146,9 @@ def seed_of(result: results.EvalResult) -> int | None:
     return None
   path = pathlib.Path(model_dir) / "config.json"
   try:
-    config = json.loads(path.read_text(encoding="utf-8"))
-  except (OSError, ValueError):
-    return None
+    config = jsonfile.load(path, what="the run's config.json", fix="")
+  except jsonfile.JSONFileError:
+    return None  # no seed recorded: the run is still reported
   seed = config.get("train", {}).get("seed") if isinstance(
       config, dict) else None
   return seed if isinstance(seed, int) and not isinstance(seed, bool) else None

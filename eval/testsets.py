@@ -10,9 +10,10 @@ gives each language's ``train``/``dev``/``test`` pair counts. Direction
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Sequence
+
+from m4moe import jsonfile
 
 DIRECTIONS = ("xx_en", "en_xx")
 ENGLISH = "en"
@@ -104,7 +105,9 @@ def train_sizes(corpus_dir: str | pathlib.Path) -> dict[str, int]:
   corpus_dir = pathlib.Path(corpus_dir)
   report = corpus_dir / "report.json"
   if report.is_file():
-    data = json.loads(report.read_text(encoding="utf-8"))
+    data = jsonfile.load(report, what="the corpus build report",
+                         fix="rebuild the corpus with m4moe-build-corpus "
+                         "(it writes report.json atomically)")
     languages = data.get("languages", {})
     if languages:
       return {lang: int(c.get("train", 0)) for lang, c in languages.items()}

@@ -5,7 +5,9 @@ Package map (one subpackage per idea):
 
 * ``config``: frozen, validated ``ModelConfig``/``MoeConfig``; the zoo.
 * ``flagutil``: config dataclasses as absl flags.
-* ``errors``: ``ConfigError`` and ``require``, the one validation helper.
+* ``errors``: ``ConfigError`` and ``require``, the one validation helper;
+  the one-line account of a full disk.
+* ``jsonfile``: the one reader of the JSON files tools pass each other.
 * ``moe``: routers, dispatch paths, the MoE layer and its experts, task
   routing, upcycling.
 * ``model``: the encoder-decoder Transformer, its layers, losses,

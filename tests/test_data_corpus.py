@@ -185,7 +185,9 @@ def test_bad_inputs_are_counted_with_file_and_line(tmp_path):
   (src / "fr" / "LC_MESSAGES" / "latin1.po").write_bytes(
       b'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
       b'msgid "Open the file now"\nmsgstr "Ouvrir \xff le fichier"\n')
-  fixtures.write_catalog(fixtures.make_catalog("fr", ["Close it now"]),
+  # A directory that is not a locale and no valid Language header.
+  fixtures.write_catalog(fixtures.make_catalog("toolonglang",
+                                               ["Close it now"]),
                          src / "toolonglang" / "LC_MESSAGES" / "x.po")
   tsv = tmp_path / "extra.tsv"
   tsv.write_text("de\tSave the file now\tDatei jetzt speichern\n"
@@ -209,10 +211,16 @@ def test_min_pairs_and_language_subset(tmp_path):
   report = _build(tmp_path, [tmp_path / "src"], languages=("pt",),
                   split_keys=None)
   assert sorted(report["languages"]) == ["pt"]
-  report = _build(tmp_path, [tmp_path / "src"], min_pairs=10_000,
-                  split_keys=None)
-  assert report["summary"]["pairs"] == 0
-  assert report["counts"]["language_below_min_pairs"] == 2
+  before = (tmp_path / "out" / "train" / "pt.tsv").read_bytes()
+  # Every language below --min_pairs: an empty corpus is an error naming
+  # them, and the previous corpus stays.
+  with pytest.raises(corpus.EmptyCorpusError,
+                     match=r"fewer pairs than --min_pairs \(\w+: \d+, \w+: "):
+    _build(tmp_path, [tmp_path / "src"], min_pairs=10_000, split_keys=None)
+  assert (tmp_path / "out" / "train" / "pt.tsv").read_bytes() == before
+  failed = json.loads((tmp_path / "out.failed-report.json").read_text())
+  assert failed["summary"]["pairs"] == 0
+  assert failed["counts"]["language_below_min_pairs"] == 2
 
 
 def test_output_is_atomic_and_idempotent(tmp_path, monkeypatch):

@@ -87,15 +87,66 @@ def test_unknown_language_directories_are_counted(tmp_path):
   src = tmp_path / "src"
   good, lang = _good_catalog(src)
   for bad in ("xq", "gui"):
+    # Neither the directory nor the Language header is a locale.
     fixtures.write_catalog(
-        fixtures.make_catalog("fr", ["Close the window now"], special=False),
+        fixtures.make_catalog(bad, ["Close the window now"], special=False),
         src / bad / "LC_MESSAGES" / "app.po")
   report = _build(tmp_path, [src])
   assert report["counts"]["catalog:unknown_language"] == 2
   listed = _problems(report, "catalog:unknown_language")
   assert {pathlib.Path(w).parts[-3] for w in listed} == {"xq", "gui"}
+  assert "directory 'gui' is not a locale" in " ".join(listed.values())
   assert sorted(report["languages"]) == [lang]
   assert _all_pairs(tmp_path / "out", lang) == good
+
+
+@pytest.mark.parametrize("locale,expected", [
+    ("fr_link", "'link' is not an ISO 15924 script code"),
+    ("fr_Zzzq", "'Zzzq' is not an ISO 15924 script code"),
+    ("de_XY", "'XY' is not an ISO 3166 region"),
+    ("es_999", "'999' is not an ISO 3166 region"),
+    ("ca_ES_valencja", "'valencja' is not a registered BCP 47 variant"),
+    ("pt_B", "'B' is neither a script"),
+])
+def test_every_subtag_of_a_locale_is_validated(locale, expected):
+  with pytest.raises(languages.UnknownLanguageError, match=expected):
+    languages.normalize_language(locale)
+
+
+@pytest.mark.parametrize("locale,expected", [
+    ("sr_Latn", "sr_Latn"), ("sr_Latn_RS", "sr_Latn"), ("es_419", "es"),
+    ("ca_ES_valencia", "ca"), ("be_tarask", "be"), ("sr_CS", "sr"),
+    ("uz_Cyrl_UZ", "uz_Cyrl"), ("zh_Hant_HK", "zh_Hant"), ("pt_BR", "pt"),
+    ("de_1996", "de"), ("ku_Arab", "ku_Arab")])
+def test_registered_subtags_still_pass(locale, expected):
+  assert languages.normalize_language(locale) == expected
+
+
+def test_a_symlink_that_is_not_a_locale_yields_to_the_language_header(
+    tmp_path):
+  """``fr_link -> fr``: the catalogs are French (their header says so), not
+  a language ``fr_Link``; a link with no usable header is unknown."""
+  src = tmp_path / "src"
+  src.mkdir()
+  good, lang = _good_catalog(tmp_path / "elsewhere")
+  (src / "fr_link").symlink_to(tmp_path / "elsewhere" / "fr",
+                               target_is_directory=True)
+  headless = tmp_path / "headless" / "de" / "LC_MESSAGES"
+  fixtures.write_catalog(
+      fixtures.make_catalog("Deutsch", ["Close the window now"],
+                            special=False), headless / "app.po")
+  (src / "de_link").symlink_to(headless.parent, target_is_directory=True)
+  report = _build(tmp_path, [src])
+  assert sorted(report["languages"]) == ["fr"]  # no "fr_Link"
+  assert _all_pairs(tmp_path / "out", lang) == good
+  from_header = _problems(report, "catalog:locale_from_header")
+  assert list(from_header) == [str(src / "fr_link" / "LC_MESSAGES" /
+                                   "good.po")]
+  assert "directory 'fr_link' is not a locale" in from_header[
+      str(src / "fr_link" / "LC_MESSAGES" / "good.po")]
+  assert "Language header 'fr' decides" in " ".join(from_header.values())
+  unknown = _problems(report, "catalog:unknown_language")
+  assert list(unknown) == [str(src / "de_link" / "LC_MESSAGES" / "app.po")]
 
 
 def _header(charset: str = "UTF-8", plural: str = "nplurals=2; plural=(n != 1);"

@@ -118,7 +118,7 @@ def test_untrained_language_pairs_are_errors(run_dir):
 
 @pytest.mark.parametrize("content, match", [
     (None, "config.json not found"),
-    ("{not json", "not readable JSON"),
+    ("{not json", r"is not valid JSON: .* at line 1 column 2"),
     ("[1, 2]", "expected a JSON object"),
     ('{"model": {"d_model": "big"}}', "bad model config"),
     ('{"model": {}, "vocab": {"source": 1}}', "malformed \"vocab\""),

@@ -2,16 +2,22 @@
 
 Each module's ``run()`` is its console-script entry point and goes through
 :func:`run_tool`, so ``--help`` prints the module's docstring and the flags
-the tool defines, as ``python -m m4moe.cli.<name> --help`` does.
+the tool defines, as ``python -m m4moe.cli.<name> --help`` does, and
+:func:`exit_on_disk_full` turns a full disk into one line and exit 1.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pathlib
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from absl import app
 from absl import flags
+
+from m4moe import errors
 
 
 def run_tool(main: Callable[[list[str]], Any], *, module: str,
@@ -36,3 +42,38 @@ def run_tool(main: Callable[[list[str]], Any], *, module: str,
     app.run(main)
   else:
     app.run(main, flags_parser=flags_parser)
+
+
+@contextlib.contextmanager
+def exit_on_disk_full(*, tool: str, action: str,
+                      path: str | os.PathLike[str], kept: str,
+                      needed_bytes: int | None = None) -> Iterator[None]:
+  """Exits 1 with :func:`m4moe.errors.disk_full_message` when the block
+  fails on a full disk (``OSError(ENOSPC)`` or TensorFlow's op error);
+  any other error passes through.
+
+  Args:
+    tool: the program, e.g. "m4moe-eval".
+    action, path, kept, needed_bytes: see
+      :func:`m4moe.errors.disk_full_message`.
+  """
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    if not errors.is_disk_full(e):
+      raise
+    sys.exit(f"{tool}: error: " + errors.disk_full_message(
+        action=action, path=path, kept=kept, needed_bytes=needed_bytes))
+
+
+def tree_bytes(path: str | os.PathLike[str]) -> int | None:
+  """Bytes of the files under ``path`` (or of the file; for checkpoint
+  prefixes, of ``<prefix>.*``); None when nothing is there."""
+  path = pathlib.Path(path)
+  if path.is_file():
+    return path.stat().st_size
+  if path.is_dir():
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+  files = list(path.parent.glob(f"{path.name}.*")) if path.parent.is_dir() \
+      else []
+  return sum(p.stat().st_size for p in files) or None

@@ -104,6 +104,30 @@ def _analyse(files, languages, vocab_dir):
   return counts, tokens, pairs, cut
 
 
+def _with_pairs(corpus: pathlib.Path, languages: list[str]) -> list[str]:
+  """The languages whose split file has a line; exits 1 if none has.
+
+  Checked before the model is loaded: an analysis over no pairs would be
+  a page of empty heatmaps. An empty language beside others is left out
+  with a warning naming it.
+  """
+  def has_pairs(lang: str) -> bool:
+    with open(corpus / _SPLIT.value / f"{lang}.tsv", "rb") as f:
+      return any(line.strip() for line in f)
+  kept = [lang for lang in languages if has_pairs(lang)]
+  empty = [lang for lang in languages if lang not in kept]
+  if not kept:
+    sys.exit(f"m4moe-analyze-routing: error: {corpus}/{_SPLIT.value}/ has "
+             f"no pairs for {', '.join(empty)}: nothing to analyse, and "
+             "nothing was written. Choose another --split (dev, test, train) "
+             "or --languages with pairs")
+  if empty:
+    print(f"m4moe-analyze-routing: warning: {corpus}/{_SPLIT.value}/ has no "
+          f"pairs for {', '.join(empty)}; left out of the analysis",
+          file=sys.stderr, flush=True)
+  return kept
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -123,6 +147,16 @@ def main(argv):
   if not (corpus / _SPLIT.value).is_dir():
     raise app.UsageError(f"--corpus_dir={corpus} has no {_SPLIT.value}/ "
                          "directory (run m4moe-build-corpus)")
+  available = vocab.corpus_languages(corpus, _SPLIT.value)
+  languages = list(_LANGUAGES.value) or list(available)
+  missing = sorted(set(languages) - set(available))
+  if missing:
+    raise app.UsageError(
+        f"--languages: {', '.join(missing)} has no {corpus}/{_SPLIT.value}/"
+        f"<lang>.tsv (available: {', '.join(available) or 'none'})")
+  if not languages:
+    raise app.UsageError(f"{corpus}/{_SPLIT.value}/ has no <lang>.tsv files")
+  languages = _with_pairs(corpus, languages)
   try:
     files = rundir.find_run_files(_MODEL_DIR.value,
                                   vocab_dir=_VOCAB_DIR.value)
@@ -135,16 +169,10 @@ def main(argv):
     raise app.UsageError(
         "--router=expert_choice has no per-token expert choices (experts "
         "pick tokens); routing by language needs top2, top1 or noisy_topk")
-  available = vocab.corpus_languages(corpus, _SPLIT.value)
-  languages = list(_LANGUAGES.value) or list(available)
-  missing = sorted(set(languages) - set(available))
-  if missing:
-    raise app.UsageError(
-        f"--languages: {', '.join(missing)} has no {corpus}/{_SPLIT.value}/"
-        f"<lang>.tsv (available: {', '.join(available) or 'none'})")
-  if not languages:
-    raise app.UsageError(f"{corpus}/{_SPLIT.value}/ has no <lang>.tsv files")
-  sizes = testsets.train_sizes(corpus)
+  try:
+    sizes = testsets.train_sizes(corpus)
+  except ValueError as e:
+    sys.exit(f"m4moe-analyze-routing: error: {e}")
   languages = list(comparison.order_languages(
       {lang: sizes.get(lang) for lang in languages}))
   out = pathlib.Path(_OUTPUT_DIR.value)

@@ -16,12 +16,21 @@ stops the build: it is counted and listed under ``problems``. With
 --ood_packages the listed source packages are held out of train/dev/test and
 become the out-of-domain test split ``test_ood/<lang>.tsv``.
 
+An empty result is an error: when no requested --languages (or, without
+--languages, no language at all) gets a pair, it exits 1 naming each
+requested language's reason and the languages the sources do have, leaves
+--output_dir as it was and keeps the build's report in
+``<output_dir>.failed-report.json``. A requested language that comes out
+empty beside others that do not is a warning naming it. Both are in
+``report.json``'s ``language_coverage`` section.
+
 ``--output_dir`` is replaced atomically, but only when it is missing, empty or
 a corpus this tool wrote (it leaves a ``.m4moe-corpus.json`` marker); any
 other directory is refused unless ``--overwrite`` is given. SIGTERM or Ctrl-C
 stop the build, its worker processes and its temporary files, leaving the
 previous corpus in place (exit code 1); the workers also die with a killed
-builder.
+builder. A second build of the same ``--output_dir`` while one runs exits 1
+naming the first (an flock on ``.<name>.lock`` beside the directory).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from m4moe.data import cleaning
 from m4moe.data import corpus
 from m4moe.data import sources
 from m4moe.data import split
+from m4moe.training import run_lock
 
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "Where the corpus is written. Replaced atomically "
@@ -124,10 +134,20 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   try:
-    report = corpus.build_corpus(config)
+    with cli.exit_on_disk_full(
+        tool="m4moe-build-corpus", action="building the corpus",
+        path=config.output_dir.absolute().parent,
+        kept=f"the previous corpus at {config.output_dir} (if any) is intact "
+        "and the build's temporary directory is removed",
+        needed_bytes=cli.tree_bytes(config.output_dir)):
+      report = corpus.build_corpus(config)
   except (corpus.OutputDirError, corpus.SplitKeysError,
           sources.RecipeError) as e:
     raise app.UsageError(str(e)) from e
+  except corpus.EmptyCorpusError as e:
+    sys.exit(f"m4moe-build-corpus: error: {e}")
+  except run_lock.RunLockedError as e:
+    sys.exit(f"m4moe-build-corpus: refused, nothing was changed: {e}")
   except corpus.BuildInterrupted as e:
     print(f"m4moe-build-corpus: {e}", file=sys.stderr)
     sys.exit(1)
@@ -139,6 +159,7 @@ def main(argv):
              and s["status"] != "downloaded"]
   problems = report["problems"]
   print(json.dumps({"summary": report["summary"],
+                    "warnings": report["language_coverage"]["warnings"],
                     "counts": report["counts"],
                     "sources_not_as_pinned": skipped,
                     "problems": problems[:_PRINTED_PROBLEMS],

@@ -14,7 +14,9 @@ corpus build report, and the model's config and decoding settings. With
 Before decoding it checks that --output and --hypotheses_dir can be
 written, that the vocabulary is the run's (recorded sha256) and that the
 run was trained on every test set's language pair; files are written
-atomically (temporary file + rename).
+atomically (temporary file + rename). A language with no test sentences is
+a warning naming it (recorded as empty in the JSON); when no language has
+any, it exits 1 before loading the model and writes nothing.
 """
 
 from __future__ import annotations
@@ -92,6 +94,23 @@ def _limit(sets: list[testsets_lib.TestSet]) -> list[testsets_lib.TestSet]:
       references=t.references[:n], path=t.path) for t in sets]
 
 
+def _check_not_empty(sets: list[testsets_lib.TestSet]) -> None:
+  """Exits 1 when no language has a sentence to decode; warns of each
+  empty one otherwise (it is kept in the JSON with status "empty")."""
+  empty = [t.language for t in sets if not t.sources]
+  where = f"{_CORPUS_DIR.value}/{_SPLIT.value}"
+  if len(empty) == len(sets):
+    sys.exit(f"m4moe-eval: error: {where} has no sentences for "
+             f"{', '.join(empty) or 'any language'}: nothing to decode, and "
+             "nothing was written. Rebuild the corpus (its report.json "
+             "lists each language's split sizes) or choose --languages or "
+             "--split with sentences")
+  for lang in empty:
+    print(f"m4moe-eval: warning: {where}/{lang}.tsv has no sentences; {lang} "
+          "is recorded as empty (no score) and left out of report averages",
+          file=sys.stderr, flush=True)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -103,6 +122,11 @@ def main(argv):
         direction=_DIRECTION.value))
   except ValueError as e:
     raise app.UsageError(str(e)) from e
+  _check_not_empty(sets)
+  try:  # read before the model is loaded: a damaged report fails fast
+    train_sizes = testsets_lib.train_sizes(_CORPUS_DIR.value)
+  except ValueError as e:
+    sys.exit(f"m4moe-eval: error: {e}")
   try:
     textio.check_output_file(_OUTPUT.value, flag="--output")
     if _HYPOTHESES_DIR.value:
@@ -122,10 +146,16 @@ def main(argv):
                                "".join(o + "\n" for o in out))
     return out
   try:
-    result = evaluate_lib.evaluate(
-        translate, sets, model=_MODEL_NAME.value or files.model_dir.name,
-        kind=_KIND.value, metadata=_metadata(files, translator),
-        train_sizes=testsets_lib.train_sizes(_CORPUS_DIR.value))
+    with cli.exit_on_disk_full(
+        tool="m4moe-eval", action="writing the hypotheses",
+        path=_HYPOTHESES_DIR.value or ".",
+        kept="each <lang>.hyp is written atomically, so the files there are "
+        "whole (earlier ones may be from this run); --output was not "
+        "written yet"):
+      result = evaluate_lib.evaluate(
+          translate, sets, model=_MODEL_NAME.value or files.model_dir.name,
+          kind=_KIND.value, metadata=_metadata(files, translator),
+          train_sizes=train_sizes)
   except (scoring.ScoringError, translator_lib.TranslatorError) as e:
     sys.exit(f"m4moe-eval: error: {e}")
   except OSError as e:
@@ -138,7 +168,12 @@ def main(argv):
       "hypotheses_dir": (str(hyp_dir.resolve()) if _HYPOTHESES_DIR.value
                          else None)})
   try:
-    results.write_eval_json(result, _OUTPUT.value)
+    with cli.exit_on_disk_full(
+        tool="m4moe-eval", action=f"writing --output={_OUTPUT.value}",
+        path=pathlib.Path(_OUTPUT.value).parent,
+        kept="it is written atomically, so the previous file (if any) is "
+        "intact; the decoding is lost"):
+      results.write_eval_json(result, _OUTPUT.value)
   except OSError as e:
     sys.exit(f"m4moe-eval: error: cannot write --output={_OUTPUT.value} "
              f"({e}); nothing was written there")

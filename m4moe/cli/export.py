@@ -37,6 +37,7 @@ experts reproduces it).
 
 from __future__ import annotations
 
+import pathlib
 import sys
 
 from absl import app
@@ -90,9 +91,15 @@ def main(argv):
             f"({report.parameters_after / report.parameters_before:.1%}); "
             "experts kept per MoE layer: " + ", ".join(
                 f"{r.layer} {list(r.experts)}" for r in report.routes))
-    path = export_lib.export_saved_model(
-        translator, _EXPORT_DIR.value, target_lang=target_lang,
-        metadata=metadata, source_languages=source_languages)
+    with cli.exit_on_disk_full(
+        tool="m4moe-export", action="writing the SavedModel",
+        path=pathlib.Path(_EXPORT_DIR.value).absolute().parent,
+        kept=f"nothing was left in --export_dir={_EXPORT_DIR.value} (the "
+        "export is renamed into place only when complete)",
+        needed_bytes=cli.tree_bytes(files.checkpoint)):
+      path = export_lib.export_saved_model(
+          translator, _EXPORT_DIR.value, target_lang=target_lang,
+          metadata=metadata, source_languages=source_languages)
   except extraction_lib.ExtractionError as e:
     raise app.UsageError(str(e)) from e
   except (export_lib.ExportError, translator_lib.TranslatorError) as e:

@@ -25,6 +25,12 @@ BLEU/chrF in [0, 100], non-negative sizes; errors name the file and the
 field); --output_dir is checked before any work and each file is written
 atomically. summary.json is strict JSON: non-finite values become null and
 are listed in its notes.
+
+A report over zero averaged languages (every language excluded: no
+baseline, a failed or empty eval, ...) is an error: it exits 1, naming each
+language's reason, and writes nothing. One writer per --output_dir: the
+tool holds an flock on ``<output_dir>/report.lock`` while it writes, so a
+second m4moe-report on the same directory exits 1 naming the first.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from m4moe.eval import report
 from m4moe.eval import results
 from m4moe.eval import testsets
 from m4moe.eval import textio
+from m4moe.training import run_lock
 
 _MODELS = flags.DEFINE_list(
     "models", [], "Multilingual models' eval JSONs (paths or globs).")
@@ -141,25 +148,42 @@ def main(argv):
     models = [results.read_eval_json(p) for p in model_paths]
     baselines = [results.read_eval_json(p, kind="bilingual")
                  for p in baseline_paths]
-    files = report.write_report(
-        _OUTPUT_DIR.value, models=models, baselines=baselines,
-        bounds=_bounds(),
-        train_sizes=(testsets.train_sizes(_CORPUS_DIR.value)
-                     if _CORPUS_DIR.value else None),
-        training_log_paths=_training_logs(), ce_thresholds=thresholds,
-        trend_frac=_TREND_FRAC.value,
-        inputs=[str(p) for p in model_paths + baseline_paths],
-        title=_TITLE.value, metric=_METRIC.value, model_paths=model_paths,
-        baseline_paths=baseline_paths, corpus_dir=_CORPUS_DIR.value,
-        examples=_EXAMPLES.value,
-        hypotheses_dirs=_pairs(_HYPOTHESES_DIRS.value, "hypotheses_dirs"),
-        bootstrap_samples=_BOOTSTRAP_SAMPLES.value,
-        bootstrap_seed=_BOOTSTRAP_SEED.value)
+    pathlib.Path(_OUTPUT_DIR.value).mkdir(parents=True, exist_ok=True)
+    with run_lock.RunLock(_OUTPUT_DIR.value, role=run_lock.REPORT):
+      files = _write(models, baselines, model_paths, baseline_paths,
+                     thresholds)
+  except run_lock.RunLockedError as e:
+    sys.exit(f"m4moe-report: refused, nothing was changed: {e}")
+  except report.EmptyReportError as e:
+    sys.exit(f"m4moe-report: error: {e}")
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
   except OSError as e:
     sys.exit(f"m4moe-report: error: cannot write --output_dir="
              f"{_OUTPUT_DIR.value} ({e})")
+  _print_summary(files)
+
+
+def _write(models, baselines, model_paths, baseline_paths,
+           thresholds) -> report.ReportFiles:
+  """:func:`report.write_report` with the flags' settings."""
+  return report.write_report(
+      _OUTPUT_DIR.value, models=models, baselines=baselines,
+      bounds=_bounds(),
+      train_sizes=(testsets.train_sizes(_CORPUS_DIR.value)
+                   if _CORPUS_DIR.value else None),
+      training_log_paths=_training_logs(), ce_thresholds=thresholds,
+      trend_frac=_TREND_FRAC.value,
+      inputs=[str(p) for p in model_paths + baseline_paths],
+      title=_TITLE.value, metric=_METRIC.value, model_paths=model_paths,
+      baseline_paths=baseline_paths, corpus_dir=_CORPUS_DIR.value,
+      examples=_EXAMPLES.value,
+      hypotheses_dirs=_pairs(_HYPOTHESES_DIRS.value, "hypotheses_dirs"),
+      bootstrap_samples=_BOOTSTRAP_SAMPLES.value,
+      bootstrap_seed=_BOOTSTRAP_SEED.value)
+
+
+def _print_summary(files: report.ReportFiles) -> None:
   comp = files.comparison
   print(f"Bucket bounds: {comp.bounds.describe()}")
   print(f"Averaged over {len(comp.averaged)} of {len(comp.languages)} "

@@ -31,6 +31,12 @@ same signal (a training stage saves a checkpoint on SIGTERM) and exits with
 128 + the signal number without recording the stage; if the job itself is
 killed with kill -9, the kernel sends the stage SIGTERM (Linux), so no stage
 keeps running on its own.
+
+One job per run directory: the job holds an flock on <run_dir>/run.lock
+from before its first stage to its end (the kernel releases it however the
+job ends, kill -9 included). A second m4moe-run on the same --run_dir exits
+with status 1 before touching anything, naming the first job's pid and
+command. --dry_run without --restart_from changes nothing and takes no lock.
 """
 
 from __future__ import annotations
@@ -50,9 +56,11 @@ from absl import flags
 from absl import logging
 
 from m4moe import cli
+from m4moe import jsonfile
 from m4moe.pipeline import plan as main_job
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.pipeline import supervisor
+from m4moe.training import run_lock
 
 _RECIPE = flags.DEFINE_string(
     "recipe", "demo", "What to build, train and evaluate: a packaged recipe "
@@ -112,9 +120,11 @@ def _first_changed(stages: list[main_job.Stage],
     if not marker.exists():
       continue
     try:
-      ran = json.loads(marker.read_text(encoding="utf-8"))["command"][1:]
-    except (ValueError, KeyError, TypeError):
-      return stage.name  # unreadable marker: not trusted
+      ran = jsonfile.load(marker, what="stage record",
+                          fix="it is re-run")["command"][1:]
+    except (jsonfile.JSONFileError, KeyError, TypeError) as e:
+      print(f"m4moe-run: {e}", flush=True)
+      return stage.name  # unreadable record: not trusted
     if ran != stage.command()[1:]:
       return stage.name
   return None
@@ -164,8 +174,11 @@ def _training_finished(stage: main_job.Stage) -> bool:
   reason = None
   if metrics.is_file():
     for line in metrics.read_text(encoding="utf-8").splitlines():
-      record = json.loads(line) if line.strip() else {}
-      if record.get("kind") == "end":
+      try:  # a trainer killed mid-write leaves half a line: not its end
+        record = json.loads(line) if line.strip() else {}
+      except ValueError:
+        continue
+      if isinstance(record, dict) and record.get("kind") == "end":
         reason = record.get("reason")
   return reason == "done"
 
@@ -352,6 +365,22 @@ def main(argv: list[str]) -> None:
   run_dir = pathlib.Path(_RUN_DIR.value).resolve()
   cache_dir = pathlib.Path(_CACHE_DIR.value or run_dir / "cache").resolve()
   stages = main_job.plan(recipe, run_dir=run_dir, cache_dir=cache_dir)
+  if _DRY_RUN.value and not _RESTART_FROM.value:
+    _run_plan(recipe=recipe, run_dir=run_dir, stages=stages)
+    return
+  run_dir.mkdir(parents=True, exist_ok=True)
+  try:
+    # Held until the last stage ends; stages are children, which do not
+    # inherit it (Python opens files close-on-exec).
+    with run_lock.RunLock(run_dir, role=run_lock.RUN):
+      _run_plan(recipe=recipe, run_dir=run_dir, stages=stages)
+  except run_lock.RunLockedError as e:
+    sys.exit(f"m4moe-run: refused, nothing was run: {e}")
+
+
+def _run_plan(*, recipe: recipes_lib.Recipe, run_dir: pathlib.Path,
+              stages: list[main_job.Stage]) -> None:
+  """Runs (or, with --dry_run, lists) the stages the flags select."""
   if _RESTART_FROM.value:
     _forget_from(stages, run_dir, _RESTART_FROM.value)
   changed = None if _DRY_RUN.value else _first_changed(stages, run_dir)
@@ -365,30 +394,8 @@ def main(argv: list[str]) -> None:
   if _ONLY.value:
     stages = _matching(stages, _ONLY.value)
   job = _Job(recipe=recipe, run_dir=run_dir, stages=stages)
-  cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-      else list(range(os.cpu_count() or 1))
   for block in main_job.parallel_blocks(stages):
-    shares = None
-    if len(block) > 1 and _LANES.value:
-      try:
-        shares = main_job.lane_cpus(len(block), cpus)
-      except ValueError as e:
-        print(f"m4moe-run: {e}: running the {len(block)} lanes one after "
-              "the other", flush=True)
-    if _DRY_RUN.value:
-      for index, lane in enumerate(block):
-        for stage in lane:
-          where = (f" (lane {index + 1} of {len(block)}, core(s) "
-                   f"{','.join(map(str, shares[index]))})" if shares else "")
-          print(f"{job.header(stage)}{where}\n  {' '.join(stage.command())}",
-                flush=True)
-      continue
-    if shares:
-      job.run_lanes(block, shares)
-    else:
-      for lane in block:
-        for stage in lane:
-          job.run_alone(stage)
+    _run_block(job, block)
   if (_STOP_AFTER.value or _ONLY.value) and not _DRY_RUN.value:
     which = (f"after stage {_STOP_AFTER.value!r} (--stop_after)"
              if _STOP_AFTER.value else f"the {len(stages)} stage(s) of --only")
@@ -399,6 +406,32 @@ def main(argv: list[str]) -> None:
     print(f"m4moe-run: done in {time.monotonic() - job.start:.0f} s. Report: "
           f"{report / 'report.html'} (also report.md, delta_bleu.png)",
           flush=True)
+
+
+def _run_block(job: _Job, block: list[list[main_job.Stage]]) -> None:
+  """One block of lanes: concurrently on shares of the cores, or in turn."""
+  cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+      else list(range(os.cpu_count() or 1))
+  shares = None
+  if len(block) > 1 and _LANES.value:
+    try:
+      shares = main_job.lane_cpus(len(block), cpus)
+    except ValueError as e:
+      print(f"m4moe-run: {e}: running the {len(block)} lanes one after "
+            "the other", flush=True)
+  if _DRY_RUN.value:
+    for index, lane in enumerate(block):
+      for stage in lane:
+        where = (f" (lane {index + 1} of {len(block)}, core(s) "
+                 f"{','.join(map(str, shares[index]))})" if shares else "")
+        print(f"{job.header(stage)}{where}\n  {' '.join(stage.command())}",
+              flush=True)
+  elif shares:
+    job.run_lanes(block, shares)
+  else:
+    for lane in block:
+      for stage in lane:
+        job.run_alone(stage)
 
 
 def run() -> None:

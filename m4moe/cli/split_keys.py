@@ -32,6 +32,7 @@ from absl import app
 from absl import flags
 
 from m4moe import cli
+from m4moe import jsonfile
 from m4moe.data import split
 from m4moe.data import vocab
 
@@ -96,8 +97,9 @@ def main(argv):
     raise app.UsageError(f"--split_keys: {e}") from e
   report_path = corpus_dir / "report.json"
   try:
-    languages = json.loads(report_path.read_text(encoding="utf-8"))[
-        "languages"]
+    languages = jsonfile.load(
+        report_path, what="the corpus build report",
+        fix="rebuild the corpus with m4moe-build-corpus")["languages"]
     built_keys = split.load_split_keys(corpus_dir / "split_keys.txt")
   except (OSError, ValueError, KeyError) as e:
     raise app.UsageError(

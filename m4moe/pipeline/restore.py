@@ -25,13 +25,14 @@ earlier session's run directory are rewritten to ``--run_dir``.
 from __future__ import annotations
 
 import hashlib
-import json
 import pathlib
 import shutil
 import sys
 
 from absl import app
 from absl import flags
+
+from m4moe import jsonfile
 
 _SPLITS = ("eval", "eval_ood")
 
@@ -60,8 +61,9 @@ def check_inputs(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
 
 def recorded_run_dir(results: pathlib.Path) -> str:
   """The run directory the committed runs were written in (corpus record)."""
-  record = json.loads((results / "stages" / "corpus.json").read_text(
-      encoding="utf-8"))
+  record = jsonfile.load(results / "stages" / "corpus.json",
+                         what="the corpus stage record",
+                         fix="check out the committed study results again")
   for arg in record["command"]:
     if arg.startswith("--output_dir="):
       return str(pathlib.PurePath(arg.partition("=")[2]).parent)
@@ -91,7 +93,9 @@ def _landed_runs(results: pathlib.Path) -> list[str]:
 
 
 def _decoded_any(eval_json: pathlib.Path) -> bool:
-  languages = json.loads(eval_json.read_text(encoding="utf-8"))["languages"]
+  languages = jsonfile.load(
+      eval_json, what="eval JSON",
+      fix="check out the committed study results again")["languages"]
   return any(v.get("num_segments", 0) > 0 for v in languages.values())
 
 

@@ -33,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from m4moe import jsonfile
 from m4moe.training import checkpointing
 
 RECORD_FILENAME = "averaged.json"
@@ -170,4 +171,5 @@ def read_record(model_dir: str | os.PathLike[str]) -> dict | None:
           RECORD_FILENAME)
   if not path.is_file():
     return None
-  return json.loads(path.read_text(encoding="utf-8"))
+  return jsonfile.load(path, what="the averaged checkpoint's record",
+                       fix="re-run m4moe-average to rewrite it")

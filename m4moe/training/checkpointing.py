@@ -53,6 +53,8 @@ from google.protobuf import text_format
 from tensorflow.python.checkpoint import checkpoint_management
 
 from m4moe import config as config_lib
+from m4moe import errors
+from m4moe import jsonfile
 from m4moe.training import metrics as metrics_lib
 
 CONFIG_FILENAME = "config.json"
@@ -76,6 +78,11 @@ _DATA_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 
 class CheckpointError(RuntimeError):
   """The run's checkpoints cannot be resumed; the message says what to do."""
+
+
+class CheckpointSaveError(CheckpointError):
+  """A checkpoint save failed on a full disk; the message (one line) names
+  the checkpoint, where, the intact previous one and the space needed."""
 
 
 class ModelDirError(ValueError):
@@ -103,8 +110,9 @@ def _read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
   if not path.is_file():
     raise FileNotFoundError(
         f"{path} not found: is --model_dir a directory written by m4moe-train?")
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return jsonfile.load(path, what="the run's config.json",
+                       fix="restore it from a backup or start a new "
+                       "--model_dir (it records the run's model)")
 
 
 def write_run_config(model_dir: str | os.PathLike[str], *,
@@ -536,6 +544,7 @@ class CheckpointKeeper:
     if max_to_keep < 1:
       raise ValueError(f"--keep_checkpoints={max_to_keep} is invalid: keep "
                        "at least 1 checkpoint")
+    self._objects = dict(objects)
     self.checkpoint = tf.train.Checkpoint(**objects)
     self.manager = tf.train.CheckpointManager(
         self.checkpoint, directory, max_to_keep=max_to_keep)
@@ -568,9 +577,57 @@ class CheckpointKeeper:
     return path
 
   def save(self, step: int) -> str:
-    path = self.manager.save(checkpoint_number=step)
+    """Saves ``ckpt-<step>``; returns its path.
+
+    Raises:
+      CheckpointSaveError: the disk is full (the state file still names the
+        previous complete checkpoint, which the next start resumes from).
+    """
+    previous = self.manager.latest_checkpoint
+    try:
+      path = self.manager.save(checkpoint_number=step)
+    except (tf.errors.OpError, OSError) as e:
+      if not errors.is_disk_full(e):
+        raise
+      kept = (f"the previous checkpoint {pathlib.Path(previous).name} is "
+              "intact and the next start resumes from it" if previous else
+              "no earlier checkpoint exists, so the next start begins at "
+              "step 0")
+      raise CheckpointSaveError(errors.disk_full_message(
+          action=f"saving checkpoint ckpt-{step}",
+          path=self.manager.directory, kept=kept,
+          needed_bytes=self.checkpoint_bytes())) from None
     logging.info("Saved %s", path)
     return path
+
+  def checkpoint_bytes(self) -> int:
+    """Bytes one checkpoint of these objects takes: the newest one's files
+    on disk, else the sum of the variables' sizes."""
+    latest = self.manager.latest_checkpoint
+    if latest:
+      prefix = pathlib.Path(latest)
+      files = list(prefix.parent.glob(f"{prefix.name}.*"))
+      if files:
+        return sum(f.stat().st_size for f in files)
+    seen, total = set(), 0
+    for variable in self.checkpoint_variables():
+      if id(variable) not in seen:
+        seen.add(id(variable))
+        total += variable.shape.num_elements() * variable.dtype.size
+    return total
+
+  def checkpoint_variables(self) -> list[Any]:
+    """The variables of the saved objects (model, optimiser, counters)."""
+    out = []
+    for obj in self._objects.values():
+      if isinstance(obj, tf.Variable):
+        out.append(obj)
+        continue
+      variables = getattr(obj, "variables", None)
+      if callable(variables):
+        variables = variables()
+      out.extend(v for v in variables or () if hasattr(v, "dtype"))
+    return out
 
 
 def best_keeper(model_dir: str | os.PathLike[str], *,

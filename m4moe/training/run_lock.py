@@ -3,7 +3,11 @@
 Two trainers on one ``--model_dir`` would interleave checkpoints, rewrite
 each other's state file and metrics, and remove each other's in-progress
 saves as "stale". :class:`RunLock` takes ``fcntl.flock(LOCK_EX | LOCK_NB)``
-on ``train.lock`` for as long as the run is open. The kernel drops the lock
+on ``train.lock`` for as long as the run is open. The other tools that own
+a directory take the same kind of lock on their own file (``m4moe-run``:
+``RUN_DIR/run.lock``; ``m4moe-vocab``, ``m4moe-report`` and
+``m4moe-build-corpus``: see :data:`TOOL_LOCKS`), so one mechanism, one
+message format and one ``kill -9`` behaviour serve them all. The kernel drops the lock
 when its owner exits, however it exits (``kill -9`` included), so a dead
 owner never leaves the directory stuck; the file itself stays (removing a
 lock file races with the next locker) and only records the current owner
@@ -16,6 +20,7 @@ with the OS error, which :class:`RunLockedError` does not hide.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import fcntl
 import json
@@ -26,6 +31,50 @@ import sys
 from typing import Any
 
 LOCK_FILENAME = "train.lock"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LockRole:
+  """Which tool a lock serves, for the message the next comer reads.
+
+  Attributes:
+    filename: the lock file's name in the locked directory.
+    rule: what the lock enforces, e.g. "only one m4moe-train may write a
+      --model_dir".
+    advice: what the refused user can do.
+  """
+
+  filename: str
+  rule: str
+  advice: str
+
+
+TRAIN = LockRole(
+    filename=LOCK_FILENAME,
+    rule="only one m4moe-train may write a --model_dir",
+    advice="Wait for it to finish, stop it (SIGTERM saves a checkpoint "
+    "first), or use another --model_dir.")
+RUN = LockRole(
+    filename="run.lock",
+    rule="only one m4moe-run job may use a --run_dir",
+    advice="Wait for that job to finish, stop it (kill -TERM <pid>: its "
+    "running stage stops, a training stage after saving a checkpoint) and "
+    "re-run this command to resume, or use another --run_dir.")
+VOCAB = LockRole(
+    filename="vocab.lock",
+    rule="only one m4moe-vocab may write an --output_dir",
+    advice="Wait for it to finish, or use another --output_dir.")
+# Kept beside the corpus directory (``.<name>.lock``), which a build
+# replaces by renaming: a lock inside it would go with the old directory.
+CORPUS = LockRole(
+    filename="",
+    rule="only one m4moe-build-corpus may build an --output_dir (a second "
+    "build would delete the first one's temporary directory as stale)",
+    advice="Wait for it to finish, or use another --output_dir.")
+REPORT = LockRole(
+    filename="report.lock",
+    rule="only one m4moe-report may write an --output_dir",
+    advice="Wait for it to finish, or use another --output_dir.")
 
 
 class RunLockedError(RuntimeError):
@@ -46,14 +95,23 @@ class RunLock:
 
   Args:
     directory: the run directory (it must exist).
+    role: the tool it serves (lock file name and message); the trainer's
+      by default.
+    filename: overrides ``role.filename`` (a lock kept beside a directory
+      that is replaced by renaming, e.g. the corpus's).
+    subject: what is locked, for the message (default: ``directory``).
 
   Raises (on enter):
     RunLockedError: another process, or another RunLock of this process,
       holds it.
   """
 
-  def __init__(self, directory: str | os.PathLike[str]):
-    self.path = pathlib.Path(directory) / LOCK_FILENAME
+  def __init__(self, directory: str | os.PathLike[str], *,
+               role: LockRole = TRAIN, filename: str | None = None,
+               subject: str | os.PathLike[str] | None = None):
+    self.path = pathlib.Path(directory) / (filename or role.filename)
+    self.role = role
+    self.subject = str(subject if subject is not None else directory)
     self._file = None
 
   def __enter__(self) -> "RunLock":
@@ -69,10 +127,8 @@ class RunLock:
         owner = {}
       f.close()
       raise RunLockedError(
-          f"{self.path.parent} is in use by {_describe(owner)}, which holds "
-          f"{self.path}: only one m4moe-train may write a --model_dir. Wait "
-          "for it to finish, stop it (SIGTERM saves a checkpoint first), or "
-          "use another --model_dir.") from None
+          f"{self.subject} is in use by {_describe(owner)}, which holds "
+          f"{self.path}: {self.role.rule}. {self.role.advice}") from None
     except BaseException:
       f.close()
       raise

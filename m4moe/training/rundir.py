@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import pathlib
 from typing import Any, Iterable, Mapping
@@ -37,6 +36,7 @@ from typing import Any, Iterable, Mapping
 from absl import logging
 
 from m4moe import config as config_lib
+from m4moe import jsonfile
 from m4moe.training import checkpointing
 
 CONFIG_FILENAME = checkpointing.CONFIG_FILENAME  # written atomically there
@@ -144,15 +144,12 @@ def read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     raise RunDirError(f"{path} not found: --model_dir must be a run "
                       "directory written by m4moe-train")
   try:
-    value = json.loads(path.read_text(encoding="utf-8"))
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise RunDirError(f"{path}: not readable JSON ({e}); it is written "
-                      "atomically by m4moe-train, so restore it from the "
-                      "run's backup or retrain") from e
-  if not isinstance(value, dict):
-    raise RunDirError(f"{path}: expected a JSON object, got "
-                      f"{type(value).__name__}")
-  return value
+    return jsonfile.load(
+        path, what="the run's config.json",
+        fix="it is written atomically by m4moe-train, so restore it from "
+        "the run's backup or retrain")
+  except jsonfile.JSONFileError as e:
+    raise RunDirError(str(e)) from e
 
 
 def model_config_from_run(

@@ -1,0 +1,92 @@
+"""The one reader of the JSON files tools hand to each other.
+
+A corpus ``report.json``, a run's ``config.json``, ``m4moe-run``'s stage
+records, eval JSONs and the averaging record are all read through
+:func:`load`, so a damaged file (truncated by a full disk, hand-edited, of
+another kind) gives one message naming the file, what is wrong with it
+(line and column of a syntax error, and whether the text simply ends
+early) and what to do, instead of a ``JSONDecodeError`` traceback.
+
+It is a module of its own rather than part of :mod:`m4moe.errors`, which
+is about flag values and is imported by every config dataclass: file
+reading is a different concern with its own callers. Its error is a
+``ValueError``, so a tool's existing ``except ValueError`` catches it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+
+class JSONFileError(ValueError):
+  """A JSON file is missing, unreadable, not JSON or of the wrong shape.
+
+  The message names the file, what is wrong and what to do.
+  """
+
+
+def _syntax(path: pathlib.Path, text: str,
+            error: json.JSONDecodeError) -> str:
+  if not text.strip():
+    return "is empty"
+  # The parser stopped at the end, or inside a string never closed: the
+  # text was cut short rather than miswritten.
+  if (error.pos >= len(text.rstrip()) or
+      error.msg.startswith("Unterminated string")):
+    return (f"ends early at line {error.lineno} column {error.colno} "
+            f"({len(text.encode('utf-8'))} bytes: truncated, e.g. by a full "
+            "disk or a killed writer)")
+  return (f"is not valid JSON: {error.msg} at line {error.lineno} column "
+          f"{error.colno}")
+
+
+def load(path: str | os.PathLike[str], *, what: str, fix: str,
+         expect: type | None = dict) -> Any:
+  """Parses the JSON file ``path``.
+
+  Args:
+    path: the file.
+    what: what the file is, for the message, e.g. "the corpus build report".
+    fix: what the user should do, e.g. "rebuild the corpus with
+      m4moe-build-corpus".
+    expect: the type the top-level value must have (None: any).
+
+  Returns:
+    The parsed value.
+
+  Raises:
+    JSONFileError: ``path`` is missing, unreadable, not UTF-8, not JSON or
+      not an ``expect``; the message is
+      ``"<path>: <what> <problem>; <fix>"``.
+  """
+  path = pathlib.Path(path)
+
+  def fail(problem: str, cause: BaseException | None = None):
+    raise JSONFileError(f"{path}: {what} {problem}; {fix}") from cause
+
+  try:
+    data = path.read_bytes()
+  except FileNotFoundError as e:
+    fail("does not exist", e)
+  except IsADirectoryError as e:
+    fail("is a directory, not a file", e)
+  except OSError as e:
+    fail(f"cannot be read ({e.strerror or e})", e)
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    fail(f"is not UTF-8 text (byte {e.start} is {data[e.start]:#04x}): it "
+         "is damaged or another kind of file", e)
+  try:
+    value = json.loads(text)
+  except json.JSONDecodeError as e:
+    fail(_syntax(path, text, e), e)
+  except RecursionError as e:
+    fail("is nested too deeply to read", e)
+  if expect is not None and not isinstance(value, expect):
+    fail(f"holds a JSON {type(value).__name__}, expected a JSON "
+         f"{'object' if expect is dict else expect.__name__}")
+  return value

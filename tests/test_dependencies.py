@@ -4,7 +4,7 @@ The README's first command installs with ``pip install -e .`` on a fresh
 machine, so a module found only because the developer's interpreter
 happens to have it (scipy did, once: the demo's report stage failed on a
 fresh virtualenv) must be caught here rather than by a user. The TPU
-recipe in the README repeats the list for ``pip install --no-deps``; it is
+recipe in docs/tpu.md repeats the list for ``pip install --no-deps``; it is
 checked against setup.py too.
 """
 
@@ -108,7 +108,7 @@ def test_every_third_party_import_is_declared():
       missing[module] = sorted(files)
   assert not missing, (
       f"imported but not in setup.py install_requires: {missing}; add each "
-      "to install_requires (and to the README's TPU pip list), or to "
+      "to install_requires (and to docs/tpu.md's TPU pip list), or to "
       "NOT_DECLARED in this test with the reason")
 
 
@@ -118,11 +118,11 @@ def test_undeclared_modules_are_still_imported(module):
   assert module in _third_party_imports()
 
 
-def test_readme_tpu_pip_list_matches_setup():
-  readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_tpu_recipe_pip_list_matches_setup():
+  readme = (ROOT / "docs" / "tpu.md").read_text(encoding="utf-8")
   match = re.search(r"pip install --no-deps -e ~/m4moe\npip install (.*?)\n"
                     r"(?!    )", readme, flags=re.DOTALL)
-  assert match, "README's TPU recipe: `pip install` after `--no-deps` not found"
+  assert match, "docs/tpu.md: `pip install` after `--no-deps` not found"
   listed = re.findall(r"'([^']+)'", match.group(1))
   # Everything but TensorFlow itself, which the VM gets as tensorflow-tpu.
   declared = [r for r in _install_requires()

@@ -76,11 +76,16 @@ class MoeConfig:
       from the model's dropout.
     no_token_left_behind: re-route overflowed tokens to their next-best
       expert with room (Switch Transformer appendix).
-    dispatch: ``sorted`` (expert-sorted rows, no padding; not under XLA), ``index`` (gathers into capacity buffers, O(S*k*M); XLA) or ``einsum`` (Algorithm 2 one-hot einsums, O(S*E*C*M)).
-      ``sorted`` is fastest on CPU (the default); the layer uses ``index``
-      in its place under XLA sharding and with the expert-choice router,
-      and ``einsum`` under a DTensor mesh (``MoeLayer.dispatch``); see
-      ``results/benchmarks.md``.
+    dispatch: ``sorted`` (expert-sorted rows, no padding; not under XLA),
+      ``index`` (gathers into capacity buffers, O(S*k*M); XLA) or
+      ``einsum`` (Algorithm 2 one-hot einsums, O(S*E*C*M)). ``sorted`` is
+      fastest on CPU (the default). Two more paths are chosen for a layer
+      call, never requested: ``grouped_index`` (per-group gathers) for
+      ``index`` and ``sorted`` on a mesh with a token-choice router, and
+      ``block`` for ``index`` with few tokens and a large capacity; a call
+      runs ``index`` for ``sorted`` with the expert-choice router or under
+      XLA sharding, and ``einsum`` on a DTensor mesh otherwise. See
+      docs/design/dispatch.md.
     route_by: ``token`` (each token's router input is its activation) or
       ``language`` (task-level routing, Kudugunta et al. 2021: every token of
       a sentence pair is routed by the pair's language through a learned
@@ -93,8 +98,11 @@ class MoeConfig:
       languages, sorted (leave empty).
     expert_init_scale: init scale of the router's ``wg`` and the experts'
       ``wi``/``wo`` (sigma = sqrt(scale / fan_in)); 0 uses the model's
-      ``init_scale``. An ablation knob: 0.7737 x init_scale reproduces the
-      initializer defect fixed in issue 15 (expert weights 0.8796x narrower).
+      ``init_scale``. An ablation knob: 0.7737 x init_scale draws the
+      router and expert weights 0.8796x narrower (what a truncated normal
+      drawn at the nominal sigma, without the correction in
+      :mod:`m4moe.model.initializers`, realises), to measure how much that
+      width matters.
 
   Layer features (``docs/moe_layer_features.md``):
     num_shared_experts: always-on FFN experts beside the routed ones

@@ -7,7 +7,7 @@ Examples:
   m4moe-run --run_dir=runs/demo
 
   # Every stage on generated catalogs in about two minutes, offline:
-  m4moe-run --recipe=smoke --run_dir=/tmp/smoke
+  m4moe-run --recipe=smoke --run_dir=runs/smoke
 
   # Show the stages and their commands without running them:
   m4moe-run --run_dir=runs/demo --dry_run
@@ -41,6 +41,7 @@ command. --dry_run without --restart_from changes nothing and takes no lock.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import os
@@ -50,6 +51,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import IO
 
 from absl import app
 from absl import flags
@@ -297,62 +299,111 @@ class _Job:
     queues = [[s for s in lane if self.pending(s)] for lane in lanes]
     log_dir = self.run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    running = {}
+    running: dict[subprocess.Popen, _LaneStage] = {}
     failure = None
     interrupted = []
     with supervisor.StageProcesses() as processes:
 
       def launch(index: int) -> None:
-        stage = queues[index].pop(0)
-        cpus = shares[index]
-        log = log_dir / f"{stage.name}.log"
-        print(f"{self.header(stage)}\n  lane {index + 1} of {len(lanes)}, "
-              f"core(s) {','.join(map(str, cpus))}, output in {log}\n"
-              f"  $ {' '.join(stage.command())}", flush=True)
-        out = open(log, "a", encoding="utf-8")  # pylint: disable=consider-using-with
-        out.write(f"$ {' '.join(stage.command())}\n")
-        out.flush()
-        child = processes.start(stage.command(), cpus=cpus,
-                                env=supervisor.lane_environment(cpus),
-                                stdout=out)
-        running[child] = (index, stage, time.monotonic(), out, log)
+        lane_stage = self._launch_in_lane(
+            processes, stage=queues[index].pop(0), index=index,
+            num_lanes=len(lanes), cpus=shares[index], log_dir=log_dir)
+        running[lane_stage.child] = lane_stage
 
       for index, queue in enumerate(queues):
         if queue:
           launch(index)
       while running:
         child, returncode = processes.wait_any()
-        index, stage, stage_start, out, log = running.pop(child)
-        out.close()
+        done = running.pop(child)
+        done.out.close()
         if processes.interrupted_by is not None:
-          interrupted.append(f"{stage.name} exited with {returncode}")
+          interrupted.append(f"{done.stage.name} exited with {returncode}")
           continue  # stopping: wait for the others, record nothing
         if failure is not None:
           continue
-        error = _stage_error(stage, returncode)
+        error = _stage_error(done.stage, returncode)
         if error:
-          failure = f"{error}\n(its output: {log})"
-          tail = log.read_text(encoding="utf-8",
-                               errors="replace").splitlines()[-20:]
-          print("\n".join(f"  {stage.name}| {line}" for line in tail),
-                file=sys.stderr, flush=True)
-          if running:
-            print("m4moe-run: stopping the other lanes (a training stage "
-                  "saves a checkpoint and resumes on the re-run)",
-                  file=sys.stderr, flush=True)
-          processes.terminate_all()
+          failure = _stop_lanes_after(error, failed=done, processes=processes,
+                                      others_running=bool(running))
           continue
-        seconds = time.monotonic() - stage_start
-        self.finished(stage, seconds)
-        print(f"  {stage.name} finished in {seconds:.0f} s (lane {index + 1})",
-              flush=True)
-        if queues[index]:
-          launch(index)
+        seconds = time.monotonic() - done.start
+        self.finished(done.stage, seconds)
+        print(f"  {done.stage.name} finished in {seconds:.0f} s "
+              f"(lane {done.index + 1})", flush=True)
+        if queues[done.index]:
+          launch(done.index)
     if processes.interrupted_by is not None:
       _stopped("the lanes' stages", processes.interrupted_by,
                "; ".join(interrupted))
     if failure:
       raise SystemExit(failure)
+
+  def _launch_in_lane(self, processes: supervisor.StageProcesses, *,
+                      stage: main_job.Stage, index: int, num_lanes: int,
+                      cpus: tuple[int, ...],
+                      log_dir: pathlib.Path) -> _LaneStage:
+    """Starts one stage pinned to its lane's cores, output to its log.
+
+    The log is appended to, with the command first, so a resumed stage's
+    output follows the interrupted run's instead of replacing it.
+    """
+    log = log_dir / f"{stage.name}.log"
+    print(f"{self.header(stage)}\n  lane {index + 1} of {num_lanes}, "
+          f"core(s) {','.join(map(str, cpus))}, output in {log}\n"
+          f"  $ {' '.join(stage.command())}", flush=True)
+    out = open(log, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    out.write(f"$ {' '.join(stage.command())}\n")
+    out.flush()
+    child = processes.start(stage.command(), cpus=cpus,
+                            env=supervisor.lane_environment(cpus), stdout=out)
+    return _LaneStage(child=child, index=index, stage=stage,
+                      start=time.monotonic(), out=out, log=log)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LaneStage:
+  """A stage running in a lane: what is needed when its process exits.
+
+  Attributes:
+    child: its process.
+    index: its lane, 0-based.
+    stage: the stage.
+    start: ``time.monotonic()`` at its launch.
+    out: its open log file (the process's stdout), closed when it exits.
+    log: the log file's path, quoted in a failure message.
+  """
+
+  child: subprocess.Popen
+  index: int
+  stage: main_job.Stage
+  start: float
+  out: IO[str]
+  log: pathlib.Path
+
+
+def _stop_lanes_after(error: str, *, failed: _LaneStage,
+                      processes: supervisor.StageProcesses,
+                      others_running: bool) -> str:
+  """Shows a failed lane stage's last output and stops the other lanes.
+
+  The tail goes to stderr because the stage's output went to its log, not
+  the terminal; the others get SIGTERM so training stages save a
+  checkpoint that the re-run resumes from.
+
+  Returns:
+    The job's failure message, naming the log.
+  """
+  tail = failed.log.read_text(encoding="utf-8",
+                              errors="replace").splitlines()[-20:]
+  print("\n".join(f"  {failed.stage.name}| {line}" for line in tail),
+        file=sys.stderr, flush=True)
+  if others_running:
+    print("m4moe-run: stopping the other lanes (a training stage "
+          "saves a checkpoint and resumes on the re-run)",
+          file=sys.stderr, flush=True)
+  processes.terminate_all()
+  return f"{error}\n(its output: {failed.log})"
 
 
 def main(argv: list[str]) -> None:

@@ -7,12 +7,15 @@ Dimensions (letters of the glossary in :mod:`m4moe`):
   X: expert-homogeneous blocks; R: rows per block; P: rows of a gathered
   table (E*G*C buffer rows, or T sorted rows).
 
-Four dispatch paths with identical outputs and gradients, registered by name
+Five dispatch paths with identical outputs and gradients, registered by name
 in :data:`DISPATCH_PATHS` with one signature (:class:`DispatchPath`:
-``path(x, routing, experts, *, training, seed)``). ``--dispatch`` requests
-``einsum``, ``index`` or ``sorted``; :func:`resolve_dispatch` decides, in one
+``path(x, routing, experts, *, training, seed)``). ``--dispatch`` exposes
+three of them, ``einsum``, ``index`` and ``sorted``
+(:data:`m4moe.config.DISPATCH_IMPLEMENTATIONS`); the other two are chosen
+for a call, never requested: ``grouped_index`` on a mesh and ``block`` for
+few tokens with a large capacity. :func:`resolve_dispatch` decides, in one
 place, which path a layer call runs (backend x router x training x config x
-static sizes), and may pick ``block`` for no-drop decoding with ``index``:
+static sizes); ``docs/design/dispatch.md`` tables the same vocabulary:
 
 * :func:`einsum_dispatch_combine` (``einsum``) -- GShard Algorithm 2 as
   written: one-hot ``dispatch_mask`` and ``combine_weights``
@@ -656,32 +659,17 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
 
   The one place the choice is made, in this order:
 
-  1. On a mesh (DTensor or XLA backend), ``index`` and ``sorted`` with a
-     token-choice router become ``grouped_index``
-     (:func:`grouped_index_dispatch_combine`: GShard §3.2's Gather form,
-     every gather batched over G with in-group indices, so it stays within
-     each device's groups). The one-device ``index`` path cannot be
-     partitioned: its tables index the flattened ``[G*S]`` tokens and
-     ``[E*G*C]`` buffers (``_buffer_rows``, ``_token_slots``, the router's
-     slot view scatters into the flattened ``[G*E*C]`` slots), which no
-     partitioner keeps within a shard of G (DTensor, TF 2.21, refuses its
-     ``[G, E, C] -> [E, G, C]`` transpose: "TransposeOp SPMD needs
-     communication"). The grouped form sorts instead of searching:
-     DTensor has no SPMD expansion for ``tf.searchsorted`` (LowerBound).
-  2. DTensor backend, otherwise (``einsum``, or the expert-choice router,
-     whose slot-only view combines with a scatter): ``einsum``, GShard
-     Algorithm 2's one-hot einsums (the TPU default).
+  1. On a mesh, ``index`` and ``sorted`` with a token-choice router
+     become ``grouped_index``, and
+  2. on a DTensor mesh everything else becomes ``einsum``
+     (:func:`_mesh_dispatch` says why).
   3. ``sorted`` becomes its static-shape equivalent ``index`` under the XLA
      backend (dynamic per-expert row counts do not compile; only the
      expert-choice router gets here) and with the expert-choice router (no
      per-token view to sort); under the XLA backend that ``index`` computes
-     the same values but is not partitioned per group (see 1).
-  4. ``index`` becomes ``block`` when ``layout`` is given and the block
-     layout computes fewer rows than the ``E*G*C`` buffers (a large capacity
-     for few tokens: the no-drop eval capacity C = S, or the one-token
-     groups of decoding, C = 1; per-row groups pass G = rows), on one
-     device (blocks gather weights across experts), with the per-token view,
-     a static G and no expert dropout (blocks draw none).
+     the same values but is not partitioned per group (see
+     :func:`_mesh_dispatch`).
+  4. ``index`` becomes ``block`` where :func:`_block_is_cheaper`.
   5. Otherwise ``requested``.
 
   Args:
@@ -703,23 +691,65 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
   if requested not in DISPATCH_IMPLEMENTATIONS:
     raise ValueError(f"dispatch implementation {requested!r} unknown; use "
                      f"--dispatch={' or '.join(DISPATCH_IMPLEMENTATIONS)}")
+  on_mesh = _mesh_dispatch(requested=requested, backend=backend, router=router)
+  if on_mesh is not None:
+    return on_mesh
+  if requested == "sorted" and (backend == "xla" or router == "expert_choice"):
+    return "index"
+  if requested == "index" and _block_is_cheaper(
+      backend=backend, training=training,
+      expert_dropout_rate=expert_dropout_rate, layout=layout):
+    return "block"
+  return requested
+
+
+def _mesh_dispatch(*, requested: str, backend: str,
+                   router: str) -> str | None:
+  """The path a mesh forces, or None where the one-device rules apply.
+
+  1. On a mesh (DTensor or XLA backend), ``index`` and ``sorted`` with a
+     token-choice router become ``grouped_index``
+     (:func:`grouped_index_dispatch_combine`: GShard §3.2's Gather form,
+     every gather batched over G with in-group indices, so it stays within
+     each device's groups). The one-device ``index`` path cannot be
+     partitioned: its tables index the flattened ``[G*S]`` tokens and
+     ``[E*G*C]`` buffers (``_buffer_rows``, ``_token_slots``, the router's
+     slot view scatters into the flattened ``[G*E*C]`` slots), which no
+     partitioner keeps within a shard of G (DTensor, TF 2.21, refuses its
+     ``[G, E, C] -> [E, G, C]`` transpose: "TransposeOp SPMD needs
+     communication"). The grouped form sorts instead of searching:
+     DTensor has no SPMD expansion for ``tf.searchsorted`` (LowerBound).
+  2. DTensor backend, otherwise (``einsum``, or the expert-choice router,
+     whose slot-only view combines with a scatter): ``einsum``, GShard
+     Algorithm 2's one-hot einsums (the TPU default).
+  """
   if (backend != "none" and requested in ("index", "sorted") and
       router != "expert_choice"):
     return "grouped_index"
   if backend == "dtensor":
     return "einsum"
-  if requested == "sorted" and (backend == "xla" or router == "expert_choice"):
-    return "index"
-  if (requested != "index" or layout is None or backend != "none" or
-      layout.num_selected is None or layout.num_groups is None or
-      (training and expert_dropout_rate > 0)):
-    return requested
-  if block_rows_are_fewer(
+  return None
+
+
+def _block_is_cheaper(*, backend: str, training: bool,
+                      expert_dropout_rate: float,
+                      layout: BufferLayout | None) -> bool:
+  """Whether an ``index`` call runs ``block`` instead.
+
+  Yes when ``layout`` is given and the block layout computes fewer rows
+  than the ``E*G*C`` buffers (a large capacity for few tokens: the no-drop
+  eval capacity C = S, or the one-token groups of decoding, C = 1; per-row
+  groups pass G = rows), on one device (blocks gather weights across
+  experts), with the per-token view, a static G and no expert dropout
+  (blocks draw none).
+  """
+  if (layout is None or backend != "none" or layout.num_selected is None or
+      layout.num_groups is None or (training and expert_dropout_rate > 0)):
+    return False
+  return block_rows_are_fewer(
       num_choices=layout.num_groups * layout.group_size * layout.num_selected,
       num_experts=layout.num_experts,
-      buffer_rows=layout.num_experts * layout.num_groups * layout.capacity):
-    return "block"
-  return "index"
+      buffer_rows=layout.num_experts * layout.num_groups * layout.capacity)
 
 
 def dispatch_combine(x: tf.Tensor, routing: RoutingResult, experts: Experts,

@@ -146,19 +146,21 @@ class MoeOutput:
 # index layer at E=128, top-2, in CPU seconds vs a dense FFN: 0.62-0.64x
 # instead of 0.35-0.42x under XLA, 0.57x instead of 0.35x without). The
 # price is compile time: ~4x longer at E=128 (88-131 s instead of 22-27 s
-# under XLA on a loaded machine; results/benchmarks.md, session 5).
+# under XLA on a loaded machine; results/benchmarks/README.md, "layer
+# table").
 _PER_EXPERT_MATMUL_MAX_EXPERTS = 128
 
 
 # Expected rows per expert from which ``a @ w^T`` with a tall ``w`` (more
 # rows than columns: ``wo``, <[H, M]>, in the gradient into the hidden layer)
 # is cheaper as oneDNN's ``transpose_b`` matmul than as ``(w @ a^T)^T``.
-# Measured at M=512, H=2048 (results/expert_matmul_probe.py, one
-# process, 2 threads; benchmarks.md, session 6): ``dy @ wo^T`` at 1024 rows
-# per expert 37.6 vs 47.4 ms per 8 experts (transpose_b is as fast as a
-# plain matmul), at 256 rows 47.6 vs 49.6 ms per 32, at 64 rows 86.5 vs
-# 56.7 ms per 128; for the wide ``d_pre @ wi^T`` the transposed form wins at
-# every count (48.1 vs 54.1, 50.3 vs 59.3, 62.8 vs 129.6 ms).
+# Measured at M=512, H=2048 (results/benchmarks/expert_matmul_probe.py, one
+# process, 2 threads; results/benchmarks/README.md, "quiet re-run"):
+# ``dy @ wo^T`` at 1024 rows per expert 37.6 vs 47.4 ms per 8 experts
+# (transpose_b is as fast as a plain matmul), at 256 rows 47.6 vs 49.6 ms
+# per 32, at 64 rows 86.5 vs 56.7 ms per 128; for the wide ``d_pre @ wi^T``
+# the transposed form wins at every count (48.1 vs 54.1, 50.3 vs 59.3, 62.8
+# vs 129.6 ms).
 TRANSPOSE_B_MIN_ROWS = 512
 
 
@@ -679,26 +681,9 @@ class MoeLayer(tf.Module):
     Raises:
       ValueError: ``--route_by=language`` without ``languages``.
     """
-    if self.uses_randomness(training=training) and seed is None:
-      raise ValueError(
-          f"MoeLayer {self.name!r} is random when training=True (router "
-          f"{self.config.moe.router!r} / expert dropout / output masking); "
-          "pass "
-          "seed=<int32>[2], e.g. fold_in(base_seed, step)")
-    model_dim = x.shape[-1]
-    tokens = tf.reshape(x, [-1, model_dim])
-    mask = tf.reshape(tf.cast(padding_mask, tf.float32), [-1])
-    group_capacity = None
-    if group_per_row:
-      grouped, grouped_mask, position, group_capacity = self._group_rows(
-          x, padding_mask, training=training)
-      position = tf.reshape(position, [1, -1])
-    else:
-      grouped, grouped_mask, position = self._group(
-          tokens, mask, shards=self.group_shards(x.shape[0]))
-    grouped = _split_groups(self.sharding, grouped, dim=0, name="groups")
-    grouped_mask = _split_groups(self.sharding, grouped_mask, dim=0,
-                                 name="group_mask")
+    self._check_seed(seed, training=training)
+    grouped, grouped_mask, position, group_capacity = self._grouped_inputs(
+        x, padding_mask, training=training, group_per_row=group_per_row)
     router_inputs = grouped
     if self.config.moe.route_by == "language":
       router_inputs = self._language_router_inputs(
@@ -719,17 +704,86 @@ class MoeLayer(tf.Module):
                                        training=training,
                                        seed=fold_seed(seed, 2))
     combined = _split_groups(self.sharding, combined, dim=0, name="combined")
-    # Each token reads its row of its own shard's groups (batched over D).
-    outputs = tf.gather(
-        tf.reshape(combined, [position.shape[0], -1, model_dim]),
-        position, batch_dims=1)
     moe = self.config.moe
     return MoeOutput(
-        outputs=tf.reshape(outputs, tf.shape(x)),
+        outputs=self._ungroup(combined, position, like=x),
         aux_loss=result.aux_loss, z_loss=result.z_loss,
         weighted_loss=(moe.aux_loss_weight * result.aux_loss +
                        moe.z_loss_weight * result.z_loss),
         stats=self._layer_stats(result, grouped_mask))
+
+  def _check_seed(self, seed: tf.Tensor | None, *, training: bool) -> None:
+    """Refuses a random call without a seed.
+
+    Without one the router noise, expert dropout and output masks would be
+    drawn statefully, so a step could not be replayed exactly on resume.
+    """
+    if self.uses_randomness(training=training) and seed is None:
+      raise ValueError(
+          f"MoeLayer {self.name!r} is random when training=True (router "
+          f"{self.config.moe.router!r} / expert dropout / output masking); "
+          "pass "
+          "seed=<int32>[2], e.g. fold_in(base_seed, step)")
+
+  def _grouped_inputs(
+      self, x: tf.Tensor, padding_mask: tf.Tensor, *, training: bool,
+      group_per_row: bool,
+  ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor | None]:
+    """Splits the batch into routing groups, laid out over the mesh.
+
+    One place decides between per-row groups (each row its own capacity,
+    for decoding) and fixed-size groups per shard, so the router and the
+    dispatch below see the same [G, S, M] either way.
+
+    Args:
+      x: <activation dtype>[B, L, M] inputs.
+      padding_mask: <float32>[B, L] 1 for real tokens, 0 for padding.
+      training: training mode (per-row capacity uses the train factor).
+      group_per_row: route each row as its own group.
+
+    Returns:
+      ``(grouped, grouped_mask, position, group_capacity)``:
+      <activation dtype>[G, S, M] groups, <float32>[G, S] their mask,
+      <int32>[D, B*L/D] each token's row in its shard's flattened groups
+      (D = 1 with per-row groups), and <int32>[G] per-group capacity with
+      per-row groups, else None.
+    """
+    group_capacity = None
+    if group_per_row:
+      grouped, grouped_mask, position, group_capacity = self._group_rows(
+          x, padding_mask, training=training)
+      position = tf.reshape(position, [1, -1])
+    else:
+      tokens = tf.reshape(x, [-1, x.shape[-1]])
+      mask = tf.reshape(tf.cast(padding_mask, tf.float32), [-1])
+      grouped, grouped_mask, position = self._group(
+          tokens, mask, shards=self.group_shards(x.shape[0]))
+    grouped = _split_groups(self.sharding, grouped, dim=0, name="groups")
+    grouped_mask = _split_groups(self.sharding, grouped_mask, dim=0,
+                                 name="group_mask")
+    return grouped, grouped_mask, position, group_capacity
+
+  @staticmethod
+  def _ungroup(combined: tf.Tensor, position: tf.Tensor, *,
+               like: tf.Tensor) -> tf.Tensor:
+    """Puts the combined outputs back in the inputs' [B, L, M] order.
+
+    Each token reads its row of its own shard's groups (batched over D), so
+    the gather never crosses shards.
+
+    Args:
+      combined: <activation dtype>[G, S, M] the layer's per-group outputs.
+      position: <int32>[D, B*L/D] from :meth:`_grouped_inputs`.
+      like: <activation dtype>[B, L, M] the layer's inputs (for the shape).
+
+    Returns:
+      <activation dtype>[B, L, M].
+    """
+    model_dim = like.shape[-1]
+    outputs = tf.gather(
+        tf.reshape(combined, [position.shape[0], -1, model_dim]),
+        position, batch_dims=1)
+    return tf.reshape(outputs, tf.shape(like))
 
   def _shared_and_masked(self, combined: tf.Tensor, grouped: tf.Tensor,
                          grouped_mask: tf.Tensor, *, training: bool,

@@ -408,21 +408,8 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
     rebuilt = (f"{state_path} is {problem}; rebuilt it from the checkpoint "
                f"files on disk ({names})")
     logging.warning("%s", rebuilt)
-  damaged: list[DamagedCheckpoint] = []
-  latest = None
-  for step in reversed(candidates):
-    prefix = str(model_dir / f"{PREFIX}-{step}")
-    files = on_disk.get(step, [])
-    reason = (verify_checkpoint(prefix) if files else
-              f"the state file names it but no {PREFIX}-{step}.* file exists")
-    if reason is None:
-      latest = step
-      break
-    moved = _move_aside(model_dir, step, files)
-    damaged.append(DamagedCheckpoint(path=prefix, reason=reason,
-                                     moved_to=moved))
-    logging.warning("Skipping damaged checkpoint %s: %s.%s", prefix, reason,
-                    f" Its files were moved to {moved}." if moved else "")
+  latest, damaged = _newest_intact(model_dir, candidates=candidates,
+                                   on_disk=on_disk)
   if latest is None:
     earlier = _earlier_damaged(model_dir)
     if damaged or earlier or (listed is None and problem != "missing"):
@@ -436,19 +423,65 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
   if rebuilt is not None:
     # Listed (or, without a usable state file, found) and not damaged; an
     # unlisted older checkpoint joins only as the one resumed from.
-    kept = sorted({s for s in (candidates if listed is None else listed)
-                   if s < latest} | {latest})
-    times = [_save_time(model_dir, s, stamps) for s in kept]
-    checkpoint_management.update_checkpoint_state_internal(
-        save_dir=str(model_dir), model_checkpoint_path=f"{PREFIX}-{latest}",
-        all_model_checkpoint_paths=[f"{PREFIX}-{s}" for s in kept],
-        save_relative_paths=True, all_model_checkpoint_timestamps=times,
-        last_preserved_timestamp=max(times))
+    _write_state(model_dir, latest=latest, stamps=stamps,
+                 known=candidates if listed is None else listed)
   path = str(model_dir / f"{PREFIX}-{latest}")
   if damaged:
     logging.warning("Resuming from %s, the newest intact checkpoint", path)
   return Recovery(latest=path, damaged=tuple(damaged), removed=tuple(removed),
                   state_rebuilt=rebuilt)
+
+
+def _newest_intact(model_dir: pathlib.Path, *, candidates: list[int],
+                   on_disk: Mapping[int, list[pathlib.Path]]
+                   ) -> tuple[int | None, list[DamagedCheckpoint]]:
+  """Verifies ``candidates`` newest first until one is intact.
+
+  Each damaged one's files are moved into ``damaged/`` on the way, so the
+  next run (and TF's own ``latest_checkpoint``) never picks it again, yet
+  its bytes stay for inspection.
+
+  Args:
+    model_dir: the run's model directory.
+    candidates: steps to try, ascending.
+    on_disk: {step: its files}, from :func:`_checkpoint_files`.
+
+  Returns:
+    (the newest intact step or None, the damaged ones newest first).
+  """
+  damaged: list[DamagedCheckpoint] = []
+  for step in reversed(candidates):
+    prefix = str(model_dir / f"{PREFIX}-{step}")
+    files = on_disk.get(step, [])
+    reason = (verify_checkpoint(prefix) if files else
+              f"the state file names it but no {PREFIX}-{step}.* file exists")
+    if reason is None:
+      return step, damaged
+    moved = _move_aside(model_dir, step, files)
+    damaged.append(DamagedCheckpoint(path=prefix, reason=reason,
+                                     moved_to=moved))
+    logging.warning("Skipping damaged checkpoint %s: %s.%s", prefix, reason,
+                    f" Its files were moved to {moved}." if moved else "")
+  return None, damaged
+
+
+def _write_state(model_dir: pathlib.Path, *, latest: int, known: list[int],
+                 stamps: Mapping[int, float]) -> None:
+  """Rewrites the state file to list ``latest`` and the ``known`` steps
+  before it, with their save times.
+
+  The times are kept (from the old file, else the index file's mtime) so
+  the rewritten file says what the lost or damaged one said about the
+  checkpoints that are left; ``tf.train.CheckpointManager`` reads them back
+  with the paths.
+  """
+  kept = sorted({s for s in known if s < latest} | {latest})
+  times = [_save_time(model_dir, s, stamps) for s in kept]
+  checkpoint_management.update_checkpoint_state_internal(
+      save_dir=str(model_dir), model_checkpoint_path=f"{PREFIX}-{latest}",
+      all_model_checkpoint_paths=[f"{PREFIX}-{s}" for s in kept],
+      save_relative_paths=True, all_model_checkpoint_timestamps=times,
+      last_preserved_timestamp=max(times))
 
 
 def _save_time(model_dir: pathlib.Path, step: int,

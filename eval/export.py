@@ -204,6 +204,38 @@ def export_saved_model(translator: Any, path: str | pathlib.Path, *,
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
     raise ExportError(f"{path} exists and is not an empty directory; export "
                       "to a new directory (exports are never overwritten)")
+  languages = _export_languages(translator, target_lang=target_lang,
+                                source_languages=source_languages)
+  module = TranslateModule(
+      model=translator.model,
+      source_proto=translator.source_sp.serialized_model_proto(),
+      target_proto=translator.target_sp.serialized_model_proto(),
+      languages=languages,
+      target_tag=translator.tag_id(target_lang), beam=translator.beam,
+      max_input_length=translator.max_input_length, target_lang=target_lang,
+      metadata={"target_lang": target_lang,
+                "beam_size": translator.beam.beam_size,
+                "alpha": translator.beam.alpha,
+                "max_decode_length": translator.beam.max_decode_length,
+                "max_input_length": translator.max_input_length,
+                "source_languages": languages,
+                **(metadata or {})})
+  _save_atomically(module, path)
+  return path
+
+
+def _export_languages(translator: Any, *, target_lang: str,
+                      source_languages: Sequence[str] | None) -> list[str]:
+  """The source languages the export accepts.
+
+  Only tagged languages the run was trained to translate into
+  ``target_lang``: any other tag would decode a direction the model never
+  learnt, so the SavedModel refuses it instead.
+
+  Raises:
+    ExportError: no trained source language translates into
+      ``target_lang``, or one of ``source_languages`` does not.
+  """
   pairs = translator.language_pairs
   languages = [lang for lang in tagged_languages(translator.source_sp)
                if pairs is None or (lang, target_lang) in pairs]
@@ -220,20 +252,16 @@ def export_saved_model(translator: Any, path: str | pathlib.Path, *,
           f"{target_lang!r} in this run (it does: {', '.join(languages)}); "
           "pick one of those")
     languages = sorted(source_languages)
-  module = TranslateModule(
-      model=translator.model,
-      source_proto=translator.source_sp.serialized_model_proto(),
-      target_proto=translator.target_sp.serialized_model_proto(),
-      languages=languages,
-      target_tag=translator.tag_id(target_lang), beam=translator.beam,
-      max_input_length=translator.max_input_length, target_lang=target_lang,
-      metadata={"target_lang": target_lang,
-                "beam_size": translator.beam.beam_size,
-                "alpha": translator.beam.alpha,
-                "max_decode_length": translator.beam.max_decode_length,
-                "max_input_length": translator.max_input_length,
-                "source_languages": languages,
-                **(metadata or {})})
+  return languages
+
+
+def _save_atomically(module: TranslateModule, path: pathlib.Path) -> None:
+  """Saves ``module`` to ``path`` (absent or empty) all at once.
+
+  The SavedModel is written into a temporary directory next to ``path`` and
+  renamed onto it when complete, so a failure or a kill leaves no partial
+  export that a server could load.
+  """
   signature = module.translate.get_concrete_function()
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent,
@@ -241,10 +269,9 @@ def export_saved_model(translator: Any, path: str | pathlib.Path, *,
   try:
     tf.saved_model.save(module, str(tmp), signatures={"translate": signature})
     if path.is_dir():
-      path.rmdir()  # empty (checked above); os.replace needs it gone
+      path.rmdir()  # empty (checked by the caller); os.replace needs it gone
     os.replace(tmp, path)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)  # only what this call created
     raise
   os.chmod(path, 0o755)  # mkdtemp creates 0700
-  return path

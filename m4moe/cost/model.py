@@ -494,19 +494,8 @@ def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
                      if s.kind == "expert")
   non_expert_local = sum(math.prod(shape) for s, shape in local
                          if s.kind != "expert")
-  flops = flops_per_token(config, source_length=length, target_length=length)
-  expert_flops = 2 * params_per_expert(config) * num_moe_layers(config)
-  # Empty buffer slots cost too; dropless (sorted) rows have none.
-  capacity_extra = (0 if config.moe.dropless else
-                    (config.moe.train_capacity_factor - 1) * config.moe.top_k)
-  # The matmuls whose width the model axis splits: attention projections and
-  # QK^T/AV (heads), dense FFN (d_ff), the K active experts (H).
-  breakdown = param_breakdown(config)
-  split = (2 * (breakdown.attention + breakdown.ffn + breakdown.shared_expert +
-                _active_expert_params(config)) + flops.attention)
-  whole = flops.forward - split  # Router and softmax projection.
-  forward = tokens * (whole + split // model_axis + flops.einsum_dispatch +
-                      int(capacity_extra * expert_flops) // model_axis)
+  forward = tokens * _forward_flops_per_token(config, length=length,
+                                              model_axis=model_axis)
   if execution == "unfused":
     activations = cost_unfused.activation_bytes(
         config, tokens=tokens, source_length=length, target_length=length)
@@ -526,6 +515,30 @@ def estimate_device(config: ModelConfig, *, data_axis: int, expert_axis: int,
                                           for _, shape in local),
       activation_bytes=activations,
       train_flops=3 * forward)
+
+
+def _forward_flops_per_token(config: ModelConfig, *, length: int,
+                             model_axis: int) -> int:
+  """One device's forward FLOPs per token of its batch share.
+
+  Not :func:`flops_per_token` as is: the model axis splits only the
+  matmuls it shards, and a device also runs the one-hot dispatch einsums
+  and multiplies the empty capacity slots of its expert buffers, which the
+  useful-FLOP count leaves out.
+  """
+  flops = flops_per_token(config, source_length=length, target_length=length)
+  expert_flops = 2 * params_per_expert(config) * num_moe_layers(config)
+  # Empty buffer slots cost too; dropless (sorted) rows have none.
+  capacity_extra = (0 if config.moe.dropless else
+                    (config.moe.train_capacity_factor - 1) * config.moe.top_k)
+  # The matmuls whose width the model axis splits: attention projections and
+  # QK^T/AV (heads), dense FFN (d_ff), the K active experts (H).
+  breakdown = param_breakdown(config)
+  split = (2 * (breakdown.attention + breakdown.ffn + breakdown.shared_expert +
+                _active_expert_params(config)) + flops.attention)
+  whole = flops.forward - split  # Router and softmax projection.
+  return (whole + split // model_axis + flops.einsum_dispatch +
+          int(capacity_extra * expert_flops) // model_axis)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -240,19 +240,7 @@ def _load_mo(path: pathlib.Path, counts: collections.Counter,
   plus that string's NUL terminator, lie inside the file.
   """
   data = path.read_bytes()
-  if len(data) < _MO_HEADER:
-    raise CatalogError(
-        f"{path}: {'empty' if not data else 'truncated'} .mo file "
-        f"({len(data)} bytes; the header alone is {_MO_HEADER})")
-  for order in ("<", ">"):
-    if struct.unpack_from(f"{order}I", data)[0] == _MO_MAGIC:
-      break
-  else:
-    raise CatalogError(f"{path}: not a .mo file (wrong magic number)")
-  revision, n, o_off, t_off = struct.unpack_from(f"{order}4I", data, 4)
-  if revision >> 16 not in (0, 1):
-    raise CatalogError(f"{path}: unsupported .mo major revision "
-                       f"{revision >> 16}")
+  order, n, o_off, t_off = _mo_layout(path, data)
   size = len(data)
 
   def string(table: int, i: int) -> bytes | None:
@@ -278,6 +266,44 @@ def _load_mo(path: pathlib.Path, counts: collections.Counter,
       f"(truncated or corrupt .mo); kept the {len(good)} inside it"
       + ("" if header is not None else
          "; header entry lost: plural entries skipped"))
+  return _mo_from_entries(good, header=header, counts=counts)
+
+
+def _mo_layout(path: pathlib.Path, data: bytes) -> tuple[str, int, int, int]:
+  """(byte order, entry count, msgid table offset, msgstr table offset).
+
+  A file too short for its header, with another magic number or a major
+  revision this reader does not know has no table to salvage, so it is an
+  error rather than a problem to count.
+
+  Raises:
+    CatalogError: the header is missing, foreign or of an unknown revision.
+  """
+  if len(data) < _MO_HEADER:
+    raise CatalogError(
+        f"{path}: {'empty' if not data else 'truncated'} .mo file "
+        f"({len(data)} bytes; the header alone is {_MO_HEADER})")
+  for order in ("<", ">"):
+    if struct.unpack_from(f"{order}I", data)[0] == _MO_MAGIC:
+      break
+  else:
+    raise CatalogError(f"{path}: not a .mo file (wrong magic number)")
+  revision, n, o_off, t_off = struct.unpack_from(f"{order}4I", data, 4)
+  if revision >> 16 not in (0, 1):
+    raise CatalogError(f"{path}: unsupported .mo major revision "
+                       f"{revision >> 16}")
+  return order, n, o_off, t_off
+
+
+def _mo_from_entries(good: list[tuple[bytes, bytes]], *,
+                     header: bytes | None,
+                     counts: collections.Counter) -> polib.MOFile:
+  """A polib file built from the in-bounds entries of a damaged ``.mo``.
+
+  polib cannot read a damaged file, so the entries that survived are
+  decoded here; a plural entry is skipped without the header, which holds
+  the charset and the plural rule it needs.
+  """
   charset = _mo_charset(header or b"")
   mo = polib.MOFile(encoding=charset)
   if header is not None:

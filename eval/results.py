@@ -119,36 +119,44 @@ def validate_eval_dict(data: Any) -> list[str]:
     return problems + ["languages: expected an object of language -> "
                        f"scores, got {type(languages).__name__}"]
   for lang, values in languages.items():
-    where = f"languages.{lang}"
-    if not isinstance(values, dict):
-      problems.append(f"{where}: expected an object, got "
-                      f"{type(values).__name__}")
+    problems += _language_problems(f"languages.{lang}", values)
+  return problems
+
+
+def _language_problems(where: str, values: Any) -> list[str]:
+  """Problems of one language's scores, each named from ``where`` on.
+
+  Every field is checked rather than stopping at the first bad one, so one
+  read of a hand-edited baseline file lists all that needs fixing.
+  """
+  if not isinstance(values, dict):
+    return [f"{where}: expected an object, got {type(values).__name__}"]
+  problems = []
+  for key in _SCORE_FIELDS:
+    value = values.get(key)
+    if value is None:
       continue
-    for key in _SCORE_FIELDS:
-      value = values.get(key)
-      if value is None:
-        continue
-      if not _is_number(value):
-        problems.append(f"{where}.{key}: {value!r} is not a number")
-      elif not (math.isfinite(value) and 0.0 <= value <= 100.0):
-        problems.append(f"{where}.{key}: {value!r} is not a finite score in "
-                        "[0, 100]")
-    for key in _COUNT_FIELDS:
-      if key not in values:
-        problems.append(f"{where}.{key}: missing")
-      elif not _is_count(values[key]):
-        problems.append(f"{where}.{key}: {values[key]!r} is not a "
-                        "non-negative integer")
-    for key in _OPTIONAL_COUNT_FIELDS:
-      if values.get(key) is not None and not _is_count(values[key]):
-        problems.append(f"{where}.{key}: {values[key]!r} is not a "
-                        "non-negative integer")
-    for key in _TEXT_FIELDS:
-      if key in values and not isinstance(values[key], str):
-        problems.append(f"{where}.{key}: {values[key]!r} is not a string")
-    for key in _OPTIONAL_TEXT_FIELDS:
-      if values.get(key) is not None and not isinstance(values[key], str):
-        problems.append(f"{where}.{key}: {values[key]!r} is not a string")
+    if not _is_number(value):
+      problems.append(f"{where}.{key}: {value!r} is not a number")
+    elif not (math.isfinite(value) and 0.0 <= value <= 100.0):
+      problems.append(f"{where}.{key}: {value!r} is not a finite score in "
+                      "[0, 100]")
+  for key in _COUNT_FIELDS:
+    if key not in values:
+      problems.append(f"{where}.{key}: missing")
+    elif not _is_count(values[key]):
+      problems.append(f"{where}.{key}: {values[key]!r} is not a "
+                      "non-negative integer")
+  for key in _OPTIONAL_COUNT_FIELDS:
+    if values.get(key) is not None and not _is_count(values[key]):
+      problems.append(f"{where}.{key}: {values[key]!r} is not a "
+                      "non-negative integer")
+  for key in _TEXT_FIELDS:
+    if key in values and not isinstance(values[key], str):
+      problems.append(f"{where}.{key}: {values[key]!r} is not a string")
+  for key in _OPTIONAL_TEXT_FIELDS:
+    if values.get(key) is not None and not isinstance(values[key], str):
+      problems.append(f"{where}.{key}: {values[key]!r} is not a string")
   return problems
 
 

@@ -3,7 +3,7 @@ r"""m4moe-analyze-routing: which experts does each language use?
 Example:
   m4moe-analyze-routing --model_dir=runs/moe --corpus_dir=corpus \
       --vocab_dir=vocab --split=dev --languages=de,fr,ja \
-      --output_dir=results/routing
+      --output_dir=runs/moe/routing
 
 Runs the trained model teacher-forced in eval mode (no dropout, no-drop eval
 capacity) over each language's ``<split>/<lang>.tsv`` pairs and counts, per
@@ -27,11 +27,15 @@ from __future__ import annotations
 import pathlib
 import re
 import sys
+from typing import TYPE_CHECKING, Any
 
 from absl import app
 from absl import flags
 
 from m4moe import cli
+
+if TYPE_CHECKING:  # imported late at run time: --help stays fast
+  from m4moe.training import rundir
 
 _MODEL_DIR = flags.DEFINE_string("model_dir", None,
                                  "Run directory written by m4moe-train.")
@@ -137,38 +141,11 @@ def main(argv):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from m4moe.analysis import statistics as routing_analysis  # pylint: disable=g-import-not-at-top
   from m4moe.analysis import capture as routing_capture  # pylint: disable=g-import-not-at-top
-  from m4moe.analysis import page as routing_report  # pylint: disable=g-import-not-at-top
-  from m4moe.data import vocab  # pylint: disable=g-import-not-at-top
   from m4moe.eval import comparison  # pylint: disable=g-import-not-at-top
   from m4moe.eval import testsets  # pylint: disable=g-import-not-at-top
-  from m4moe.training import rundir  # pylint: disable=g-import-not-at-top
-  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   corpus = pathlib.Path(_CORPUS_DIR.value)
-  if not (corpus / _SPLIT.value).is_dir():
-    raise app.UsageError(f"--corpus_dir={corpus} has no {_SPLIT.value}/ "
-                         "directory (run m4moe-build-corpus)")
-  available = vocab.corpus_languages(corpus, _SPLIT.value)
-  languages = list(_LANGUAGES.value) or list(available)
-  missing = sorted(set(languages) - set(available))
-  if missing:
-    raise app.UsageError(
-        f"--languages: {', '.join(missing)} has no {corpus}/{_SPLIT.value}/"
-        f"<lang>.tsv (available: {', '.join(available) or 'none'})")
-  if not languages:
-    raise app.UsageError(f"{corpus}/{_SPLIT.value}/ has no <lang>.tsv files")
-  languages = _with_pairs(corpus, languages)
-  try:
-    files = rundir.find_run_files(_MODEL_DIR.value,
-                                  vocab_dir=_VOCAB_DIR.value)
-  except rundir.RunDirError as e:
-    raise app.UsageError(str(e)) from e
-  if not files.config.moe.enabled:
-    raise app.UsageError(f"--model_dir={_MODEL_DIR.value} is a dense model "
-                         "(--num_experts=0): there is no routing to analyse")
-  if files.config.moe.router == "expert_choice":
-    raise app.UsageError(
-        "--router=expert_choice has no per-token expert choices (experts "
-        "pick tokens); routing by language needs top2, top1 or noisy_topk")
+  languages = _corpus_languages(corpus)
+  files = _routed_run_files()
   try:
     sizes = testsets.train_sizes(corpus)
   except ValueError as e:
@@ -198,6 +175,69 @@ def main(argv):
       "counts": {name: counts[name].tolist() for name in counts},
       "layers": layers,
   }
+  _write_outputs(out, document=document, layers=layers, languages=languages)
+
+
+def _corpus_languages(corpus: pathlib.Path) -> list[str]:
+  """``--languages`` (default: all of the split), checked against the corpus.
+
+  Checked before the model is loaded, so a wrong corpus or language fails
+  in a second, not after the checkpoint is restored.
+
+  Raises:
+    app.UsageError: the split directory or a language's file is missing.
+  """
+  from m4moe.data import vocab  # pylint: disable=g-import-not-at-top
+  if not (corpus / _SPLIT.value).is_dir():
+    raise app.UsageError(f"--corpus_dir={corpus} has no {_SPLIT.value}/ "
+                         "directory (run m4moe-build-corpus)")
+  available = vocab.corpus_languages(corpus, _SPLIT.value)
+  languages = list(_LANGUAGES.value) or list(available)
+  missing = sorted(set(languages) - set(available))
+  if missing:
+    raise app.UsageError(
+        f"--languages: {', '.join(missing)} has no {corpus}/{_SPLIT.value}/"
+        f"<lang>.tsv (available: {', '.join(available) or 'none'})")
+  if not languages:
+    raise app.UsageError(f"{corpus}/{_SPLIT.value}/ has no <lang>.tsv files")
+  return _with_pairs(corpus, languages)
+
+
+def _routed_run_files() -> rundir.RunFiles:
+  """The run's files, if its model routes per token.
+
+  A dense model has no routing and the expert-choice router no per-token
+  choice, so both are refused before any pair is run.
+
+  Raises:
+    app.UsageError: the run directory is unusable, dense or expert-choice.
+  """
+  from m4moe.training import rundir  # pylint: disable=g-import-not-at-top
+  try:
+    files = rundir.find_run_files(_MODEL_DIR.value,
+                                  vocab_dir=_VOCAB_DIR.value)
+  except rundir.RunDirError as e:
+    raise app.UsageError(str(e)) from e
+  if not files.config.moe.enabled:
+    raise app.UsageError(f"--model_dir={_MODEL_DIR.value} is a dense model "
+                         "(--num_experts=0): there is no routing to analyse")
+  if files.config.moe.router == "expert_choice":
+    raise app.UsageError(
+        "--router=expert_choice has no per-token expert choices (experts "
+        "pick tokens); routing by language needs top2, top1 or noisy_topk")
+  return files
+
+
+def _write_outputs(out: pathlib.Path, *, document: dict[str, Any],
+                   layers: dict[str, dict[str, Any]],
+                   languages: list[str]) -> None:
+  """Writes the PNGs, the page and the JSON, and prints each layer's NMI.
+
+  Each file goes through a rename, so a killed run leaves the previous
+  file or the new one, never half of one.
+  """
+  from m4moe.analysis import page as routing_report  # pylint: disable=g-import-not-at-top
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   out.mkdir(parents=True, exist_ok=True)
   layer_pngs = {}
   for name, layer in layers.items():

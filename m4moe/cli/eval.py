@@ -25,6 +25,7 @@ import dataclasses
 
 import pathlib
 import sys
+from typing import Sequence
 
 from absl import app
 from absl import flags
@@ -136,8 +137,24 @@ def main(argv):
   translator, files = translation_flags.load_translator_from_flags()
   translation_flags.check_language_pairs(
       translator, {(t.source_lang, t.target_lang) for t in sets if t.sources})
+  result = _evaluate(translator, files, sets, train_sizes=train_sizes)
+  _write_result(result)
+  _print_summary(result, translator.stats)
+
+
+def _evaluate(translator: translator_lib.Translator, files: rundir.RunFiles,
+              sets: list[testsets_lib.TestSet], *,
+              train_sizes: dict[str, int]) -> results.EvalResult:
+  """Decodes and scores every test set.
+
+  Each ``<lang>.hyp`` is written as soon as its language is decoded, so an
+  interrupted run keeps the hypotheses it paid for; a full disk or an
+  unwritable --hypotheses_dir ends the tool with a message saying what
+  was kept.
+  """
   hyp_dir = pathlib.Path(_HYPOTHESES_DIR.value or "")
-  def translate(sources, *, source_lang, target_lang):
+  def translate(sources: Sequence[str], *, source_lang: str,
+                target_lang: str) -> list[str]:
     out = translator.translate(sources, source_lang=source_lang,
                                target_lang=target_lang)
     if _HYPOTHESES_DIR.value:
@@ -161,12 +178,19 @@ def main(argv):
   except OSError as e:
     sys.exit(f"m4moe-eval: error: cannot write --hypotheses_dir="
              f"{_HYPOTHESES_DIR.value} ({e})")
-  stats = translator.stats
-  result = dataclasses.replace(result, metadata={
-      **result.metadata, "decode_stats": dataclasses.asdict(stats),
+  return dataclasses.replace(result, metadata={
+      **result.metadata, "decode_stats": dataclasses.asdict(translator.stats),
       # Where <lang>.hyp lives (m4moe-report reads examples from it).
       "hypotheses_dir": (str(hyp_dir.resolve()) if _HYPOTHESES_DIR.value
                          else None)})
+
+
+def _write_result(result: results.EvalResult) -> None:
+  """Writes --output atomically, or exits saying the old file is intact.
+
+  The decoding cannot be recovered from a half-written JSON, so the file is
+  replaced whole or not at all.
+  """
   try:
     with cli.exit_on_disk_full(
         tool="m4moe-eval", action=f"writing --output={_OUTPUT.value}",
@@ -177,6 +201,11 @@ def main(argv):
   except OSError as e:
     sys.exit(f"m4moe-eval: error: cannot write --output={_OUTPUT.value} "
              f"({e}); nothing was written there")
+
+
+def _print_summary(result: results.EvalResult,
+                   stats: translator_lib.TranslationStats) -> None:
+  """One line per language and the decoding's counts, for the terminal."""
   for lang, score in result.languages.items():
     if score.status == scoring.STATUS_EMPTY:
       print(f"{lang}: EMPTY test split (0 segments)")

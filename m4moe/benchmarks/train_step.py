@@ -92,8 +92,8 @@ def run(point: StepPoint, *, configs: tuple[str, str] = ("tiny/moe",
         warmup: int = 2) -> Iterator[dict[str, Any]]:
   """Interleaved steps of ``configs``; yields one record per config.
 
-  The first config's record has ``tokens_per_sec_vs_<second>`` (the issue's
-  target: MoE >= 0.8x dense).
+  The first config's record has ``tokens_per_sec_vs_<second>``: how close
+  the MoE step comes to the dense one of the same active FLOPs.
   """
   batch = synthetic_batch(point)
   cases = {name: step_case(name, vocab_size=point.vocab_size, batch=batch)

@@ -17,7 +17,7 @@ replacing an earlier average; the run's checkpoints are only read
 Averaging pays once the weights change little between checkpoints: on the
 tiny models' 1000- and 2400-step runs the mean of the last 2 scored the
 same as the last checkpoint and the mean of the last 5 about 2 BLEU less
-(results/peer/README.md, round 2).
+(results/peer/README.md, the recipe ablation).
 """
 
 from __future__ import annotations

@@ -27,8 +27,10 @@ Usage:
   common: [--reps=R] [--warmup=W]
 
 Every sub-benchmark times the cases it compares interleaved in one process
-(this machine's speed drifts) and prints medians over R reps after W warm-up
-calls, plus the ratios of issue 7 (see ``m4moe/benchmarks``).
+(a shared machine's speed drifts) and prints medians over R reps after W
+warm-up calls, plus the ratios the comparison is about (``speed_vs_dense`` of the
+MoE layer, ``cached_speedup`` of decoding, ...; each module of
+``m4moe/benchmarks`` documents its own).
 
 ``loss`` and ``loss_step`` time the one-pass cross-entropy of
 ``m4moe.model.losses`` against the log-softmax formulation the trainer used
@@ -51,10 +53,10 @@ exits with 1 if the command failed (the JSON line is printed first).
 sharded training step on D = 1, 2, 4, 8 virtual CPU devices with
 E = 4*D experts and a fixed number of tokens per device, one process per D,
 next to m4moe.cost.model's estimate (``m4moe/benchmarks/sharding.py``). Its
-model size defaults to the tiny MoE of runs 1-3 in
-``results/benchmarks.md``; ``--model_dim``, ``--num_heads``,
-``--d_kv``, ``--hidden_dim`` (dense FFN and expert hidden), ``--vocab_size``
-and ``--sequence_length`` change it.
+model size defaults to a tiny MoE (M = 32, 64 tokens per device);
+``--model_dim``, ``--num_heads``, ``--d_kv``, ``--hidden_dim`` (dense FFN
+and expert hidden), ``--vocab_size``, ``--tokens_per_device`` and
+``--sequence_length`` change it.
 
 With ``--profile_dir``, moe_layer then traces each case of each point (not
 the matmul reference) for R calls with tf.profiler into

@@ -13,7 +13,7 @@ automatic gradient of ``gather(log_softmax(z), y)`` instead scatters into a
 dense ``[B, L, V]`` tensor with an ``UnsortedSegmentSum`` (18% of the tiny
 dense model's CPU training step in a profile) after a second dense pass for
 the log-softmax gradient; the hand-written gradient reuses the forward
-pass's ``exp`` (``results/benchmarks.md``, "Loss").
+pass's ``exp`` (``results/benchmarks/README.md``, "loss").
 
 :func:`per_token_soft_cross_entropy` scores against a whole distribution
 given by logits (a teacher's, :mod:`m4moe.training.distill`).

@@ -128,7 +128,7 @@ mesh.
 Training on a mesh (what ``m4moe-train --mesh`` does; see
 ``m4moe.training.loop.train(sharding=...)`` and ``tests/test_train_mesh.py``)::
 
-  m4moe-train --config=tiny/moe --synthetic_data --model_dir=/tmp/m \
+  m4moe-train --config=tiny/moe --synthetic_data --model_dir=runs/mesh \
       --num_cpu_devices=8 --mesh=data:2,expert:4 --train_steps=100
 
 builds ``make_sharding(mesh)`` over all local devices (DTensor), creates the

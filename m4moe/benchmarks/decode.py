@@ -31,7 +31,7 @@ from m4moe.benchmarks import timing
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DecodePoint:
-  """Search settings (issue defaults: batch 32, beam 4, max length 64)."""
+  """Search settings (defaults: batch 32, beam 4, max length 64)."""
   batch_size: int = 32
   beam_size: int = 4
   max_decode_length: int = 64

@@ -1,8 +1,9 @@
 """Per-op profiles of a benchmark case: tf.profiler trace -> op table.
 
-Issue 7: profile before optimising. :func:`profile_call` traces a blocking
-zero-argument call (as the sub-benchmarks time) with ``tf.profiler``;
-:func:`op_table` reads the trace back and ranks the TF ops by time.
+To know where a case spends its time before optimising it,
+:func:`profile_call` traces a blocking zero-argument call (as the
+sub-benchmarks time) with ``tf.profiler``; :func:`op_table` reads the trace
+back and ranks the TF ops by time.
 
 What TF 2.21 writes on CPU (``<logdir>/plugins/profile/<run>/<host>.xplane.pb``,
 an ``XSpace``): a ``/host:CPU`` plane with one XLine per host thread --

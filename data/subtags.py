@@ -18,8 +18,9 @@ against these tables, so a directory named ``fr_link`` is not the language
 
 Generated from Debian's ``iso-codes`` package (``iso_15924.json``,
 ``iso_3166-1.json``, as :mod:`m4moe.data.iso639`) and the IANA Language
-Subtag Registry (the version whose File-Date is 6 August 2021). The tables are kept here, not taken
-from a library, so that the package needs no dependency for them.
+Subtag Registry (the version whose File-Date is 6 August 2021). The tables
+are kept here, not taken from a library, so that the package needs no
+dependency for them.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ Usage:
 
 Every sub-benchmark times the cases it compares interleaved in one process
 (a shared machine's speed drifts) and prints medians over R reps after W
-warm-up calls, plus the ratios the comparison is about (``speed_vs_dense`` of the
-MoE layer, ``cached_speedup`` of decoding, ...; each module of
+warm-up calls, plus the ratios the comparison is about (``speed_vs_dense``
+of the MoE layer, ``cached_speedup`` of decoding, ...; each module of
 ``m4moe/benchmarks`` documents its own).
 
 ``loss`` and ``loss_step`` time the one-pass cross-entropy of

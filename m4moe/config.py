@@ -12,7 +12,9 @@ Two ways to get a config:
   :func:`model_config_from_flags` on ``absl.flags.FLAGS`` in ``main``.
 * Anywhere else (tests, ``m4moe-info``): :func:`load_model_config` parses a
   flagfile (or a named zoo entry such as ``"tiny/moe"``) into a config with a
-  private :class:`absl.flags.FlagValues`, touching no global state.
+  private :class:`absl.flags.FlagValues`, touching no global state;
+  :func:`load_optimizer_config` reads the optimiser recipe of the same file.
+  This module is the only parser of zoo flagfiles.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import importlib.resources
 import math
 import os
 import pathlib
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from absl import flags
 
 from m4moe import errors
 from m4moe import flagutil
 from m4moe.errors import ConfigError
+
+if TYPE_CHECKING:
+  from m4moe.training import optimizer as optimizer_lib
 
 ROUTERS = ("top2", "top1", "topk", "noisy_topk", "expert_choice")
 SECOND_EXPERT_POLICIES = ("random", "all", "sampling")
@@ -505,6 +510,37 @@ def resolve_config_path(name_or_path: str | os.PathLike[str]) -> pathlib.Path:
       f"pass a flagfile path or one of: {', '.join(known)}")
 
 
+def _parse_zoo_flagfile(name_or_path: str | os.PathLike[str],
+                        extra_flags: Sequence[str]
+                        ) -> tuple[pathlib.Path, flags.FlagValues]:
+  """Parses a zoo entry (or flagfile) with ``extra_flags`` on top.
+
+  A zoo entry holds model flags and, optionally, the optimiser recipe it was
+  tuned with, so both sets of flags are defined: either loader accepts the
+  whole file. A private FlagValues keeps tests and libraries off the global
+  flags.
+
+  Returns:
+    (the flagfile's path, the parsed flag values).
+
+  Raises:
+    ConfigError: the file is missing or has an unknown flag or a bad value.
+  """
+  # Imported here, not at the top: the optimiser imports TensorFlow, and this
+  # module stays importable without it (m4moe-run, m4moe-report, m4moe-info
+  # start without loading TensorFlow).
+  from m4moe.training import optimizer  # pylint: disable=g-import-not-at-top
+  path = resolve_config_path(name_or_path)
+  flag_values = flags.FlagValues()
+  define_model_flags(flag_values)
+  optimizer.define_flags(flag_values)
+  try:
+    flag_values(["m4moe", f"--flagfile={path}", *extra_flags])
+  except flags.Error as e:
+    raise ConfigError(f"{path}: {e}") from e
+  return path, flag_values
+
+
 def load_model_config(name_or_path: str | os.PathLike[str],
                       extra_flags: Sequence[str] = (),
                       **overrides: Any) -> ModelConfig:
@@ -516,14 +552,25 @@ def load_model_config(name_or_path: str | os.PathLike[str],
   Raises:
     ConfigError: the file is missing, has an unknown flag, or a bad value.
   """
-  from m4moe.training import optimizer  # pylint: disable=g-import-not-at-top
-  path = resolve_config_path(name_or_path)
-  flag_values = flags.FlagValues()
-  define_model_flags(flag_values)
-  # A zoo entry may also carry its optimiser recipe (optimizer.load_config).
-  optimizer.define_flags(flag_values)
-  try:
-    flag_values(["m4moe", f"--flagfile={path}", *extra_flags])
-  except flags.Error as e:
-    raise ConfigError(f"{path}: {e}") from e
+  _, flag_values = _parse_zoo_flagfile(name_or_path, extra_flags)
   return model_config_from_flags(flag_values, **overrides)
+
+
+def load_optimizer_config(name_or_path: str | os.PathLike[str],
+                          extra_flags: Sequence[str] = ()
+                          ) -> optimizer_lib.AdafactorConfig:
+  """The optimiser recipe of a zoo entry (or flagfile), ``extra_flags`` on top.
+
+  ``configs/tiny/*`` carry the small-model recipe, ``configs/gshard/*`` the
+  paper's Adafactor; optimiser flags an entry does not set keep
+  :class:`m4moe.training.optimizer.AdafactorConfig`'s defaults (the paper's).
+
+  Raises:
+    ConfigError: unknown flag or bad value, naming the file.
+  """
+  from m4moe.training import optimizer  # pylint: disable=g-import-not-at-top
+  path, flag_values = _parse_zoo_flagfile(name_or_path, extra_flags)
+  try:
+    return optimizer.config_from_flags(flag_values)
+  except errors.ConfigError as e:
+    raise ConfigError(f"{path}: {e}") from e

@@ -250,12 +250,12 @@ def test_demo_schedule_is_the_tiny_recipe_at_the_demos_batch_size():
   configs/tiny/*.flags are tuned on 4096-token batches; the demo's scaled
   warmup must hold the same peak rate for the same number of tokens.
   """
-  from m4moe.training import optimizer  # pylint: disable=g-import-not-at-top
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   recipe = recipes_lib.load_recipe("demo")
   assert recipe.batch_tokens == 2048
   for model in (*recipe.models, recipe.baseline):
-    tiny = optimizer.load_config(model.config)
-    demo = optimizer.load_config(model.config, model.extra_flags)
+    tiny = config_lib.load_optimizer_config(model.config)
+    demo = config_lib.load_optimizer_config(model.config, model.extra_flags)
     assert demo.warmup_steps * recipe.batch_tokens == (
         tiny.warmup_steps * 4096), model.name
     peak = lambda c: c.learning_rate / c.warmup_steps ** 0.5

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from m4moe import config as config_lib
 from m4moe.training import optimizer as opt_lib
 
 SHAPES = [(), (5,), (4, 6), (3, 4, 5)]  # scalar, vector, matrix, [E, M, H]
@@ -170,17 +171,16 @@ def test_apply_requires_the_built_variables():
 
 
 def test_zoo_entry_carries_its_optimizer_recipe(tmp_path):
-  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   path = tmp_path / "entry.flags"
   path.write_text("--d_model=64\n--beta1=0.9\n--nofactored\n"
                   "--learning_rate=0.01\n")
-  recipe = opt_lib.load_config(str(path))
+  recipe = config_lib.load_optimizer_config(str(path))
   assert (recipe.beta1, recipe.factored, recipe.learning_rate) == (0.9, False,
                                                                    0.01)
   # Unset optimiser flags keep the paper's defaults.
   assert recipe.clipping_threshold == 1.0 and recipe.schedule == "rsqrt"
   # The command line wins over the file.
-  recipe = opt_lib.load_config(
+  recipe = config_lib.load_optimizer_config(
       str(path), ["--learning_rate=0.5", "--lr_schedule=constant"])
   assert (recipe.learning_rate, recipe.schedule) == (0.5, "constant")
   # The model loader reads the same file and ignores the recipe.
@@ -188,19 +188,18 @@ def test_zoo_entry_carries_its_optimizer_recipe(tmp_path):
 
 
 def test_bad_recipe_in_a_zoo_entry_names_the_file_and_flag(tmp_path):
-  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   path = tmp_path / "bad.flags"
   path.write_text("--beta1=1.5\n")
   with pytest.raises(config_lib.ConfigError, match=r"bad.flags.*--beta1=1.5"):
-    opt_lib.load_config(str(path))
+    config_lib.load_optimizer_config(str(path))
 
 
 def test_zoo_recipes_small_models_vs_gshard_rows():
   """tiny/* carry the small-model recipe; gshard/* the paper's Adafactor."""
   paper = opt_lib.AdafactorConfig()
   for row in ("gshard/moe_128e_12l", "gshard/moe_2048e_36l"):
-    assert opt_lib.load_config(row) == paper
+    assert config_lib.load_optimizer_config(row) == paper
   for entry in ("tiny/dense", "tiny/moe"):
-    small = opt_lib.load_config(entry)
+    small = config_lib.load_optimizer_config(entry)
     assert small != paper
     assert small.beta1 > 0 and not small.multiply_by_parameter_scale

@@ -54,7 +54,7 @@ def hlo():
   tf.random.set_seed(0)
   transformer = model_lib.Transformer(config=_config(), sharding=s)
   variables = list(transformer.trainable_variables)
-  optimizer = optimizer_lib.Adafactor(optimizer_lib.load_config(ROW))
+  optimizer = optimizer_lib.Adafactor(config_lib.load_optimizer_config(ROW))
   optimizer.build(variables)
   batch = {"inputs": tf.fill([4, 4], 5), "targets": tf.fill([4, 4], 6)}
 

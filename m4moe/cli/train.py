@@ -134,8 +134,8 @@ def _optimizer_config() -> optimizer_lib.AdafactorConfig:
   """--config's optimiser recipe as the base, explicit flags on top."""
   if _CONFIG.value is None:
     return optimizer_lib.config_from_flags(flags.FLAGS)
-  return optimizer_lib.load_config(_CONFIG.value,
-                                   optimizer_lib.present_flags(flags.FLAGS))
+  return config_lib.load_optimizer_config(
+      _CONFIG.value, optimizer_lib.present_flags(flags.FLAGS))
 
 
 def _configs():

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Sequence
 
 import tensorflow as tf
@@ -138,30 +137,6 @@ def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS
 def present_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """The optimiser flags given explicitly on the command line, serialised."""
   return flagutil.present_flags(AdafactorConfig, flag_values)
-
-
-def load_config(name_or_path: str | os.PathLike[str],
-                extra_flags: Sequence[str] = ()) -> AdafactorConfig:
-  """The optimiser recipe of a zoo entry (or flagfile), ``extra_flags`` on top.
-
-  A zoo flagfile holds model flags and, optionally, optimiser flags (the
-  recipe the entry was tuned with: ``configs/tiny/*`` carry the small-model
-  recipe, ``configs/gshard/*`` the paper's Adafactor); optimiser flags it
-  does not set keep :class:`AdafactorConfig`'s defaults (the paper's).
-
-  Raises:
-    m4moe.config.ConfigError: unknown flag or bad value, naming the file.
-  """
-  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
-  path = config_lib.resolve_config_path(name_or_path)
-  flag_values = flags.FlagValues()
-  config_lib.define_model_flags(flag_values)
-  define_flags(flag_values)
-  try:
-    flag_values(["m4moe", f"--flagfile={path}", *extra_flags])
-    return config_from_flags(flag_values)
-  except (flags.Error, errors.ConfigError) as e:
-    raise config_lib.ConfigError(f"{path}: {e}") from e
 
 
 def _rms(x: tf.Tensor) -> tf.Tensor:

@@ -79,7 +79,7 @@ def test_mean_of_the_last_k_and_the_run_left_untouched(tmp_path):
   assert averaging.read_record(model_dir)["steps"] == [100, 400]
   assert sorted(p.name for p in model_dir.iterdir() if p.is_dir()) == [
       "averaged"]
-  assert checkpointing.checkpoint_steps(model_dir / "averaged") == [400]
+  assert rundir.checkpoint_steps(model_dir / "averaged") == [400]
 
 
 def test_a_killed_average_leaves_the_previous_one_usable(tmp_path):

@@ -13,8 +13,8 @@ from m4moe.pipeline import plan as main_job
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import loop as train_lib
-from m4moe.training import checkpointing
 from m4moe.training import continuation
+from m4moe.training import rundir
 from m4moe.training import metrics as metrics_lib
 from m4moe.training import synthetic
 import toy_model
@@ -72,16 +72,16 @@ def test_a_continued_copy_equals_a_straight_run_and_leaves_the_source(
       tmp_path / "long" / "metrics.jsonl", "train")]
   assert steps == [2, 4, 6, 8]
   assert _digest(tmp_path / "short") == before  # untouched
-  assert checkpointing.checkpoint_steps(tmp_path / "short") == [4]
+  assert rundir.checkpoint_steps(tmp_path / "short") == [4]
   # Once the new run has checkpoints, a re-run resumes its own.
   assert continuation.copy_run(source=tmp_path / "short",
                                model_dir=tmp_path / "long") is None
-  assert checkpointing.checkpoint_steps(tmp_path / "long")[-1] == 8
+  assert rundir.checkpoint_steps(tmp_path / "long")[-1] == 8
 
 
 def _fake_run(directory: pathlib.Path, steps=(4,)) -> pathlib.Path:
   directory.mkdir(parents=True)
-  (directory / checkpointing.CONFIG_FILENAME).write_text("{}\n")
+  (directory / rundir.CONFIG_FILENAME).write_text("{}\n")
   for step in steps:
     (directory / f"ckpt-{step}.index").write_bytes(b"i")
     (directory / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")

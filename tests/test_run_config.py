@@ -7,6 +7,7 @@ import pytest
 
 from m4moe import config as config_lib
 from m4moe.training import checkpointing
+from m4moe.training import rundir
 
 
 def _config(*flags: str, **overrides) -> config_lib.ModelConfig:
@@ -19,7 +20,7 @@ def test_same_model_is_accepted_and_another_is_refused(tmp_path):
   # Same model, other sections: rewritten.
   checkpointing.write_run_config(tmp_path, model_config=_config(d_ff=64),
                                  sections={"train": {"x": 2}})
-  stored = json.loads((tmp_path / checkpointing.CONFIG_FILENAME).read_text())
+  stored = json.loads((tmp_path / rundir.CONFIG_FILENAME).read_text())
   assert stored["train"] == {"x": 2}
   assert checkpointing.model_config_diff(tmp_path, _config(d_ff=64)) == []
   assert checkpointing.model_config_diff(tmp_path, _config(d_ff=128)) == [
@@ -33,7 +34,7 @@ def test_same_model_is_accepted_and_another_is_refused(tmp_path):
 
 def test_a_field_added_since_the_run_compares_as_its_default(tmp_path):
   checkpointing.write_run_config(tmp_path, model_config=_config(), sections={})
-  path = tmp_path / checkpointing.CONFIG_FILENAME
+  path = tmp_path / rundir.CONFIG_FILENAME
   stored = json.loads(path.read_text())
   del stored["model"]["moe"]["expert_init_scale"]  # as an older version wrote
   path.write_text(json.dumps(stored))

@@ -70,7 +70,7 @@ def test_mirrored_two_devices_equals_one_device(tmp_path):
 
 @pytest.mark.slow  # a training CLI run end to end: `pytest -m slow`
 def test_continue_from_trains_a_copy_and_checks_its_source(tmp_path):
-  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
+  from m4moe.training import rundir  # pylint: disable=g-import-not-at-top
   done, longer = tmp_path / "done", tmp_path / "longer"
   proc = _run(*SMALL, f"--model_dir={done}", "--train_steps=2",
               "--checkpoint_every=2")
@@ -91,6 +91,6 @@ def test_continue_from_trains_a_copy_and_checks_its_source(tmp_path):
               "--checkpoint_every=2", f"--continue_from={done}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert f"continues {done} from its step 2" in proc.stderr
-  assert checkpointing.checkpoint_steps(longer)[-1] == 4
-  assert checkpointing.checkpoint_steps(done) == [2]  # left as it was
+  assert rundir.checkpoint_steps(longer)[-1] == 4
+  assert rundir.checkpoint_steps(done) == [2]  # left as it was
   assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 4

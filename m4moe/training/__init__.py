@@ -1,7 +1,9 @@
 """Training machinery behind :mod:`m4moe.training.loop` and ``m4moe-train``.
 
-* :mod:`m4moe.training.checkpointing` -- run directory layout, the effective
-  config JSON, checkpoint manager with crash-safe resume, SIGTERM handling.
+* :mod:`m4moe.training.rundir` -- the run directory's layout and the reading
+  of its ``config.json`` (what decode, eval and export load).
+* :mod:`m4moe.training.checkpointing` -- writing the effective config JSON,
+  checkpoint manager with crash-safe resume, SIGTERM handling.
 * :mod:`m4moe.training.step` -- loss, gradients (with accumulation and
   optional rematerialisation), the non-finite guard and the update.
 * :mod:`m4moe.training.metrics` -- TensorBoard summaries, the JSONL metrics

@@ -35,6 +35,7 @@ import numpy as np
 
 from m4moe import jsonfile
 from m4moe.training import checkpointing
+from m4moe.training import rundir
 
 RECORD_FILENAME = "averaged.json"
 
@@ -113,16 +114,15 @@ def average_checkpoints(*, model_dir: str | os.PathLike[str], last: int = 5,
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.training import rundir  # pylint: disable=g-import-not-at-top
   model_dir = pathlib.Path(model_dir)
   config = rundir.model_config_from_run(model_dir)  # first: is it a run?
-  chosen = choose_steps(checkpointing.checkpoint_steps(model_dir), last=last,
+  chosen = choose_steps(rundir.checkpoint_steps(model_dir), last=last,
                         steps=steps, model_dir=str(model_dir))
   model = model_lib.Transformer(config=config)
   variables = list(model.variables)
   sums = [np.zeros(v.shape, np.float64) for v in variables]
   for step in chosen:
-    prefix = str(model_dir / f"{checkpointing.PREFIX}-{step}")
+    prefix = str(model_dir / f"{rundir.PREFIX}-{step}")
     try:
       status = tf.train.Checkpoint(model=model).read(prefix)
       status.expect_partial().assert_existing_objects_matched()
@@ -138,8 +138,8 @@ def average_checkpoints(*, model_dir: str | os.PathLike[str], last: int = 5,
     # Non-float variables (none in today's models) keep the newest value.
     if v.dtype.is_floating:
       v.assign((total / len(chosen)).astype(v.dtype.as_numpy_dtype))
-  final = model_dir / checkpointing.AVERAGED_DIRNAME
-  partial = model_dir / f".{checkpointing.AVERAGED_DIRNAME}.partial"
+  final = model_dir / rundir.AVERAGED_DIRNAME
+  partial = model_dir / f".{rundir.AVERAGED_DIRNAME}.partial"
   if partial.exists():
     shutil.rmtree(partial)  # our own leftover of a killed run
   keeper = checkpointing.CheckpointKeeper(str(partial), max_to_keep=1,
@@ -167,7 +167,7 @@ def _replace_dir(final: pathlib.Path, partial: pathlib.Path) -> None:
 
 def read_record(model_dir: str | os.PathLike[str]) -> dict | None:
   """``averaged/averaged.json`` of a run (None: never averaged)."""
-  path = (pathlib.Path(model_dir) / checkpointing.AVERAGED_DIRNAME /
+  path = (pathlib.Path(model_dir) / rundir.AVERAGED_DIRNAME /
           RECORD_FILENAME)
   if not path.is_file():
     return None

@@ -1,16 +1,8 @@
-"""Run directory, effective-config JSON, crash-safe checkpoints, preemption.
+"""Writing a run directory: effective-config JSON, crash-safe checkpoints,
+preemption.
 
-Layout of a ``--model_dir``::
-
-  config.json             effective config (model, training, data), atomic
-  checkpoint              TF's state file naming the complete checkpoints
-  ckpt-<step>.index/.data-*   model, optimiser slots, step, input iterator
-  metrics.jsonl           see m4moe.training.metrics
-  train/ eval/            TensorBoard event files
-  train.lock              the one writer's lock (m4moe.training.run_lock)
-  damaged/ckpt-<step>/    files of checkpoints found damaged (never deleted)
-  best/ckpt-<step>.*      model weights of the best dev evaluation
-                          (:func:`best_keeper`), with its own state file
+The layout of a ``--model_dir`` and the reading of its ``config.json`` belong
+to :mod:`m4moe.training.rundir`.
 
 Crash safety: ``tf.train.CheckpointManager.save`` writes the data and index
 files of ``ckpt-<step>`` first (into ``ckpt-<step>_temp/``, then renamed)
@@ -54,15 +46,14 @@ from tensorflow.python.checkpoint import checkpoint_management
 
 from m4moe import config as config_lib
 from m4moe import errors
-from m4moe import jsonfile
 from m4moe.training import metrics as metrics_lib
+from m4moe.training import rundir
 
-CONFIG_FILENAME = "config.json"
-STATE_FILENAME = "checkpoint"
-DAMAGED_DIRNAME = "damaged"
-BEST_DIRNAME = "best"
-AVERAGED_DIRNAME = "averaged"  # m4moe.training.averaging
-PREFIX = "ckpt"
+CONFIG_FILENAME = rundir.CONFIG_FILENAME
+STATE_FILENAME = rundir.STATE_FILENAME
+DAMAGED_DIRNAME = rundir.DAMAGED_DIRNAME
+BEST_DIRNAME = rundir.BEST_DIRNAME
+PREFIX = rundir.PREFIX
 
 # Exact names of what CheckpointManager.save writes for ckpt-<step>: the
 # index, the data shards, and (during the save) the temp directory of the
@@ -103,18 +94,6 @@ def write_json_atomic(path: str | os.PathLike[str], value: Any) -> None:
   os.replace(tmp, path)
 
 
-def _read_run_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
-  """The trainer's own read of ``config.json`` (readers outside training use
-  :func:`m4moe.training.rundir.read_run_config`, which validates it)."""
-  path = pathlib.Path(model_dir) / CONFIG_FILENAME
-  if not path.is_file():
-    raise FileNotFoundError(
-        f"{path} not found: is --model_dir a directory written by m4moe-train?")
-  return jsonfile.load(path, what="the run's config.json",
-                       fix="restore it from a backup or start a new "
-                       "--model_dir (it records the run's model)")
-
-
 def write_run_config(model_dir: str | os.PathLike[str], *,
                      model_config: config_lib.ModelConfig,
                      sections: Mapping[str, Any]) -> pathlib.Path:
@@ -152,7 +131,7 @@ def model_config_diff(model_dir: str | os.PathLike[str],
   ``config.json`` yet."""
   if not (pathlib.Path(model_dir) / CONFIG_FILENAME).is_file():
     return []
-  old = _read_run_config(model_dir).get("model", {})
+  old = rundir.read_run_config(model_dir).get("model", {})
   try:  # Fields added since the run was written compare as their defaults.
     old = _as_stored(config_lib.config_from_dict(old))
   except (TypeError, ValueError, KeyError):
@@ -337,16 +316,6 @@ def _checkpoint_files(model_dir: pathlib.Path) -> dict[int, list[pathlib.Path]]:
     if match and entry.is_file():
       out.setdefault(int(match.group(1)), []).append(entry)
   return out
-
-
-def checkpoint_steps(directory: str | os.PathLike[str]) -> list[int]:
-  """Steps of the ``ckpt-<step>`` checkpoints in ``directory`` that have an
-  index file, ascending (none if the directory does not exist)."""
-  directory = pathlib.Path(directory)
-  if not directory.is_dir():
-    return []
-  return sorted(step for step, files in _checkpoint_files(directory).items()
-                if any(f.name.endswith(".index") for f in files))
 
 
 def _move_aside(model_dir: pathlib.Path, step: int,
@@ -542,9 +511,9 @@ def check_fresh_start(model_dir: str | os.PathLike[str], *,
     return
   every = checkpoint_every
   try:
-    every = min(every, int(_read_run_config(model_dir)["train"][
+    every = min(every, int(rundir.read_run_config(model_dir)["train"][
         "checkpoint_every"]))
-  except (FileNotFoundError, KeyError, TypeError, ValueError):
+  except (rundir.RunDirError, KeyError, TypeError, ValueError):
     pass
   saved = (last >= every or any(
       r.get("kind") == "end" or (r.get("kind") == "start" and r.get("step"))

@@ -25,6 +25,7 @@ import shutil
 
 from m4moe import config as config_lib
 from m4moe.training import checkpointing
+from m4moe.training import rundir
 
 # The trainer's lock file of a run in progress: never copied (the new run
 # takes its own).
@@ -57,13 +58,13 @@ def check(*, source: str | os.PathLike[str],
   """
   source, model_dir = pathlib.Path(source), pathlib.Path(model_dir)
   flag = f"--continue_from={source}"
-  if checkpointing.checkpoint_steps(model_dir):
+  if rundir.checkpoint_steps(model_dir):
     return None
   if source.resolve() == model_dir.resolve():
     raise ContinuationError(
         f"{flag} is --model_dir itself: give the finished run's directory "
         "and a new --model_dir")
-  steps = checkpointing.checkpoint_steps(source)
+  steps = rundir.checkpoint_steps(source)
   if not steps:
     raise ContinuationError(
         f"{flag} holds no ckpt-<step> checkpoint: give the --model_dir of a "

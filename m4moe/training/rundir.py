@@ -1,9 +1,12 @@
 """The run-directory contract: what a ``--model_dir`` holds and how to read it.
 
-``m4moe-train`` writes a run directory; ``m4moe-decode``, ``m4moe-eval`` and
-``m4moe-export`` read it only through this module::
+This module owns the layout (the names below) and the reading of
+``config.json``. ``m4moe-train`` writes a run directory
+(:mod:`m4moe.training.checkpointing` writes ``config.json`` and the
+checkpoints); ``m4moe-decode``, ``m4moe-eval`` and ``m4moe-export`` read it
+only through this module::
 
-  config.json          effective config (atomic, m4moe.training.checkpointing)
+  config.json          effective config, written atomically
     "model"            ModelConfig.to_dict(): rebuilds the Transformer
     "train", "data"    the trainer's and the input settings
     "languages"        training languages (e.g. ["de", "fr"])
@@ -11,12 +14,19 @@
     "vocab"            fingerprint of the SentencePiece models used:
                        {"source": {"path", "sha256"}, "target": {...}}
     "skipped_lines"    {"<file>": count} malformed corpus lines skipped
-  checkpoint           TF's index naming the latest complete ckpt-<step>
-  ckpt-<step>.*        model, optimiser slots, step, input iterator
+  checkpoint           TF's state file naming the complete ckpt-<step>
+  ckpt-<step>.index/.data-*   model, optimiser slots, step, input iterator
   best/ckpt-<step>.*   model weights of the best dev evaluation
+                       (m4moe.training.checkpointing.best_keeper), with
+                       its own state file
   averaged/ckpt-<step>.*  mean of the last k checkpoints' weights
                        (m4moe-average, m4moe.training.averaging)
-  metrics.jsonl, train/, eval/   logs and TensorBoard events
+  damaged/ckpt-<step>/ files of checkpoints found damaged at start-up
+                       (m4moe.training.checkpointing.recover_checkpoints;
+                       never deleted)
+  train.lock           the one writer's lock (m4moe.training.run_lock)
+  metrics.jsonl        the metrics log (m4moe.training.metrics)
+  train/, eval/        TensorBoard event files
 
 The vocabulary fingerprint makes a wrong ``--vocab_dir`` an error even when
 its models have the same number of pieces (the ids would mean different
@@ -31,15 +41,20 @@ import dataclasses
 import hashlib
 import os
 import pathlib
+import re
 from typing import Any, Iterable, Mapping
 
 from absl import logging
 
 from m4moe import config as config_lib
 from m4moe import jsonfile
-from m4moe.training import checkpointing
 
-CONFIG_FILENAME = checkpointing.CONFIG_FILENAME  # written atomically there
+CONFIG_FILENAME = "config.json"
+STATE_FILENAME = "checkpoint"
+PREFIX = "ckpt"
+BEST_DIRNAME = "best"
+AVERAGED_DIRNAME = "averaged"
+DAMAGED_DIRNAME = "damaged"
 SOURCE_MODEL, TARGET_MODEL = "source.model", "target.model"
 ENGLISH = "en"
 
@@ -294,6 +309,20 @@ def check_vocab(recorded: VocabFingerprint | None, *,
         f"sha256 {got[:12]}...): {fix}")
 
 
+def checkpoint_steps(directory: str | os.PathLike[str]) -> list[int]:
+  """Steps of the ``ckpt-<step>`` checkpoints in ``directory`` that have an
+  index file, ascending (none if the directory does not exist).
+
+  A checkpoint without its index cannot be restored, so it does not count.
+  """
+  directory = pathlib.Path(directory)
+  if not directory.is_dir():
+    return []
+  index = re.compile(rf"{PREFIX}-(\d+)\.index")
+  return sorted(int(match.group(1)) for entry in directory.iterdir()
+                if (match := index.fullmatch(entry.name)) and entry.is_file())
+
+
 CHECKPOINT_CHOICES = "latest, best, averaged or a step number"
 
 
@@ -316,8 +345,8 @@ def resolve_checkpoint(model_dir: str | os.PathLike[str],
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   model_dir = pathlib.Path(model_dir)
-  best_dir = model_dir / checkpointing.BEST_DIRNAME
-  kept = checkpointing.checkpoint_steps(model_dir)
+  best_dir = model_dir / BEST_DIRNAME
+  kept = checkpoint_steps(model_dir)
   have = (f"its checkpoints: {', '.join(f'ckpt-{s}' for s in kept)}"
           if kept else "it has no ckpt-<step> files")
   which = str(which).strip()
@@ -333,7 +362,7 @@ def resolve_checkpoint(model_dir: str | os.PathLike[str],
       "best": (best_dir, "best-on-dev", "the run was trained without a dev "
                "set, with --nokeep_best, or before m4moe-train kept one; use "
                "--checkpoint=latest or a step"),
-      "averaged": (model_dir / checkpointing.AVERAGED_DIRNAME, "averaged",
+      "averaged": (model_dir / AVERAGED_DIRNAME, "averaged",
                    f"run m4moe-average --model_dir={model_dir} first"),
   }
   if which in kept_apart:
@@ -346,10 +375,10 @@ def resolve_checkpoint(model_dir: str | os.PathLike[str],
     return path
   if which.isdigit():
     for directory in (model_dir, best_dir):
-      prefix = directory / f"{checkpointing.PREFIX}-{int(which)}"
+      prefix = directory / f"{PREFIX}-{int(which)}"
       if prefix.with_name(prefix.name + ".index").is_file():
         return str(prefix)
-    best = checkpointing.checkpoint_steps(best_dir)
+    best = checkpoint_steps(best_dir)
     also = f"; best/: ckpt-{best[0]}" if best else ""
     raise RunDirError(f"{model_dir} has no checkpoint of step {which} "
                       f"({have}{also}); pass one of those steps, latest or "

@@ -1,7 +1,12 @@
-"""A minimal report document rendered to Markdown and self-contained HTML.
+"""The one renderer of the project's reports: PNG figures, Markdown and
+self-contained HTML.
 
-Blocks are headings, paragraphs, bullet lists, tables and one PNG figure.
-The HTML embeds the figure as a base64 data URI, so the file stands alone.
+Blocks are headings, paragraphs, bullet lists, tables and PNG figures. The
+HTML embeds each figure as a base64 data URI and its style inline, so the
+file stands alone: it opens offline and fetches nothing from the network.
+Both the evaluation report (:mod:`m4moe.eval.report`) and the routing page
+(:mod:`m4moe.analysis.page`) render through here, so they look alike and
+stay self-contained together.
 """
 
 from __future__ import annotations
@@ -9,7 +14,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-from typing import Sequence
+import io
+from typing import Any, Sequence
 
 _CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;"
         "padding:0 1em}table{border-collapse:collapse;margin:1em 0}"
@@ -63,6 +69,22 @@ class Image:
 
 
 Block = Heading | Paragraph | Bullets | Table | Image
+
+
+def png_bytes(figure: Any, *, dpi: int = 120, tight: bool = False) -> bytes:
+  """A matplotlib figure as PNG bytes, for a file and for :class:`Image`.
+
+  Args:
+    figure: a ``matplotlib.figure.Figure`` (anything with ``savefig``).
+    dpi: resolution; the figure's size in inches times ``dpi`` is its size
+      in pixels.
+    tight: crop the canvas to the drawn content (``bbox_inches="tight"``),
+      for figures whose size is computed from their content.
+  """
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format="png", dpi=dpi,
+                 **({"bbox_inches": "tight"} if tight else {}))
+  return buffer.getvalue()
 
 
 def _md_cell(text: str) -> str:

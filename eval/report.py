@@ -65,7 +65,6 @@ statistics, examples.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import pathlib
@@ -937,13 +936,6 @@ def _language_examples(comp: comparison_lib.Comparison,
   return out
 
 
-def _png_bytes(fig: Any, *, dpi: int = 120) -> bytes:
-  """A matplotlib figure rendered to PNG bytes."""
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format="png", dpi=dpi)
-  return buffer.getvalue()
-
-
 class EmptyReportError(ValueError):
   """No language can be averaged; the message names each one's reason."""
 
@@ -1057,12 +1049,12 @@ def write_report(output_dir: str | pathlib.Path, *,
               *baseline_outputs]
   figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)
   png_path = output_dir / FIGURE_FILE
-  png = _png_bytes(figure.figure)
+  png = doc.png_bytes(figure.figure)
   textio.write_bytes_atomic(png_path, png)
   router = router_trajectories(logs)
   router_png = None
   if router:
-    router_png = _png_bytes(figure_lib.router_figure(router))
+    router_png = doc.png_bytes(figure_lib.router_figure(router))
     textio.write_bytes_atomic(output_dir / ROUTER_FIGURE_FILE, router_png)
   blocks = build_blocks(comp, merged, figure=figure,
                         png=png, logs=logs,

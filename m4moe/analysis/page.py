@@ -9,15 +9,14 @@ canvas (no pyplot, no global state), as :mod:`m4moe.eval.figure` does.
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from m4moe.eval import document as doc
 
 _CHOICE_NAMES = ("first choice", "second choice")
 
@@ -94,63 +93,63 @@ def overview(layers: Mapping[str, Mapping[str, Any]],
 
 
 def png_bytes(figure: Figure, *, dpi: int = 110) -> bytes:
-  buffer = io.BytesIO()
-  figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-  return buffer.getvalue()
+  """A routing figure as PNG bytes (cropped: its size follows its content)."""
+  return doc.png_bytes(figure, dpi=dpi, tight=True)
 
 
 def _format(value: float | None) -> str:
   return "n/a" if value is None else f"{value:.3f}"
 
 
-def _img(png: bytes, alt: str) -> str:
-  data = base64.b64encode(png).decode("ascii")
-  return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+def _layer_table(layers: Mapping[str, Mapping[str, Any]]) -> doc.Table:
+  """Specialisation per layer: mutual information, first and any choice."""
+  rows = []
+  for name, layer in layers.items():
+    first, pooled = layer["first_choice"], layer["any_choice"]
+    rows.append((name, _format(first["normalized_mutual_information"]),
+                 _format(first["mutual_information"]),
+                 _format(pooled["normalized_mutual_information"]),
+                 ", ".join(layer["skipped_languages"]) or "-"))
+  return doc.Table(("layer", "normalised MI (1st)", "MI nats (1st)",
+                    "normalised MI (all choices)",
+                    "languages without tokens"), tuple(rows))
+
+
+def _language_table(document: Mapping[str, Any]) -> doc.Table:
+  """Per language: training pairs, pairs analysed and pairs truncated."""
+  sizes = document["train_pairs"]
+  rows = tuple((l, str(sizes.get(l, "n/a")),
+                str(document["pairs"].get(l, 0)),
+                str(document["truncated_pairs"].get(l, 0)))
+               for l in document["languages"])
+  return doc.Table(("language", "training pairs", "pairs analysed",
+                    "pairs truncated"), rows)
 
 
 def html_page(document: Mapping[str, Any], *, overview_png: bytes,
               layer_pngs: Mapping[str, bytes]) -> str:
-  """The self-contained routing.html (images inline as base64)."""
-  esc = html.escape
+  """The self-contained routing.html (images inline as base64).
+
+  Rendered by :func:`m4moe.eval.document.to_html`, the renderer of the
+  evaluation report, so the page opens offline and fetches nothing.
+  """
   layers = document["layers"]
-  rows = []
-  for name, layer in layers.items():
-    first, pooled = layer["first_choice"], layer["any_choice"]
-    rows.append(
-        f"<tr><td>{esc(name)}</td>"
-        f"<td>{_format(first['normalized_mutual_information'])}</td>"
-        f"<td>{_format(first['mutual_information'])}</td>"
-        f"<td>{_format(pooled['normalized_mutual_information'])}</td>"
-        f"<td>{esc(', '.join(layer['skipped_languages']) or '-')}</td></tr>")
-  sizes = document["train_pairs"]
-  languages = "".join(
-      f"<tr><td>{esc(l)}</td><td>{sizes.get(l, 'n/a')}</td>"
-      f"<td>{document['pairs'].get(l, 0)}</td>"
-      f"<td>{document['truncated_pairs'].get(l, 0)}</td></tr>"
-      for l in document["languages"])
-  sections = "".join(
-      f"<h3>{esc(name)}</h3>{_img(layer_pngs[name], name)}"
-      for name in layers)
-  return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>Routing by language</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:
-collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}
-img{{max-width:100%}}</style></head><body>
-<h1>Routing by language</h1>
-<p>Model <code>{esc(document['model_dir'])}</code>, checkpoint
-<code>{esc(document['checkpoint'])}</code>, split
-<code>{esc(document['split'])}</code>; teacher-forced, eval mode, real
-tokens only. Mutual information between language and expert with every
-language weighted equally, normalised by log(number of languages): 1 = each
-expert serves one language, 0 = all languages route alike.</p>
-<h2>Specialisation per layer</h2>
-<table><tr><th>layer</th><th>normalised MI (1st)</th><th>MI nats (1st)</th>
-<th>normalised MI (all choices)</th><th>languages without tokens</th></tr>
-{''.join(rows)}</table>
-<h2>Overview</h2>{_img(overview_png, 'overview')}
-<h2>Layers</h2>{sections}
-<h2>Languages</h2>
-<table><tr><th>language</th><th>training pairs</th><th>pairs analysed</th>
-<th>pairs truncated</th></tr>{languages}</table>
-</body></html>
-"""
+  intro = (
+      f"Model {document['model_dir']}, checkpoint {document['checkpoint']}, "
+      f"split {document['split']}; teacher-forced, eval mode, real tokens "
+      "only. Mutual information between language and expert with every "
+      "language weighted equally, normalised by log(number of languages): "
+      "1 = each expert serves one language, 0 = all languages route alike.")
+  blocks: list[doc.Block] = [
+      doc.Paragraph(intro),
+      doc.Heading("Specialisation per layer"), _layer_table(layers),
+      doc.Heading("Overview"),
+      doc.Image("overview.png", overview_png, "overview"),
+      doc.Heading("Layers"),
+  ]
+  for name in layers:
+    blocks += [doc.Heading(name, level=3),
+               doc.Image(f"heatmap_{name.replace('/', '_')}.png",
+                         layer_pngs[name], name)]
+  blocks += [doc.Heading("Languages"), _language_table(document)]
+  return doc.to_html("Routing by language", blocks)

@@ -263,48 +263,103 @@ def compute_intervals(comp: comparison_lib.Comparison, *,
   """
   problems: list[str] = []
   names = [g.name for g in groups]
-  baseline_scores: dict[str, scoring.LanguageScore] = {}
-  for result in baselines:
-    for lang, score in result.languages.items():
-      baseline_scores.setdefault(lang, score)
+  baseline_scores = _first_baseline_scores(baselines)
   data: dict[str, _Lang] = {}
   languages: dict[str, dict[str, dict[str, Cell]]] = {}
   pair_deltas: dict[str, dict[str, dict[str, Any]]] = {}
   for lang in comp.languages:
-    lang_data = _resample_language(
+    lang_data = data[lang] = _resample_language(
         lang, groups=groups, group_outputs=group_outputs,
         baseline_outputs=baseline_outputs.get(lang), n_samples=n_samples,
         seed=seed, problems=problems)
-    data[lang] = lang_data
-    languages[lang] = {}
-    pair_deltas[lang] = {}
-    for metric in METRICS:
-      cells: dict[str, Cell] = {}
-      base_rs = lang_data.resamples.get(BASELINE, {}).get(metric)
-      for group in groups:
-        rs = lang_data.resamples.get(group.name, {}).get(metric)
-        run_scores = [_ok(r.languages.get(lang), metric) for r in group.runs]
-        base_value = _ok(baseline_scores.get(lang), metric)
-        cells[group.name] = Cell(
-            interval=rs and significance.interval(rs),
-            seeds=_spread(run_scores),
-            delta=_paired(lang_data, group.name, BASELINE, metric, alpha),
-            delta_seeds=(None if base_value is None else _spread(
-                [None if v is None else v - base_value
-                 for v in run_scores])))
-      cells[BASELINE] = Cell(
-          interval=base_rs and significance.interval(base_rs))
-      languages[lang][metric] = cells
-      pair_deltas[lang][metric] = {
-          pair_name(a, b): _paired(lang_data, a, b, metric, alpha)
-          for a, b in pairs}
-    if (BASELINE in lang_data.resamples and lang_data.resamples.keys()
-        - {BASELINE}):
-      for name in names:
-        if (name in lang_data.resamples and not _same_sentences(
-            lang_data.outputs[name], lang_data.outputs[BASELINE])):
-          problems.append(f"{lang}: {name} and its baseline decoded "
-                          "different test sentences: no paired Δ")
+    languages[lang] = {metric: _language_cells(
+        lang_data, lang=lang, metric=metric, groups=groups,
+        baseline_score=baseline_scores.get(lang), alpha=alpha)
+                       for metric in METRICS}
+    pair_deltas[lang] = {metric: {
+        pair_name(a, b): _paired(lang_data, a, b, metric, alpha)
+        for a, b in pairs} for metric in METRICS}
+    problems += _unpaired_problems(lang, lang_data, names)
+  problems += _missing_hypotheses(comp, groups=groups, data=data,
+                                  baseline_scores=baseline_scores)
+  buckets, bucket_pairs, bucket_langs = _buckets(
+      comp, groups=groups, data=data, pairs=pairs, alpha=alpha,
+      baseline_scores=baseline_scores, problems=problems)
+  pair_seed_deltas, bucket_pair_seeds = _seed_pair_differences(
+      languages, buckets, bucket_langs=bucket_langs, pairs=pairs, alpha=alpha)
+  return Intervals(
+      n_samples=n_samples, seed=seed, alpha=alpha,
+      pair_seed_deltas=pair_seed_deltas, bucket_pair_seeds=bucket_pair_seeds,
+      systems=(*names, BASELINE),
+      num_seeds={g.name: g.num_seeds for g in groups}, languages=languages,
+      pairs=tuple(pairs), pair_deltas=pair_deltas, buckets=buckets,
+      bucket_pairs=bucket_pairs, bucket_languages=bucket_langs,
+      problems=tuple(problems))
+
+
+def _first_baseline_scores(baselines: Sequence[results.EvalResult]
+                           ) -> dict[str, scoring.LanguageScore]:
+  """language -> the score of the first baseline covering it.
+
+  The report pairs each language with one baseline; when two cover a
+  language the first one given wins, as in the comparison.
+  """
+  scores: dict[str, scoring.LanguageScore] = {}
+  for result in baselines:
+    for lang, score in result.languages.items():
+      scores.setdefault(lang, score)
+  return scores
+
+
+def _language_cells(lang_data: _Lang, *, lang: str, metric: str,
+                    groups: Sequence[seeds_lib.ModelGroup],
+                    baseline_score: scoring.LanguageScore | None,
+                    alpha: float) -> dict[str, Cell]:
+  """system -> the cell of one language and metric.
+
+  A model's cell has its bootstrap interval, its seed spread, the paired Δ
+  against the baseline and the seed spread of that Δ (each seed's score
+  minus the baseline's, so seed noise and test-set noise are told apart).
+  """
+  cells: dict[str, Cell] = {}
+  base_rs = lang_data.resamples.get(BASELINE, {}).get(metric)
+  base_value = _ok(baseline_score, metric)
+  for group in groups:
+    rs = lang_data.resamples.get(group.name, {}).get(metric)
+    run_scores = [_ok(r.languages.get(lang), metric) for r in group.runs]
+    cells[group.name] = Cell(
+        interval=rs and significance.interval(rs),
+        seeds=_spread(run_scores),
+        delta=_paired(lang_data, group.name, BASELINE, metric, alpha),
+        delta_seeds=(None if base_value is None else _spread(
+            [None if v is None else v - base_value for v in run_scores])))
+  cells[BASELINE] = Cell(interval=base_rs and significance.interval(base_rs))
+  return cells
+
+
+def _unpaired_problems(lang: str, lang_data: _Lang,
+                       names: Sequence[str]) -> list[str]:
+  """Models that decoded other test sentences than the baseline: their Δ
+  cannot be paired sentence by sentence, and the report says why it is
+  missing."""
+  if not (BASELINE in lang_data.resamples
+          and lang_data.resamples.keys() - {BASELINE}):
+    return []
+  return [f"{lang}: {name} and its baseline decoded different test "
+          "sentences: no paired Δ"
+          for name in names
+          if name in lang_data.resamples and not _same_sentences(
+              lang_data.outputs[name], lang_data.outputs[BASELINE])]
+
+
+def _missing_hypotheses(comp: comparison_lib.Comparison, *,
+                        groups: Sequence[seeds_lib.ModelGroup],
+                        data: Mapping[str, _Lang],
+                        baseline_scores: Mapping[str, scoring.LanguageScore]
+                        ) -> list[str]:
+  """Systems scored on a language whose hypotheses could not be resampled,
+  so a missing interval is explained rather than silently blank."""
+  problems = []
   for group in groups:
     lacking = [l for l in comp.languages
                if _ok(group.merged.languages.get(l), "bleu") is not None
@@ -318,9 +373,16 @@ def compute_intervals(comp: comparison_lib.Comparison, *,
   if lacking:
     problems.append(f"{BASELINE}: no usable hypotheses on "
                     f"{', '.join(lacking)} (see Examples)")
-  buckets, bucket_pairs, bucket_langs = _buckets(
-      comp, groups=groups, data=data, pairs=pairs, alpha=alpha,
-      baseline_scores=baseline_scores, problems=problems)
+  return problems
+
+
+def _seed_pair_differences(languages, buckets, *, bucket_langs,
+                           pairs: Sequence[tuple[str, str]], alpha: float):
+  """(per language, per bucket) seed-level differences of each model pair.
+
+  They complement the bootstrap's paired Δ: with several seeds, a pair's
+  difference must also exceed the spread between seeds.
+  """
   pair_seed_deltas = {
       lang: {metric: {pair_name(a, b): _seed_difference(
           cells.get(a), cells.get(b), alpha) for a, b in pairs}
@@ -331,14 +393,7 @@ def compute_intervals(comp: comparison_lib.Comparison, *,
           buckets[a][bucket][metric], buckets[b][bucket][metric], alpha)
                         for a, b in pairs} for metric in METRICS}
       for bucket in bucket_langs}
-  return Intervals(
-      n_samples=n_samples, seed=seed, alpha=alpha,
-      pair_seed_deltas=pair_seed_deltas, bucket_pair_seeds=bucket_pair_seeds,
-      systems=(*names, BASELINE),
-      num_seeds={g.name: g.num_seeds for g in groups}, languages=languages,
-      pairs=tuple(pairs), pair_deltas=pair_deltas, buckets=buckets,
-      bucket_pairs=bucket_pairs, bucket_languages=bucket_langs,
-      problems=tuple(problems))
+  return pair_seed_deltas, bucket_pair_seeds
 
 
 def _bucket_resamples(data: Mapping[str, _Lang], langs: Sequence[str],

@@ -432,36 +432,74 @@ def _gaps_blocks(comp) -> list[doc.Block]:
   return blocks
 
 
+_INTERVALS_EXPLAINED = (
+    "Each score is shown ± the half-width of its 95% interval from "
+    "sacrebleu's paired bootstrap resampling of test sentences "
+    "({n_samples} resamples; half the 2.5–97.5 percentile range, "
+    "as sacrebleu --confidence prints it around the bootstrap mean, "
+    "which summary.json also gives; each language resampled with "
+    "its own seed derived from {seed}, every system of a language "
+    "with the same indices). Δ = model − bilingual baseline on the "
+    "same resamples; * = significant at p < "
+    "{alpha:g} by sacrebleu's paired bootstrap test. A model "
+    "given with several seeds is scored by its seed mean, resampled "
+    "likewise; 'seeds' is the min–max over seeds and the 95% "
+    "t-interval of the mean (from the eval JSONs' scores). Buckets: "
+    "the mean over the bucket's averaged languages, with the "
+    "interval and test from the same resamples.")
+
+_PAIRS_EXPLAINED = (
+    "Two tests of each difference. The bootstrap (Δ) resamples test "
+    "sentences and holds each model's seed mean fixed, so it asks "
+    "whether these runs differ on this test set. 'seeds' asks whether "
+    "the models differ beyond training noise: the difference of seed "
+    "means with its 95% Welch t-interval and Welch's t-test over the "
+    "per-seed scores (unpaired: the two models' runs are independent "
+    "trainings; – unless both have at least two seeds). * = p < "
+    "{alpha:g}.")
+
+
 def _interval_blocks(comp, iv: intervals_lib.Intervals | None
                      ) -> list[doc.Block]:
+  """The report's intervals section: per-language cells, model-vs-model
+  differences and bucket means, each with the test that produced it."""
   if iv is None:
     return []
   blocks: list[doc.Block] = [
       doc.Heading("Confidence intervals and significance"),
-      doc.Paragraph(
-          "Each score is shown ± the half-width of its 95% interval from "
-          "sacrebleu's paired bootstrap resampling of test sentences "
-          f"({iv.n_samples} resamples; half the 2.5–97.5 percentile range, "
-          "as sacrebleu --confidence prints it around the bootstrap mean, "
-          "which summary.json also gives; each language resampled with "
-          f"its own seed derived from {iv.seed}, every system of a language "
-          "with the same indices). Δ = model − bilingual baseline on the "
-          "same resamples; * = significant at p < "
-          f"{iv.alpha:g} by sacrebleu's paired bootstrap test. A model "
-          "given with several seeds is scored by its seed mean, resampled "
-          "likewise; 'seeds' is the min–max over seeds and the 95% "
-          "t-interval of the mean (from the eval JSONs' scores). Buckets: "
-          "the mean over the bucket's averaged languages, with the "
-          "interval and test from the same resamples.")]
+      doc.Paragraph(_INTERVALS_EXPLAINED.format(
+          n_samples=iv.n_samples, seed=iv.seed, alpha=iv.alpha))]
   if not iv.available:
     return blocks + [doc.Paragraph(
         "No intervals: no run has usable hypotheses (see Examples)."),
                      *_problem_blocks(iv.problems)]
-  headers = ["language", "system", "seeds"]
-  for metric in intervals_lib.METRICS:
-    name = comparison_lib.METRICS[metric]
-    headers += [name, f"{name} seeds", f"Δ{name} vs baseline",
-                f"Δ{name} seeds"]
+  blocks.append(_interval_table(comp, iv))
+  if iv.pairs:
+    blocks += [doc.Heading("Model vs model", level=3),
+               doc.Paragraph(_PAIRS_EXPLAINED.format(alpha=iv.alpha)),
+               _pair_table(comp, iv)]
+  return blocks + _bucket_blocks(iv) + _problem_blocks(iv.problems)
+
+
+def _metric_headers(*templates: str) -> list[str]:
+  """One column per template and metric, metric-major (``{name}``: the
+  metric's display name), so every table orders its metrics alike."""
+  return [template.format(name=comparison_lib.METRICS[metric])
+          for metric in intervals_lib.METRICS for template in templates]
+
+
+def _cell_columns(cell: intervals_lib.Cell | None) -> list[str]:
+  """Interval, seed spread, paired Δ and Δ's seed spread of one cell."""
+  return [_fmt_interval(cell), _fmt_spread(cell and cell.seeds),
+          _fmt_difference(cell and cell.delta, with_p=True),
+          _fmt_spread(cell and cell.delta_seeds, signed=True)]
+
+
+def _interval_table(comp, iv: intervals_lib.Intervals) -> doc.Table:
+  """Per language and system; systems without any interval are left out
+  (they have no hypotheses there, which the problems list says)."""
+  headers = ["language", "system", "seeds", *_metric_headers(
+      "{name}", "{name} seeds", "Δ{name} vs baseline", "Δ{name} seeds")]
   rows = []
   for lang in comp.languages:
     for system in iv.systems:
@@ -471,75 +509,64 @@ def _interval_blocks(comp, iv: intervals_lib.Intervals | None
         continue
       row = [lang, system, str(iv.num_seeds.get(system, 1))]
       for cell in cells:
-        row += [_fmt_interval(cell), _fmt_spread(cell and cell.seeds),
-                _fmt_difference(cell and cell.delta, with_p=True),
-                _fmt_spread(cell and cell.delta_seeds, signed=True)]
+        row += _cell_columns(cell)
       rows.append(tuple(row))
-  blocks.append(doc.Table(tuple(headers), tuple(rows)))
-  if iv.pairs:
-    blocks.append(doc.Heading("Model vs model", level=3))
-    blocks.append(doc.Paragraph(
-        "Two tests of each difference. The bootstrap (Δ) resamples test "
-        "sentences and holds each model's seed mean fixed, so it asks "
-        "whether these runs differ on this test set. 'seeds' asks whether "
-        "the models differ beyond training noise: the difference of seed "
-        "means with its 95% Welch t-interval and Welch's t-test over the "
-        "per-seed scores (unpaired: the two models' runs are independent "
-        "trainings; – unless both have at least two seeds). * = p < "
-        f"{iv.alpha:g}."))
-    def pair_row(label, name, diffs, seed_diffs):
-      row = [label, name]
-      for diff, seed_diff in zip(diffs, seed_diffs):
-        row += [_fmt_difference(diff, with_p=True),
-                _fmt_seed_difference(seed_diff)]
-      return tuple(row)
-    pair_rows = []
-    for lang in comp.languages:
-      for a, b in iv.pairs:
-        name = intervals_lib.pair_name(a, b)
-        diffs = [iv.pair_deltas[lang][m][name] for m in intervals_lib.METRICS]
-        seed_diffs = [iv.pair_seed_deltas.get(lang, {}).get(m, {}).get(name)
-                      for m in intervals_lib.METRICS]
-        if all(d is None for d in [*diffs, *seed_diffs]):
-          continue
-        pair_rows.append(pair_row(lang, name, diffs, seed_diffs))
-    for bucket in _multi_language_buckets(iv):
-      for a, b in iv.pairs:
-        name = intervals_lib.pair_name(a, b)
-        diffs = [iv.bucket_pairs[bucket][m][name]
-                 for m in intervals_lib.METRICS]
-        seed_diffs = [iv.bucket_pair_seeds.get(bucket, {}).get(m, {})
-                      .get(name) for m in intervals_lib.METRICS]
-        if any(d is not None for d in [*diffs, *seed_diffs]):
-          pair_rows.append(pair_row(f"{bucket} (mean)", name, diffs,
-                                    seed_diffs))
-    headers = ["language", "difference"]
-    for metric in intervals_lib.METRICS:
-      name = comparison_lib.METRICS[metric]
-      headers += [f"Δ{name}", f"Δ{name} seeds"]
-    blocks.append(doc.Table(tuple(headers), tuple(pair_rows)))
-  bucket_rows = []
+  return doc.Table(tuple(headers), tuple(rows))
+
+
+def _pair_row(label: str, name: str, diffs, seed_diffs) -> tuple[str, ...]:
+  row = [label, name]
+  for diff, seed_diff in zip(diffs, seed_diffs):
+    row += [_fmt_difference(diff, with_p=True),
+            _fmt_seed_difference(seed_diff)]
+  return tuple(row)
+
+
+def _pair_table(comp, iv: intervals_lib.Intervals) -> doc.Table:
+  """Model-vs-model differences per language, then per bucket mean (only
+  buckets of several languages: one language's bucket repeats its row)."""
+  metrics = intervals_lib.METRICS
+  rows = []
+  for lang in comp.languages:
+    for a, b in iv.pairs:
+      name = intervals_lib.pair_name(a, b)
+      diffs = [iv.pair_deltas[lang][m][name] for m in metrics]
+      seed_diffs = [iv.pair_seed_deltas.get(lang, {}).get(m, {}).get(name)
+                    for m in metrics]
+      if all(d is None for d in [*diffs, *seed_diffs]):
+        continue
+      rows.append(_pair_row(lang, name, diffs, seed_diffs))
+  for bucket in _multi_language_buckets(iv):
+    for a, b in iv.pairs:
+      name = intervals_lib.pair_name(a, b)
+      diffs = [iv.bucket_pairs[bucket][m][name] for m in metrics]
+      seed_diffs = [iv.bucket_pair_seeds.get(bucket, {}).get(m, {})
+                    .get(name) for m in metrics]
+      if any(d is not None for d in [*diffs, *seed_diffs]):
+        rows.append(_pair_row(f"{bucket} (mean)", name, diffs, seed_diffs))
+  headers = ["language", "difference",
+             *_metric_headers("Δ{name}", "Δ{name} seeds")]
+  return doc.Table(tuple(headers), tuple(rows))
+
+
+def _bucket_blocks(iv: intervals_lib.Intervals) -> list[doc.Block]:
+  """Bucket means per system (buckets of several languages only)."""
+  rows = []
   for system in iv.systems:
     for bucket in _multi_language_buckets(iv):
-      cells = [iv.buckets[system][bucket][m] for m in intervals_lib.METRICS]
       row = [system, bucket, str(len(iv.bucket_languages[bucket]))]
-      for cell in cells:
-        row += [_fmt_interval(cell), _fmt_spread(cell.seeds),
-                _fmt_difference(cell.delta, with_p=True),
-                _fmt_spread(cell.delta_seeds, signed=True)]
-      bucket_rows.append(tuple(row))
-  headers = ["system", "bucket", "languages"]
-  for metric in intervals_lib.METRICS:
-    name = comparison_lib.METRICS[metric]
-    headers += [f"mean {name}", f"{name} seeds", f"mean Δ{name}",
-                f"Δ{name} seeds"]
-  if bucket_rows:
-    blocks += [doc.Heading("Buckets", level=3),
-               doc.Paragraph("Means over the bucket's averaged languages "
-                             "(buckets of one language are its row above; "
-                             "summary.json has every bucket)."),
-               doc.Table(tuple(headers), tuple(bucket_rows))]
-  return blocks + _problem_blocks(iv.problems)
+      for metric in intervals_lib.METRICS:
+        row += _cell_columns(iv.buckets[system][bucket][metric])
+      rows.append(tuple(row))
+  if not rows:
+    return []
+  headers = ["system", "bucket", "languages", *_metric_headers(
+      "mean {name}", "{name} seeds", "mean Δ{name}", "Δ{name} seeds")]
+  return [doc.Heading("Buckets", level=3),
+          doc.Paragraph("Means over the bucket's averaged languages "
+                        "(buckets of one language are its row above; "
+                        "summary.json has every bucket)."),
+          doc.Table(tuple(headers), tuple(rows))]
 
 
 def _multi_language_buckets(iv: intervals_lib.Intervals) -> list[str]:
@@ -963,67 +990,46 @@ def check_something_averaged(comp: comparison_lib.Comparison) -> None:
       "sentences (and --baselines covering them), and nothing was written")
 
 
-def write_report(output_dir: str | pathlib.Path, *,
-                 models: Sequence[results.EvalResult],
-                 baselines: Sequence[results.EvalResult] = (),
-                 bounds: comparison_lib.BucketBounds | None = None,
-                 train_sizes: Mapping[str, int] | None = None,
-                 training_log_paths: Mapping[str, str] | None = None,
-                 ce_thresholds: Sequence[float] = (0.7, 0.6, 0.5),
-                 trend_frac: float = 0.5,
-                 inputs: Sequence[str] = (),
-                 title: str = "m4moe: multilingual vs bilingual",
-                 metric: str = "bleu",
-                 model_paths: Sequence[pathlib.Path | None] = (),
-                 baseline_paths: Sequence[pathlib.Path | None] = (),
-                 corpus_dir: str | pathlib.Path | None = None,
-                 examples: int = 10,
-                 hypotheses_dirs: Mapping[str, str] | None = None,
-                 bootstrap_samples: int = significance.DEFAULT_SAMPLES,
-                 bootstrap_seed: int = significance.DEFAULT_SEED
-                 ) -> ReportFiles:
-  """Builds the comparison, draws the figure and writes every file.
+@dataclasses.dataclass(frozen=True)
+class _Evidence:
+  """Everything a report states besides the comparison itself: training
+  logs, dev CE, source reliance, intervals and decoded examples."""
 
-  ``metric`` is the compared score: "bleu" or "chrf" (chrF++). The models'
-  training logs are ``training_log_paths`` or their metadata.model_dir's
-  metrics.jsonl; the baselines' are their metadata.model_dir's (a baseline
-  without one has no dev CE, which the report lists).
+  logs: Mapping[str, pathlib.Path]
+  baseline_logs: Mapping[str, pathlib.Path]
+  dev: dev_ce_lib.DevCeComparison | None
+  reliance: reliance_lib.SourceRelianceComparison | None
+  intervals: intervals_lib.Intervals | None
+  examples: Mapping[str, Sequence[examples_lib.Example]]
+  runs: Sequence[examples_lib.RunOutputs]
 
-  Several ``models`` with one name are seeds of one model
-  (:mod:`m4moe.eval.seeds`): the tables use their seed means; the training
-  log sections use the first seed's run. Decoded test sentences
-  (:mod:`m4moe.eval.examples`: ``hypotheses_dirs`` {run name: dir}, else
-  metadata.hypotheses_dir, else ``<eval JSON dir>/<model>/`` from
-  ``model_paths``/``baseline_paths``, parallel to ``models``/``baselines``;
-  test sentences from ``corpus_dir``, else metadata.corpus_dir) give the
-  first ``examples`` sentences per language (0: none) and, with
-  ``bootstrap_samples`` > 0, the 95% intervals and significance of
-  :mod:`m4moe.eval.intervals`.
 
-  Raises:
-    ValueError: invalid comparison inputs, unknown models in
-      ``training_log_paths`` or ``hypotheses_dirs``, two baselines covering
-      one language, one seed of a model given twice, or paths lists of the
-      wrong length.
-    FileNotFoundError: a log in ``training_log_paths`` does not exist.
-    EmptyReportError: no language can be averaged (nothing is written).
-  """
-  output_dir = pathlib.Path(output_dir)
+def _check_arguments(*, baselines: Sequence[results.EvalResult],
+                     baseline_paths: Sequence[pathlib.Path | None],
+                     bootstrap_samples: int) -> None:
+  """Refuses arguments that cannot make a report, before anything is read
+  or written."""
   if baseline_paths and len(baseline_paths) != len(baselines):
     raise ValueError(f"{len(baseline_paths)} baseline paths for "
                      f"{len(baselines)} baselines")
   if bootstrap_samples < 0 or bootstrap_samples == 1:
     raise ValueError(f"--bootstrap_samples={bootstrap_samples}: use 0 (no "
                      "intervals) or at least 2")
-  split = scored_split([*models, *baselines])
-  groups = seeds_lib.group_models(models, model_paths)
+
+
+def _gather_evidence(comp: comparison_lib.Comparison, *,
+                     groups: Sequence[seeds_lib.ModelGroup],
+                     baselines: Sequence[results.EvalResult],
+                     training_log_paths: Mapping[str, str],
+                     baseline_paths: Sequence[pathlib.Path | None],
+                     corpus_dir: str | pathlib.Path | None,
+                     hypotheses_dirs: Mapping[str, str] | None,
+                     examples: int, bootstrap_samples: int,
+                     bootstrap_seed: int) -> _Evidence:
+  """Reads the training logs and decoded outputs and computes what they
+  give (see :func:`write_report` for where each is found)."""
   merged = [g.merged for g in groups]
-  comp = comparison_lib.compare(merged, baselines, bounds=bounds,
-                                metric=metric,
-                                train_sizes=train_sizes)
-  check_something_averaged(comp)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  logs = find_training_logs(merged, training_log_paths or {})
+  logs = find_training_logs(merged, training_log_paths)
   baseline_logs = find_training_logs(baselines, {})
   dev = dev_ce_lib.compare_dev_ce(
       comp, model_runs=runs_dev_ce(merged, logs), baselines=baselines,
@@ -1043,40 +1049,128 @@ def write_report(output_dir: str | pathlib.Path, *,
         baseline_outputs=baseline_by_lang,
         baselines=baselines, pairs=model_pairs(groups),
         n_samples=bootstrap_samples, seed=bootstrap_seed)
-  example_sets = _language_examples(comp, groups, group_outputs,
-                                    baseline_by_lang, examples)
-  all_runs = [*(o for g in groups for o in group_outputs[g.name]),
-              *baseline_outputs]
+  return _Evidence(
+      logs=logs, baseline_logs=baseline_logs, dev=dev, reliance=reliance,
+      intervals=intervals,
+      examples=_language_examples(comp, groups, group_outputs,
+                                  baseline_by_lang, examples),
+      runs=[*(o for g in groups for o in group_outputs[g.name]),
+            *baseline_outputs])
+
+
+def _write_documents(output_dir: pathlib.Path, *, title: str,
+                     comp: comparison_lib.Comparison,
+                     groups: Sequence[seeds_lib.ModelGroup],
+                     baselines: Sequence[results.EvalResult],
+                     evidence: _Evidence, trend_frac: float,
+                     ce_thresholds: Sequence[float], inputs: Sequence[str],
+                     examples: int, split: str
+                     ) -> tuple[figure_lib.DeltaFigure, pathlib.Path]:
+  """Writes the figures, report.md and report.html; returns the ΔBLEU
+  figure and its PNG's path.
+
+  The Markdown links the PNG files and the HTML embeds the same bytes, so
+  both show the same figures and report.html stands alone.
+  """
+  merged = [g.merged for g in groups]
   figure = figure_lib.delta_bleu_figure(comp, frac=trend_frac)
   png_path = output_dir / FIGURE_FILE
   png = doc.png_bytes(figure.figure)
   textio.write_bytes_atomic(png_path, png)
-  router = router_trajectories(logs)
+  router = router_trajectories(evidence.logs)
   router_png = None
   if router:
     router_png = doc.png_bytes(figure_lib.router_figure(router))
     textio.write_bytes_atomic(output_dir / ROUTER_FIGURE_FILE, router_png)
-  blocks = build_blocks(comp, merged, figure=figure,
-                        png=png, logs=logs,
-                        thresholds=ce_thresholds,
-                        inputs=inputs or [m.model for m in models],
-                        router=router, router_png=router_png, dev_ce=dev,
-                        intervals=intervals,
-                        num_seeds={g.name: g.num_seeds for g in groups},
-                        reliance=reliance, examples=example_sets,
-                        runs=all_runs, example_count=examples, split=split,
-                        stopping=_stopping_blocks(
-                            [*merged, *baselines],
-                            {**baseline_logs, **logs}))
-  md_path, html_path = output_dir / "report.md", output_dir / "report.html"
-  textio.write_text_atomic(md_path, doc.to_markdown(title, blocks))
-  textio.write_text_atomic(html_path, doc.to_html(title, blocks))
-  summary_path = output_dir / "summary.json"
+  blocks = build_blocks(
+      comp, merged, figure=figure, png=png, logs=evidence.logs,
+      thresholds=ce_thresholds, inputs=inputs, router=router,
+      router_png=router_png, dev_ce=evidence.dev,
+      intervals=evidence.intervals,
+      num_seeds={g.name: g.num_seeds for g in groups},
+      reliance=evidence.reliance, examples=evidence.examples,
+      runs=evidence.runs, example_count=examples, split=split,
+      stopping=_stopping_blocks([*merged, *baselines],
+                                {**evidence.baseline_logs, **evidence.logs}))
+  textio.write_text_atomic(output_dir / "report.md",
+                           doc.to_markdown(title, blocks))
+  textio.write_text_atomic(output_dir / "report.html",
+                           doc.to_html(title, blocks))
+  return figure, png_path
+
+
+def _write_summary(output_dir: pathlib.Path, comp: comparison_lib.Comparison,
+                   evidence: _Evidence, *, split: str,
+                   groups: Sequence[seeds_lib.ModelGroup]) -> pathlib.Path:
+  """Writes summary.json as strict JSON (non-finite numbers are refused,
+  since other JSON readers reject NaN)."""
+  path = output_dir / "summary.json"
   summary = strict_summary(_summary(
-      comp, dev, split=split, groups=groups, intervals=intervals,
-      reliance=reliance,
-      examples=example_sets, runs=all_runs))
-  textio.write_text_atomic(summary_path, json.dumps(
+      comp, evidence.dev, split=split, groups=groups,
+      intervals=evidence.intervals, reliance=evidence.reliance,
+      examples=evidence.examples, runs=evidence.runs))
+  textio.write_text_atomic(path, json.dumps(
       summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
-  return ReportFiles(markdown=md_path, html=html_path, png=png_path,
-                     summary=summary_path, figure=figure, comparison=comp)
+  return path
+
+
+def write_report(output_dir: str | pathlib.Path, *,
+                 models: Sequence[results.EvalResult],
+                 baselines: Sequence[results.EvalResult] = (),
+                 bounds: comparison_lib.BucketBounds | None = None,
+                 train_sizes: Mapping[str, int] | None = None,
+                 training_log_paths: Mapping[str, str] | None = None,
+                 ce_thresholds: Sequence[float] = (0.7, 0.6, 0.5),
+                 trend_frac: float = 0.5, inputs: Sequence[str] = (),
+                 title: str = "m4moe: multilingual vs bilingual",
+                 metric: str = "bleu", examples: int = 10,
+                 model_paths: Sequence[pathlib.Path | None] = (),
+                 baseline_paths: Sequence[pathlib.Path | None] = (),
+                 corpus_dir: str | pathlib.Path | None = None,
+                 hypotheses_dirs: Mapping[str, str] | None = None,
+                 bootstrap_samples: int = significance.DEFAULT_SAMPLES,
+                 bootstrap_seed: int = significance.DEFAULT_SEED
+                 ) -> ReportFiles:
+  """Builds the comparison, draws the figures and writes every file.
+
+  ``metric``: "bleu" or "chrf" (chrF++). Logs: ``training_log_paths`` or
+  metadata.model_dir's metrics.jsonl (no log: no dev CE). ``models``
+  sharing a name are seeds of one model (tables: seed means; log sections:
+  the first seed). Decoded sentences (``hypotheses_dirs`` {run: dir}, else
+  metadata.hypotheses_dir, else ``<eval JSON dir>/<model>/``; test text
+  from ``corpus_dir``, else metadata.corpus_dir) give ``examples``
+  sentences per language and, with ``bootstrap_samples`` > 0, intervals.
+
+  Raises:
+    ValueError: invalid comparison inputs, unknown runs in
+      ``training_log_paths`` or ``hypotheses_dirs``, two baselines on one
+      language, a seed given twice, or paths lists of the wrong length.
+    FileNotFoundError: a log in ``training_log_paths`` does not exist.
+    EmptyReportError: no language can be averaged (nothing is written).
+  """
+  _check_arguments(baselines=baselines, baseline_paths=baseline_paths,
+                   bootstrap_samples=bootstrap_samples)
+  output_dir = pathlib.Path(output_dir)
+  split = scored_split([*models, *baselines])
+  groups = seeds_lib.group_models(models, model_paths)
+  comp = comparison_lib.compare([g.merged for g in groups], baselines,
+                                bounds=bounds, metric=metric,
+                                train_sizes=train_sizes)
+  check_something_averaged(comp)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  evidence = _gather_evidence(
+      comp, groups=groups, baselines=baselines,
+      training_log_paths=training_log_paths or {},
+      baseline_paths=baseline_paths, corpus_dir=corpus_dir,
+      hypotheses_dirs=hypotheses_dirs, examples=examples,
+      bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed)
+  figure, png_path = _write_documents(
+      output_dir, title=title, comp=comp, groups=groups, baselines=baselines,
+      evidence=evidence, trend_frac=trend_frac, ce_thresholds=ce_thresholds,
+      inputs=inputs or [m.model for m in models], examples=examples,
+      split=split)
+  return ReportFiles(
+      markdown=output_dir / "report.md", html=output_dir / "report.html",
+      png=png_path, summary=_write_summary(output_dir, comp, evidence,
+                                           split=split, groups=groups),
+      figure=figure, comparison=comp)

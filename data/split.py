@@ -33,7 +33,7 @@ import hashlib
 import pathlib
 import re
 import unicodedata
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from m4moe.data import cleaning
 
@@ -236,19 +236,49 @@ def extend_test_keys(keys: SplitKeys, *,
   if not 0 < max_held_out_fraction < 1:
     raise ValueError(f"max_held_out_fraction {max_held_out_fraction}: use "
                      "a fraction between 0 and 1")
-  taken = keys.dev | keys.test
   langs = sorted(total_pairs)
   test = {lang: test_pairs.get(lang, 0) for lang in langs}
   held = {lang: held_out_pairs.get(lang, 0) for lang in langs}
   cap = {lang: int(max_held_out_fraction * total_pairs[lang])
          for lang in langs}
-  candidates = sorted(
+  added, lost = _take_groups(
+      _candidates(keys, train_groups, min_languages=min_languages),
+      train_groups, test=test, held=held, cap=cap, target=target)
+  new_keys = keys if not added else SplitKeys(
+      keys.dev, keys.test | frozenset(added), keys.version + 1)
+  return new_keys, TestExtension(
+      added=tuple(added), test_pairs_before=dict(sorted(test_pairs.items())),
+      test_pairs_after=test, train_pairs_lost=lost,
+      capped=tuple(lang for lang in langs if test[lang] < target))
+
+
+def _candidates(keys: SplitKeys,
+                train_groups: Mapping[str, Mapping[str, int]], *,
+                min_languages: int) -> list[str]:
+  """Train groups not yet held out, translated in at least
+  ``min_languages`` languages; most languages first (so test sets stay
+  parallel across languages), then by id (so the choice is deterministic)."""
+  taken = keys.dev | keys.test
+  return sorted(
       (gid for gid, per_lang in train_groups.items()
        if gid not in taken and len(per_lang) >= min_languages),
       key=lambda gid: (-len(train_groups[gid]), gid))
-  added, lost = [], {lang: 0 for lang in langs}
+
+
+def _take_groups(candidates: Sequence[str],
+                 train_groups: Mapping[str, Mapping[str, int]], *,
+                 test: dict[str, int], held: dict[str, int],
+                 cap: Mapping[str, int], target: int
+                 ) -> tuple[list[str], dict[str, int]]:
+  """(groups taken, training pairs lost per language); updates ``test`` and
+  ``held`` (pairs per language) in place.
+
+  A group is taken when a language it has pairs in is under ``target``, and
+  only if no language it touches would exceed its held-out ``cap``.
+  """
+  added, lost = [], {lang: 0 for lang in test}
   for gid in candidates:
-    if all(test[lang] >= target for lang in langs):
+    if all(test[lang] >= target for lang in test):
       break
     per_lang = train_groups[gid]
     if not any(test.get(lang, target) < target for lang in per_lang):
@@ -262,12 +292,7 @@ def extend_test_keys(keys: SplitKeys, *,
         test[lang] += n
         held[lang] += n
         lost[lang] += n
-  new_keys = keys if not added else SplitKeys(
-      keys.dev, keys.test | frozenset(added), keys.version + 1)
-  return new_keys, TestExtension(
-      added=tuple(added), test_pairs_before=dict(sorted(test_pairs.items())),
-      test_pairs_after=test, train_pairs_lost=lost,
-      capped=tuple(lang for lang in langs if test[lang] < target))
+  return added, lost
 
 
 def append_split_keys(path: pathlib.Path, keys: SplitKeys, *,

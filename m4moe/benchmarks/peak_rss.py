@@ -70,33 +70,12 @@ def measure(command: Sequence[str], *, interval: float = 0.5,
   proc = subprocess.Popen(list(command), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1,
                           errors="replace")
-  samples: list[RssSample] = []
-  lines: list[tuple[float, str]] = []
-  exited = threading.Event()
-
-  def sample() -> None:
-    while not exited.is_set():
-      rss = _rss_kb(proc.pid)
-      if rss is not None:
-        samples.append(RssSample(seconds=time.monotonic() - start,
-                                 rss_kb=rss))
-      exited.wait(interval)
-
-  sampler = threading.Thread(target=sample, daemon=True)
-  sampler.start()
-  assert proc.stdout is not None
-  for line in proc.stdout:
-    now = time.monotonic() - start
-    lines.append((now, line.rstrip("\n")))
-    if echo is not None:
-      rss = samples[-1].rss_kb if samples else 0
-      echo.write(f"[{now:8.1f}s rss={rss / 1024:7.1f}MB] {line}")
-      echo.flush()
+  sampler = _Sampler(proc.pid, start=start, interval=interval)
+  lines = _read_output(proc, sampler, start=start, echo=echo)
   # wait4 (not Popen.wait) reaps the child and returns its resource usage.
   _, status, usage = os.wait4(proc.pid, 0)
   proc.returncode = os.waitstatus_to_exitcode(status)
-  exited.set()
-  sampler.join()
+  samples = sampler.stop()
   peak = max(samples, key=lambda s: s.rss_kb, default=RssSample(0.0, 0))
   before = [text for t, text in lines if t <= peak.seconds]
   return {
@@ -110,3 +89,48 @@ def measure(command: Sequence[str], *, interval: float = 0.5,
       "samples": len(samples),
   }
 
+
+class _Sampler:
+  """Reads a process's RSS every ``interval`` seconds on a daemon thread.
+
+  A thread, because the main thread blocks reading the command's output;
+  sampling there would miss the memory of phases that print nothing.
+  """
+
+  def __init__(self, pid: int, *, start: float, interval: float):
+    self.samples: list[RssSample] = []
+    self._exited = threading.Event()
+    self._thread = threading.Thread(
+        target=self._run, args=(pid, start, interval), daemon=True)
+    self._thread.start()
+
+  def _run(self, pid: int, start: float, interval: float) -> None:
+    while not self._exited.is_set():
+      rss = _rss_kb(pid)
+      if rss is not None:
+        self.samples.append(RssSample(seconds=time.monotonic() - start,
+                                      rss_kb=rss))
+      self._exited.wait(interval)
+
+  def stop(self) -> list[RssSample]:
+    """Stops sampling (the process has exited) and returns the samples."""
+    self._exited.set()
+    self._thread.join()
+    return self.samples
+
+
+def _read_output(proc: subprocess.Popen, sampler: _Sampler, *, start: float,
+                 echo: TextIO | None) -> list[tuple[float, str]]:
+  """(seconds since start, line) of every output line, echoed with the last
+  sampled RSS in front so a log shows which phase the memory belongs to."""
+  lines: list[tuple[float, str]] = []
+  assert proc.stdout is not None
+  for line in proc.stdout:
+    now = time.monotonic() - start
+    lines.append((now, line.rstrip("\n")))
+    if echo is not None:
+      samples = sampler.samples
+      rss = samples[-1].rss_kb if samples else 0
+      echo.write(f"[{now:8.1f}s rss={rss / 1024:7.1f}MB] {line}")
+      echo.flush()
+  return lines

@@ -1,13 +1,13 @@
 """Per-device memory of the real sharded training step as E and D grow.
 
-GShard's claim (paper §5, Table 1; ``/work/shared/SPEC.md`` §3): with E = c*D
+GShard's claim (Lepikhin et al., 2020, §5 and Table 1): with E = c*D
 experts on D devices and a fixed number of tokens per device, every device
 keeps the same activations and the same expert weights whatever D is. This
 measures it on D virtual CPU devices (one process per D, since TensorFlow
 fixes its device count at start: :func:`measure_in_subprocess` starts
 ``python -m m4moe.benchmarks.sharding`` once per D).
 
-Sizes: ``devices`` (the mesh size, "D" in the issue); E =
+Sizes: ``devices`` (the mesh size, the paper's D); E =
 ``experts_per_device`` * devices experts per MoE layer; B rows of L tokens
 in the global batch, ``tokens_per_device`` = B*L / devices source tokens
 (as many target tokens); M d_model.
@@ -240,24 +240,16 @@ class _LiveActivations:
       self.live_by_op[buffer[2]] -= buffer[0]
 
 
-def measure(point: ShardingPoint) -> dict[str, Any]:
-  """Runs one real sharded training step; returns the JSON record.
-
-  The process must have ``point.devices`` CPU devices
-  (:func:`m4moe.parallel.sharding.configure_virtual_cpus`, first thing).
-  """
-  import numpy as np  # pylint: disable=g-import-not-at-top
+def _build_step(point: ShardingPoint):
+  """(model config, sharding, variables, optimiser, step runner) of the
+  trainer's own step on the point's mesh, so the measured memory is the
+  trainer's and not a stand-in's."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow.experimental import dtensor  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.framework import op_callbacks  # pylint: disable=g-import-not-at-top
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.cost import model as cost  # pylint: disable=g-import-not-at-top
   from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
   from m4moe.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  from m4moe.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
   from m4moe.training import step as step_lib  # pylint: disable=g-import-not-at-top
-
   config = config_lib.load_model_config("tiny/moe", point.model_flags())
   sharding = sharding_lib.make_sharding(
       point.mesh, devices=[f"CPU:{i}" for i in range(point.devices)])
@@ -271,11 +263,23 @@ def measure(point: ShardingPoint) -> dict[str, Any]:
       model=model, optimizer=optimizer, variables=variables,
       strategy=tf.distribute.get_strategy(), label_smoothing=0.1,
       sharding=sharding)
+  return config, sharding, variables, optimizer, runner
+
+
+def _counted_step(point: ShardingPoint, runner, sharding):
+  """(step result, activation counter) of one eager step on random tokens.
+
+  Eager, so that every op's output is a DTensor whose layout says what each
+  device holds (a compiled function hides its intermediate tensors).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.experimental import dtensor  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.framework import op_callbacks  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   shape = (point.rows, point.sequence_length)
   batch = {k: rng.integers(3, point.vocab_size, size=shape).astype(np.int32)
            for k in ("inputs", "targets")}
-
   counter = _LiveActivations()
   tf.config.run_functions_eagerly(True)
   gc.collect()
@@ -287,23 +291,62 @@ def measure(point: ShardingPoint) -> dict[str, Any]:
   finally:
     op_callbacks.remove_op_callback(counter)
     tf.config.run_functions_eagerly(False)
+  return result, counter
 
+
+def _state_bytes(variables, optimizer, sharding) -> tuple[int, int, int]:
+  """Per-device (weight, expert weight, optimiser) bytes, read from the
+  variables' local shards."""
   # Split over "expert" (the variable rules also split dense weights over
   # "model").
-  expert_names = [v for v in variables
-                  if "expert" in tuple(sharding.spec_for(v.name.split(":")[0])
-                                       or ())]
+  experts = [v for v in variables
+             if "expert" in tuple(sharding.spec_for(v.name.split(":")[0])
+                                  or ())]
   weight_bytes = sum(_local_bytes(v.read_value()) for v in variables)
-  expert_bytes = sum(_local_bytes(v.read_value()) for v in expert_names)
+  expert_bytes = sum(_local_bytes(v.read_value()) for v in experts)
   optimizer_bytes = sum(_local_bytes(v.read_value())
                         for v in optimizer.variables)
-  total = 2 * weight_bytes + optimizer_bytes + counter.peak
+  return weight_bytes, expert_bytes, optimizer_bytes
+
+
+def _cost_model_fields(config, point: ShardingPoint, *, measured_total: int,
+                       measured_activations: int) -> dict[str, Any]:
+  """The cost model's estimates of the same step, fused and unfused, and
+  their ratios to the measurement (the check of the cost model)."""
+  from m4moe.cost import model as cost  # pylint: disable=g-import-not-at-top
   estimate, unfused = (cost.estimate_device(
       config, data_axis=point.devices if point.layout == "data" else 1,
       expert_axis=point.devices if point.layout == "expert" else 1,
       batch_tokens=point.devices * point.tokens_per_device,
       sequence_length=point.sequence_length, execution=execution)
                        for execution in ("fused", "unfused"))
+  return {
+      "cost_model_activation_bytes": estimate.activation_bytes,
+      "cost_model_expert_weight_bytes":
+          4 * estimate.expert_params_per_device,
+      "cost_model_total_bytes": estimate.total_bytes,
+      "cost_model_total_vs_measured": estimate.total_bytes / measured_total,
+      "cost_model_unfused_activation_bytes": unfused.activation_bytes,
+      "cost_model_unfused_total_bytes": unfused.total_bytes,
+      "cost_model_unfused_activations_vs_measured":
+          unfused.activation_bytes / measured_activations,
+      "cost_model_unfused_total_vs_measured":
+          unfused.total_bytes / measured_total,
+  }
+
+
+def measure(point: ShardingPoint) -> dict[str, Any]:
+  """Runs one real sharded training step; returns the JSON record.
+
+  The process must have ``point.devices`` CPU devices
+  (:func:`m4moe.parallel.sharding.configure_virtual_cpus`, first thing).
+  """
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  config, sharding, variables, optimizer, runner = _build_step(point)
+  result, counter = _counted_step(point, runner, sharding)
+  weight_bytes, expert_bytes, optimizer_bytes = _state_bytes(
+      variables, optimizer, sharding)
+  total = 2 * weight_bytes + optimizer_bytes + counter.peak
   return {
       "benchmark": "sharding", **dataclasses.asdict(point),
       "mesh": point.mesh, "experts": point.experts, "rows": point.rows,
@@ -317,16 +360,8 @@ def measure(point: ShardingPoint) -> dict[str, Any]:
       "per_device_gradient_bytes": weight_bytes,
       "per_device_optimizer_bytes": optimizer_bytes,
       "per_device_total_bytes": total,
-      "cost_model_activation_bytes": estimate.activation_bytes,
-      "cost_model_expert_weight_bytes":
-          4 * estimate.expert_params_per_device,
-      "cost_model_total_bytes": estimate.total_bytes,
-      "cost_model_total_vs_measured": estimate.total_bytes / total,
-      "cost_model_unfused_activation_bytes": unfused.activation_bytes,
-      "cost_model_unfused_total_bytes": unfused.total_bytes,
-      "cost_model_unfused_activations_vs_measured":
-          unfused.activation_bytes / counter.peak,
-      "cost_model_unfused_total_vs_measured": unfused.total_bytes / total,
+      **_cost_model_fields(config, point, measured_total=total,
+                           measured_activations=counter.peak),
       "loss": result.objective, "update_applied": result.applied,
       **timing.machine(),
   }

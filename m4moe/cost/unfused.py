@@ -182,15 +182,41 @@ def kept_tensors(config: ModelConfig, *, tokens: int, source_length: int,
   Returns:
     The rows, in model order.
   """
-  m = config.d_model
   n = tokens
-  ad = config.num_heads * config.d_kv
-  a = config.num_heads
   enc, dec = config.num_encoder_layers, config.num_decoder_layers
-  enc_moe = len(config.moe_layer_indices(enc))
-  dec_moe = len(config.moe_layer_indices(dec))
-  vocab = config.tgt_vocab_size
-  rows = [
+  moe_layers = (len(config.moe_layer_indices(enc))
+                + len(config.moe_layer_indices(dec)))
+  rows = _input_rows(config, tokens=n, source_length=source_length,
+                     target_length=target_length)
+  rows += _norm_rows(config, tokens=n)
+  rows += _attention_rows(config, tokens=n, source_length=source_length,
+                          target_length=target_length)
+  dense = enc + dec - moe_layers
+  if dense:
+    rows += [
+        KeptTensors(sub_layer="dense_ffn", shape="[N, F]", count=dense,
+                    elements=n * config.d_ff, ops=("Relu",)),
+        KeptTensors(sub_layer="dense_ffn", shape="[N, M]", count=dense,
+                    elements=n * config.d_model, ops=("Einsum",)),
+    ]
+  if moe_layers:
+    rows += _moe_rows(config, tokens=n, layers=moe_layers)
+  rows += [
+      KeptTensors(sub_layer="loss", shape="[N, Vt]", count=4,
+                  elements=n * config.tgt_vocab_size,
+                  ops=("Einsum", "Reshape", "Sub", "Exp")),
+      KeptTensors(sub_layer="loss", shape="[N, 1]", count=1, elements=n,
+                  ops=("Max",)),
+  ]
+  return tuple(rows)
+
+
+def _input_rows(config: ModelConfig, *, tokens: int, source_length: int,
+                target_length: int) -> list[KeptTensors]:
+  """Embeddings, the shifted targets and the attention biases: kept once
+  per step, whatever the depth."""
+  n, m = tokens, config.d_model
+  return [
       KeptTensors(sub_layer="embedding", shape="[N, M]", count=2 * 4,
                   elements=n * m,
                   ops=("ResourceGather", "Mul", "ConcatV2", "AddV2")),
@@ -203,17 +229,33 @@ def kept_tensors(config: ModelConfig, *, tokens: int, source_length: int,
                   elements=n * (target_length + source_length),
                   ops=("ExpandDims",)),
   ]
+
+
+def _norm_rows(config: ModelConfig, *, tokens: int) -> list[KeptTensors]:
+  """Layer norms: two per encoder layer and three per decoder layer, plus
+  each stack's final one."""
+  enc, dec = config.num_encoder_layers, config.num_decoder_layers
   norms = 2 * enc + 1 + 3 * dec + 1
-  rows += [
+  return [
       KeptTensors(sub_layer="layer_norm", shape="[N, 1]", count=3 * norms,
-                  elements=n, ops=("Mean", "Mean", "Rsqrt")),
+                  elements=tokens, ops=("Mean", "Mean", "Rsqrt")),
       KeptTensors(sub_layer="layer_norm", shape="[N, M]", count=5 * norms,
-                  elements=n * m,
+                  elements=tokens * config.d_model,
                   ops=("SquaredDifference", "Sub", "Mul", "Mul", "AddV2")),
   ]
-  # Self-attention over L keys in every layer, cross-attention over Ls keys
-  # in every decoder layer; q, k, v, q scaled and the context are [N, A, D].
-  rows += [
+
+
+def _attention_rows(config: ModelConfig, *, tokens: int, source_length: int,
+                    target_length: int) -> list[KeptTensors]:
+  """Attention and residual rows.
+
+  Self-attention over L keys in every layer, cross-attention over Ls keys
+  in every decoder layer; q, k, v, q scaled and the context are [N, A, D].
+  """
+  n, m, a = tokens, config.d_model, config.num_heads
+  ad = config.num_heads * config.d_kv
+  enc, dec = config.num_encoder_layers, config.num_decoder_layers
+  return [
       KeptTensors(sub_layer="attention", shape="[N, A, D]",
                   count=5 * (enc + 2 * dec), elements=n * ad,
                   ops=("Einsum", "Mul", "Einsum", "Einsum", "Einsum")),
@@ -231,24 +273,6 @@ def kept_tensors(config: ModelConfig, *, tokens: int, source_length: int,
       KeptTensors(sub_layer="residual", shape="[N, M]",
                   count=2 * enc + 3 * dec, elements=n * m, ops=("AddV2",)),
   ]
-  dense = enc + dec - enc_moe - dec_moe
-  if dense:
-    rows += [
-        KeptTensors(sub_layer="dense_ffn", shape="[N, F]", count=dense,
-                    elements=n * config.d_ff, ops=("Relu",)),
-        KeptTensors(sub_layer="dense_ffn", shape="[N, M]", count=dense,
-                    elements=n * m, ops=("Einsum",)),
-    ]
-  if enc_moe + dec_moe:
-    rows += _moe_rows(config, tokens=n, layers=enc_moe + dec_moe)
-  rows += [
-      KeptTensors(sub_layer="loss", shape="[N, Vt]", count=4,
-                  elements=n * vocab,
-                  ops=("Einsum", "Reshape", "Sub", "Exp")),
-      KeptTensors(sub_layer="loss", shape="[N, 1]", count=1, elements=n,
-                  ops=("Max",)),
-  ]
-  return tuple(rows)
 
 
 def _moe_rows(config: ModelConfig, *, tokens: int,

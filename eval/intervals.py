@@ -1,4 +1,4 @@
-"""The report's 95% intervals and significance marks (issue 12 §3).
+"""The report's 95% intervals and significance marks.
 
 From each run's decoded test sentences (:mod:`m4moe.eval.examples`) and
 sacrebleu's bootstrap (:mod:`m4moe.eval.significance`), per language and

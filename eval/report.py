@@ -45,8 +45,8 @@ Source reliance (:mod:`.source_reliance`): per language and model (and
 baseline), the last dev evaluation's dev CE with wrong sources minus the
 true dev CE; logs without it show – and are listed.
 
-Tables: model table in the style of SPEC Table 1 (params, E, L, total
-experts, avg BLEU, avg ΔBLEU); averages over all/high/mid/low buckets;
+Tables: model table in the style of the GShard paper's Table 1 (params, E,
+L, total experts, avg BLEU, avg ΔBLEU); averages over all/high/mid/low buckets;
 per-language BLEU/ΔBLEU (or chrF++ with ``metric="chrf"``); dev
 cross-entropy vs the bilingual baselines (:mod:`m4moe.eval.dev_ce`; bucket
 means, ΔCE and wins, per language; from the dev evaluation of the scored

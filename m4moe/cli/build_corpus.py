@@ -3,11 +3,11 @@ r"""m4moe-build-corpus: build the X->English localisation corpus.
 Examples:
 
   # The packaged recipe (Debian + PyPI catalogs), frozen split keys:
-  m4moe-build-corpus --output_dir=/work/corpus --cache_dir=/work/corpus_cache
+  m4moe-build-corpus --output_dir=corpus --cache_dir=corpus_cache
 
   # Local catalogs and TSV files only, a few languages:
   m4moe-build-corpus --norecipe --sources=po_dir,extra.tsv \
-      --languages=de,fr,zh_Hans --output_dir=/tmp/corpus
+      --languages=de,fr,zh_Hans --output_dir=corpus_local
 
 The build report (counts of every cleaning rule, skipped sources, per-language
 sizes, every damaged or skipped file with the reason) is printed as a summary

@@ -2,8 +2,8 @@ r"""m4moe-decode: translate text with a trained run, one sentence per line.
 
 Examples:
 
-  m4moe-decode --model_dir=/work/runs/moe --source_lang=de < in.de > out.en
-  m4moe-decode --model_dir=/work/runs/moe --lang_column --input=mixed.tsv \
+  m4moe-decode --model_dir=runs/moe --source_lang=de < in.de > out.en
+  m4moe-decode --model_dir=runs/moe --lang_column --input=mixed.tsv \
       --output=out.en --beam_size=4 --alpha=0.6
 
 With --lang_column every line is ``lang<TAB>sentence``. Output lines are in

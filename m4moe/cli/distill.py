@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -69,63 +70,48 @@ def _fail(problems: list[str], code: int = 2) -> int:
   return code
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe.training import distill  # pylint: disable=g-import-not-at-top
-  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.training import loop as train_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
+def _inputs_and_student(data) -> tuple[list[str], Any, Any]:
+  """(data problems, built inputs or None, student model config).
+
+  The vocabulary sizes come from the built inputs, so those are built first;
+  with data problems nothing is built.
+  """
   from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
-  from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
-  problems = _unsupported_flags()
-  if problems:
-    return _fail(problems)
-  if train_cli._DETERMINISTIC.value:  # pylint: disable=protected-access
-    tf.config.experimental.enable_op_determinism()
+  problems = inputs.check_data(data)
+  built = None if problems else inputs.build_inputs(data)
+  overrides = {}
+  if built is not None and built.src_vocab_size:
+    overrides = {"src_vocab_size": built.src_vocab_size,
+                 "tgt_vocab_size": built.tgt_vocab_size}
+  student = train_cli._model_config(overrides)  # pylint: disable=protected-access
+  return problems, built, student
+
+
+def _preflight(config, data, train, built, model_config, *, replicas: int):
+  """(problems, run-directory records, prepared distillation).
+
+  All checks run, so one ``--check_config`` lists every problem.
+  """
+  from m4moe.training import distill  # pylint: disable=g-import-not-at-top
   # pylint: disable=protected-access
-  try:
-    config = distill.DistillConfig(teacher_dir=_TEACHER_DIR.value,
-                                   teacher_weight=_TEACHER_WEIGHT.value)
-    data, train = train_cli._configs()
-    problems = inputs.check_data(data)
-    built = None if problems else inputs.build_inputs(data)
-    overrides = {}
-    if built is not None and built.src_vocab_size:
-      overrides = {"src_vocab_size": built.src_vocab_size,
-                   "tgt_vocab_size": built.tgt_vocab_size}
-    model_config = train_cli._model_config(overrides)
-  except (ValueError, flags.ValidationError) as e:
-    return _fail([str(e)])
-  strategy = tf.distribute.get_strategy()
-  problems += train_cli._check(data, strategy.num_replicas_in_sync, model_config)
+  problems = train_cli._check(data, replicas, model_config)
   try:
     record = train_cli._run_record(data, built)
   except (ValueError, OSError) as e:
     problems.append(str(e))
     record = {}
+  # pylint: enable=protected-access
   prepared = distill.prepare(
       config=config, student=model_config, model_dir=train.model_dir,
       vocab_dir="" if data.synthetic else data.vocab_dir,
       languages=built.languages if built is not None and not data.synthetic
       else ())
-  # pylint: enable=protected-access
-  problems += prepared.problems
-  print(json.dumps({"model": model_config.to_dict(), "train": train.to_dict(),
-                    "data": data.to_dict(),
-                    distill.SECTION: dict(prepared.section)},
-                   indent=2, sort_keys=True))
-  if problems:
-    return _fail(problems)
-  if train_cli._CHECK_CONFIG.value:  # pylint: disable=protected-access
-    line_problems = built.line_problems()
-    if line_problems:
-      return _fail(line_problems + [
-          "malformed corpus lines (listed above): fix them, or train anyway "
-          "(training skips and counts them)"])
-    print(f"m4moe-distill: config OK (teacher {prepared.teacher_checkpoint})")
-    return 0
+  return problems + list(prepared.problems), record, prepared
+
+
+def _announce(built, prepared) -> None:
+  """Says what training will skip and whether it resumes, since both change
+  what the run does without failing it."""
   skipped = built.skipped_lines
   if skipped:
     print(f"m4moe-distill: skipping {sum(skipped.values())} malformed corpus "
@@ -135,6 +121,18 @@ def main(argv):
     print("m4moe-distill: resuming; the student's init from the teacher is "
           f"ignored, the teacher is {prepared.teacher_checkpoint}",
           file=sys.stderr)
+
+
+def _distil(config, data, train, built, model_config, *, strategy, record,
+            prepared) -> int:
+  """Loads the teacher and trains the student; the exit code (1: a locked
+  or unrecoverable ``--model_dir``, 2: an unusable teacher)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
+  from m4moe.training import distill  # pylint: disable=g-import-not-at-top
+  from m4moe.training import loop as train_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
   try:
     # Building the teacher draws (then overwritten) initial values; under
     # --deterministic random ops need a global seed (train() sets its own).
@@ -159,6 +157,47 @@ def main(argv):
     return _fail([str(e)])
   train_cli.print_result(result)
   return 0
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe.training import distill  # pylint: disable=g-import-not-at-top
+  problems = _unsupported_flags()
+  if problems:
+    return _fail(problems)
+  if train_cli._DETERMINISTIC.value:  # pylint: disable=protected-access
+    tf.config.experimental.enable_op_determinism()
+  try:
+    config = distill.DistillConfig(teacher_dir=_TEACHER_DIR.value,
+                                   teacher_weight=_TEACHER_WEIGHT.value)
+    data, train = train_cli._configs()  # pylint: disable=protected-access
+    problems, built, model_config = _inputs_and_student(data)
+  except (ValueError, flags.ValidationError) as e:
+    return _fail([str(e)])
+  strategy = tf.distribute.get_strategy()
+  more, record, prepared = _preflight(
+      config, data, train, built, model_config,
+      replicas=strategy.num_replicas_in_sync)
+  problems += more
+  print(json.dumps({"model": model_config.to_dict(), "train": train.to_dict(),
+                    "data": data.to_dict(),
+                    distill.SECTION: dict(prepared.section)},
+                   indent=2, sort_keys=True))
+  if problems:
+    return _fail(problems)
+  if train_cli._CHECK_CONFIG.value:  # pylint: disable=protected-access
+    line_problems = built.line_problems()
+    if line_problems:
+      return _fail(line_problems + [
+          "malformed corpus lines (listed above): fix them, or train anyway "
+          "(training skips and counts them)"])
+    print(f"m4moe-distill: config OK (teacher {prepared.teacher_checkpoint})")
+    return 0
+  _announce(built, prepared)
+  return _distil(config, data, train, built, model_config, strategy=strategy,
+                 record=record, prepared=prepared)
 
 
 def run():

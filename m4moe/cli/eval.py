@@ -2,8 +2,8 @@ r"""m4moe-eval: decode a corpus's test split and score it per language.
 
 Example:
 
-  m4moe-eval --model_dir=/work/runs/moe --corpus_dir=/work/corpus \
-      --output=results/moe.json --languages=de,fr,ja --beam_size=4
+  m4moe-eval --model_dir=runs/moe --corpus_dir=corpus \
+      --output=runs/evals/moe.json --languages=de,fr,ja --beam_size=4
 
 Writes one eval JSON (schema in m4moe.eval.results): per-language BLEU and
 chrF++ with sacrebleu signatures (BLEU tokenizer chosen by the target

@@ -2,14 +2,14 @@ r"""m4moe-export: a SavedModel with a ``translate`` signature.
 
 Example:
 
-  m4moe-export --model_dir=/work/runs/moe --export_dir=/work/export/moe \
+  m4moe-export --model_dir=runs/moe --export_dir=export/moe \
       --beam_size=4 --alpha=0.6
 
 Load it in any process (tensorflow-text must be imported first, to register
 the SentencePiece ops the graph uses):
 
   import tensorflow as tf, tensorflow_text
-  m = tf.saved_model.load("/work/export/moe")
+  m = tf.saved_model.load("export/moe")
   m.signatures["translate"](sentences=tf.constant(["Datei öffnen"]),
                             source_lang=tf.constant(["de"]))["translations"]
 
@@ -23,7 +23,7 @@ those it was trained on into --target_lang.
 Per-language extraction (Kudugunta et al. 2021; a model trained with
 --route_by=language, see m4moe.moe.task_routing and m4moe.inference.extraction):
 
-  m4moe-export --model_dir=/work/runs/task_moe --export_dir=/work/export/de \
+  m4moe-export --model_dir=runs/task_moe --export_dir=export/de \
       --language=de
 
 keeps, in every MoE layer, only the experts that language's routing uses

@@ -2,9 +2,9 @@ r"""m4moe-report: ΔBLEU figure and tables from eval JSONs.
 
 Example:
 
-  m4moe-report --models=results/moe.json,results/dense.json \
-      --baselines='results/bilingual/*.json' --output_dir=/tmp/report \
-      --training_logs=moe=/work/runs/moe/metrics.jsonl \
+  m4moe-report --models=runs/evals/moe.json,runs/evals/dense.json \
+      --baselines='runs/evals/bilingual/*.json' --output_dir=runs/report \
+      --training_logs=moe=runs/moe/metrics.jsonl \
       --bucket_bounds=100000,10000 --ce_thresholds=4,3,2.5
 
 Writes delta_bleu.png, report.md, report.html (self-contained) and

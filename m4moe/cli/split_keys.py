@@ -2,7 +2,7 @@ r"""m4moe-split-keys: extend the frozen test keys to bigger test sets.
 
 Example (the study's test sets, on a corpus built with the current keys):
 
-  m4moe-split-keys --corpus_dir=/work/runs/study/corpus \
+  m4moe-split-keys --corpus_dir=runs/study/corpus \
       --languages=pt,de,ru,ja --min_test_pairs=500 --dry_run
 
 Moves English groups from train to test until every given language has
@@ -76,9 +76,9 @@ def _keys_path() -> pathlib.Path:
   return pathlib.Path(_SPLIT_KEYS.value)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def _check_flags() -> None:
+  """Refuses flag values that cannot describe an extension, before the
+  corpus is read."""
   if _MIN_TEST_PAIRS.value < 1:
     raise app.UsageError(f"--min_test_pairs={_MIN_TEST_PAIRS.value}: use a "
                          "positive number of test pairs")
@@ -89,8 +89,15 @@ def main(argv):
   if _MIN_LANGUAGES.value < 1:
     raise app.UsageError(f"--min_languages={_MIN_LANGUAGES.value}: use 1 "
                          "or more")
-  corpus_dir = pathlib.Path(_CORPUS_DIR.value)
-  keys_path = _keys_path()
+
+
+def _load_inputs(corpus_dir: pathlib.Path, keys_path: pathlib.Path):
+  """(split keys, {language: split counts}, chosen languages).
+
+  The corpus must have been built with these very keys: the groups to move
+  are read from its train/ files, which other keys would have split
+  differently.
+  """
   try:
     keys = split.load_split_keys(keys_path)
   except (ValueError, OSError) as e:
@@ -114,9 +121,13 @@ def main(argv):
   if missing:
     raise app.UsageError(f"--languages: {', '.join(missing)} not in "
                          f"{report_path}; pick languages the corpus has")
-  counts = {lang: languages[lang] for lang in langs}
+  return keys, {lang: languages[lang] for lang in langs}, langs
+
+
+def _extend(keys, counts, corpus_dir: pathlib.Path, langs: list[str]):
+  """(new keys, extension) of :func:`m4moe.data.split.extend_test_keys`."""
   try:
-    new_keys, extension = split.extend_test_keys(
+    return split.extend_test_keys(
         keys, train_groups=train_groups(corpus_dir, langs),
         test_pairs={lang: c["test"] for lang, c in counts.items()},
         held_out_pairs={lang: c["dev"] + c["test"]
@@ -128,20 +139,12 @@ def main(argv):
         min_languages=_MIN_LANGUAGES.value)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  summary = {
-      "split_keys": str(keys_path), "version_before": keys.version,
-      "version_after": new_keys.version, "languages": langs,
-      "min_test_pairs": _MIN_TEST_PAIRS.value,
-      "max_held_out_fraction": _MAX_HELD_OUT_FRACTION.value,
-      "languages_at_target": sum(
-          n >= _MIN_TEST_PAIRS.value
-          for n in extension.test_pairs_after.values()),
-      **extension.to_dict()}
-  text = json.dumps(summary, indent=1)
-  print(text)
-  if _DRY_RUN.value:
-    print("dry run: nothing written", file=sys.stderr)
-    return
+
+
+def _write(keys_path: pathlib.Path, new_keys, extension, langs: list[str],
+           text: str) -> None:
+  """Appends the new test ids (with the command that chose them, so the key
+  file says how each version came about) and writes --report."""
   if extension.added:
     today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     split.append_split_keys(
@@ -156,6 +159,31 @@ def main(argv):
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text + "\n", encoding="utf-8")
     tmp.replace(out)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _check_flags()
+  corpus_dir = pathlib.Path(_CORPUS_DIR.value)
+  keys_path = _keys_path()
+  keys, counts, langs = _load_inputs(corpus_dir, keys_path)
+  new_keys, extension = _extend(keys, counts, corpus_dir, langs)
+  summary = {
+      "split_keys": str(keys_path), "version_before": keys.version,
+      "version_after": new_keys.version, "languages": langs,
+      "min_test_pairs": _MIN_TEST_PAIRS.value,
+      "max_held_out_fraction": _MAX_HELD_OUT_FRACTION.value,
+      "languages_at_target": sum(
+          n >= _MIN_TEST_PAIRS.value
+          for n in extension.test_pairs_after.values()),
+      **extension.to_dict()}
+  text = json.dumps(summary, indent=1)
+  print(text)
+  if _DRY_RUN.value:
+    print("dry run: nothing written", file=sys.stderr)
+    return
+  _write(keys_path, new_keys, extension, langs, text)
 
 
 def run():

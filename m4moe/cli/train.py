@@ -4,7 +4,7 @@ Usage:
   m4moe-train --config=tiny/moe --corpus_dir=corpus --vocab_dir=vocab \\
       --languages=de,fr,ja --model_dir=runs/tiny_moe --train_steps=2000
   m4moe-train --flagfile=configs/tiny/dense.flags --d_model=256 ...
-  m4moe-train --config=tiny/moe --synthetic_data --model_dir=/tmp/x \\
+  m4moe-train --config=tiny/moe --synthetic_data --model_dir=runs/check \\
       --train_steps=100 --check_config
 
 The model is the zoo entry / flagfile (``--config`` or ``--flagfile``); model
@@ -51,7 +51,7 @@ use every device; E must be divisible by the expert axis, the batch rows
 by the data axis, and --num_heads, --d_ff and --expert_hidden_dim by the
 model axis. Checkpoints restore on any other mesh or on one device.
 
-  m4moe-train --config=tiny/moe --synthetic_data --model_dir=/tmp/m \
+  m4moe-train --config=tiny/moe --synthetic_data --model_dir=runs/mesh \
       --num_cpu_devices=8 --mesh=data:2,expert:4 --train_steps=100
 """
 
@@ -278,114 +278,151 @@ def _continue_run(model_dir: str, model_config: config_lib.ModelConfig, *,
   return []
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.training import loop as train_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
-  from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
-  from m4moe.training import inputs  # pylint: disable=g-import-not-at-top
-  from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
-  from m4moe.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  try:
-    mesh = mesh_lib.MeshShape.parse(_MESH.value) if _MESH.value else None
-  except mesh_lib.MeshError as e:
-    print(f"m4moe-train: {e}", file=sys.stderr)
-    return 2
-  if not _TPU.value:  # A TPU run does not split the host CPU.
-    distribute.configure_cpu_devices(_NUM_CPU_DEVICES.value)
-  if _DETERMINISTIC.value:
-    tf.config.experimental.enable_op_determinism()
-  try:
-    data, train = _configs()
-    problems = inputs.check_data(data)
-    # --route_by=language: batches carry language ids, and the gate has one
-    # row per training language (m4moe.moe.task_routing).
-    preliminary = _model_config({}).moe
-    by_language = preliminary.route_by == "language"
-    built = None if problems else inputs.build_inputs(
-        data, language_features=by_language)
-    overrides = {}
-    if built is not None and built.src_vocab_size:
-      overrides = {"src_vocab_size": built.src_vocab_size,
-                   "tgt_vocab_size": built.tgt_vocab_size}
-    if built is not None and by_language:
-      given = preliminary.routing_languages
-      if given and tuple(given) != tuple(built.languages):
-        raise config_lib.ConfigError(
-            f"--routing_languages={','.join(given)} is invalid: the gate rows "
-            "are the training languages in sorted order "
-            f"({','.join(built.languages)}); leave it empty")
-      overrides["routing_languages"] = tuple(built.languages)
-    model_config = _model_config(overrides)
-  except (ValueError, flags.ValidationError) as e:
-    logging.error("%s", e)
-    print(f"m4moe-train: {e}", file=sys.stderr)
-    return 2
-  offline_tpu = bool(_TPU.value) and _CHECK_CONFIG.value
-  if offline_tpu:  # Validate everything that needs no TPU; never connect.
-    tpu_problems, sharding, replicas = _check_tpu(mesh)
-    problems += tpu_problems
-    strategy = None
-  else:
-    try:
-      strategy, sharding = _make_sharding(mesh)
-    except mesh_lib.MeshError as e:
-      print(f"m4moe-train: {e}; with --num_cpu_devices=N the CPU is split "
-            "into N devices", file=sys.stderr)
-      return 2
-    replicas = strategy.num_replicas_in_sync
-  problems += _check(data, replicas, model_config)
+def _report(problems: list[str]) -> None:
+  """Prints each problem on its own line, so a user sees all of them at once
+  rather than fixing one per run."""
+  for problem in problems:
+    print(f"m4moe-train: {problem}", file=sys.stderr)
+
+
+def _routing_languages(preliminary: config_lib.MoeConfig,
+                       built: Any) -> dict[str, Any]:
+  """The ``routing_languages`` override of ``--route_by=language``.
+
+  The gate has one row per training language in sorted order, which only
+  the built inputs know; a user-given list that differs would silently
+  route by the wrong rows, so it is refused.
+
+  Raises:
+    config_lib.ConfigError: ``--routing_languages`` differs from the
+      training languages.
+  """
+  given = preliminary.routing_languages
+  if given and tuple(given) != tuple(built.languages):
+    raise config_lib.ConfigError(
+        f"--routing_languages={','.join(given)} is invalid: the gate rows "
+        "are the training languages in sorted order "
+        f"({','.join(built.languages)}); leave it empty")
+  return {"routing_languages": tuple(built.languages)}
+
+
+def _inputs_and_model(data) -> tuple[list[str], Any, config_lib.ModelConfig]:
+  """(data problems, built inputs or None, model config).
+
+  The inputs are built before the model config because the vocabulary
+  sizes and the routing languages come from them; with data problems
+  nothing is built and the config keeps its flag values.
+
+  Raises:
+    ValueError: an invalid model flag (config_lib.ConfigError).
+  """
+  problems = inputs.check_data(data)
+  # --route_by=language: batches carry language ids, and the gate has one
+  # row per training language (m4moe.moe.task_routing).
+  preliminary = _model_config({}).moe
+  by_language = preliminary.route_by == "language"
+  built = None if problems else inputs.build_inputs(
+      data, language_features=by_language)
+  overrides = {}
+  if built is not None and built.src_vocab_size:
+    overrides = {"src_vocab_size": built.src_vocab_size,
+                 "tgt_vocab_size": built.tgt_vocab_size}
+  if built is not None and by_language:
+    overrides.update(_routing_languages(preliminary, built))
+  return problems, built, _model_config(overrides)
+
+
+def _placement(mesh, *, offline_tpu: bool) -> tuple[list[str], Any, Any, int]:
+  """(problems, strategy, sharding, replicas) of this run's devices.
+
+  ``offline_tpu`` (``--tpu --check_config``) checks what needs no TPU and
+  never connects, so the strategy is None.
+
+  Raises:
+    m4moe.parallel.mesh.MeshError: the mesh does not fit the devices.
+  """
+  if offline_tpu:
+    problems, sharding, replicas = _check_tpu(mesh)
+    return problems, None, sharding, replicas
+  strategy, sharding = _make_sharding(mesh)
+  return [], strategy, sharding, strategy.num_replicas_in_sync
+
+
+def _preflight(data, train, built, model_config, *, mesh, replicas: int,
+               dry: bool) -> tuple[list[str], dict[str, Any], Any]:
+  """(problems, run-directory records, upcycling warm start) of the run.
+
+  Every check runs even after an earlier one failed, so one
+  ``--check_config`` lists all problems. ``dry``: copy nothing into
+  ``--model_dir`` (``--continue_from`` only validates).
+  """
+  from m4moe.moe import upcycle  # pylint: disable=g-import-not-at-top
+  problems = _check(data, replicas, model_config)
   problems += _check_mesh(mesh, data, model_config)
   problems += _continue_run(train.model_dir, model_config,
-                            dry=_CHECK_CONFIG.value or bool(problems))
+                            dry=dry or bool(problems))
   try:
     record = _run_record(data, built)
   except (ValueError, OSError) as e:
     problems.append(str(e))
     record = {}
-  from m4moe.moe import upcycle  # pylint: disable=g-import-not-at-top
   warm_start, upcycle_problems, notice = upcycle.prepare(
       dense_dir=_INIT_FROM_DENSE.value, model_dir=train.model_dir,
       copy_optimizer=_INIT_FROM_DENSE_OPTIMIZER.value,
       config=model_config, optimizer=train.optimizer, mesh=mesh is not None)
   if notice:
     print(f"m4moe-train: {notice}", file=sys.stderr)
-  problems += upcycle_problems
-  devices = mesh.size if mesh else replicas
-  effective = {"model": model_config.to_dict(), "train": train.to_dict(),
-               "data": data.to_dict(), "devices": devices,
-               "mesh": str(mesh) if mesh else None}
-  print(json.dumps(effective, indent=2, sort_keys=True))
-  if problems:
-    for p in problems:
-      print(f"m4moe-train: {p}", file=sys.stderr)
-    return 2
+  return problems + upcycle_problems, record, warm_start
+
+
+def _check_config_exit(built, *, devices: int, offline_tpu: bool) -> int:
+  """The exit code of ``--check_config`` once the config is valid.
+
+  Malformed corpus lines fail the check (training would skip them, but a
+  check exists to find them before a long run).
+  """
   line_problems = built.line_problems()
-  skipped = sum(built.skipped_lines.values())
-  if _CHECK_CONFIG.value:
-    if line_problems:
-      for p in line_problems:
-        print(f"m4moe-train: {p}", file=sys.stderr)
-      print(f"m4moe-train: {skipped} malformed corpus line(s) in "
-            f"{len(built.skipped_lines)} file(s) (listed above): fix them, or "
-            "train anyway (training skips and counts them)", file=sys.stderr)
-      return 2
-    where = (f"{devices} device(s)" if not offline_tpu else
-             f"{_TPU_CORES.value} TPU core(s) assumed (--tpu_cores); the TPU "
-             "itself was not contacted")
-    print(f"m4moe-train: config OK ({len(built.languages)} languages, "
-          f"{where})")
-    return 0
-  if skipped:
-    for path, count in built.skipped_lines.items():
-      logging.warning("skipping %d malformed line(s) of %s", count, path)
-    print(f"m4moe-train: skipping {skipped} malformed corpus line(s): "
-          + ", ".join(f"{path} ({count})"
-                      for path, count in built.skipped_lines.items())
-          + "; run with --check_config to list them", file=sys.stderr)
+  if line_problems:
+    _report(line_problems)
+    print(f"m4moe-train: {sum(built.skipped_lines.values())} malformed "
+          f"corpus line(s) in {len(built.skipped_lines)} file(s) (listed "
+          "above): fix them, or train anyway (training skips and counts "
+          "them)", file=sys.stderr)
+    return 2
+  where = (f"{devices} device(s)" if not offline_tpu else
+           f"{_TPU_CORES.value} TPU core(s) assumed (--tpu_cores); the TPU "
+           "itself was not contacted")
+  print(f"m4moe-train: config OK ({len(built.languages)} languages, "
+        f"{where})")
+  return 0
+
+
+def _warn_skipped_lines(built) -> None:
+  """Says how many malformed corpus lines training skips, and where, so a
+  broken corpus is not trained on silently."""
+  if not sum(built.skipped_lines.values()):
+    return
+  for path, count in built.skipped_lines.items():
+    logging.warning("skipping %d malformed line(s) of %s", count, path)
+  print(f"m4moe-train: skipping {sum(built.skipped_lines.values())} "
+        "malformed corpus line(s): "
+        + ", ".join(f"{path} ({count})"
+                    for path, count in built.skipped_lines.items())
+        + "; run with --check_config to list them", file=sys.stderr)
+
+
+def _train(data, train, built, model_config, *, mesh, strategy, sharding,
+           record: dict[str, Any], warm_start) -> int:
+  """Trains (or resumes) the run; its exit code.
+
+  Exit code 1 is a run directory that cannot be resumed or is in use
+  (retrying will not help without the user acting); 2 a bad upcycling
+  source.
+  """
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.moe import upcycle  # pylint: disable=g-import-not-at-top
+  from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
+  from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
   try:
     result = train_lib.train(
         model_fn=lambda: model_lib.Transformer(config=model_config,
@@ -406,6 +443,62 @@ def main(argv):
     return 2
   print_result(result)
   return 0
+
+
+def _set_up_devices() -> None:
+  """Splits the host CPU (``--num_cpu_devices``) and enables determinism
+  before TensorFlow creates its devices, which fixes both."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from m4moe.training import distribute  # pylint: disable=g-import-not-at-top
+  if not _TPU.value:  # A TPU run does not split the host CPU.
+    distribute.configure_cpu_devices(_NUM_CPU_DEVICES.value)
+  if _DETERMINISTIC.value:
+    tf.config.experimental.enable_op_determinism()
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from m4moe.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  try:
+    mesh = mesh_lib.MeshShape.parse(_MESH.value) if _MESH.value else None
+  except mesh_lib.MeshError as e:
+    print(f"m4moe-train: {e}", file=sys.stderr)
+    return 2
+  _set_up_devices()
+  try:
+    data, train = _configs()
+    problems, built, model_config = _inputs_and_model(data)
+  except (ValueError, flags.ValidationError) as e:
+    logging.error("%s", e)
+    print(f"m4moe-train: {e}", file=sys.stderr)
+    return 2
+  offline_tpu = bool(_TPU.value) and _CHECK_CONFIG.value
+  try:
+    placement_problems, strategy, sharding, replicas = _placement(
+        mesh, offline_tpu=offline_tpu)
+  except mesh_lib.MeshError as e:
+    print(f"m4moe-train: {e}; with --num_cpu_devices=N the CPU is split "
+          "into N devices", file=sys.stderr)
+    return 2
+  more, record, warm_start = _preflight(
+      data, train, built, model_config, mesh=mesh, replicas=replicas,
+      dry=_CHECK_CONFIG.value or bool(problems + placement_problems))
+  problems += placement_problems + more
+  devices = mesh.size if mesh else replicas
+  print(json.dumps({"model": model_config.to_dict(), "train": train.to_dict(),
+                    "data": data.to_dict(), "devices": devices,
+                    "mesh": str(mesh) if mesh else None},
+                   indent=2, sort_keys=True))
+  if problems:
+    _report(problems)
+    return 2
+  if _CHECK_CONFIG.value:
+    return _check_config_exit(built, devices=devices, offline_tpu=offline_tpu)
+  _warn_skipped_lines(built)
+  return _train(data, train, built, model_config, mesh=mesh,
+                strategy=strategy, sharding=sharding, record=record,
+                warm_start=warm_start)
 
 
 def print_result(result) -> None:

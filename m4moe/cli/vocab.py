@@ -2,7 +2,7 @@ r"""m4moe-vocab: train the SentencePiece source and target vocabularies.
 
 Example:
 
-  m4moe-vocab --corpus_dir=/work/corpus --output_dir=/work/vocab \
+  m4moe-vocab --corpus_dir=corpus --output_dir=vocab \
       --source_vocab_size=64000 --target_vocab_size=32000 --temperature=5
 
 Writes ``source.model`` (multilingual, with ``<2xx>`` tags), ``target.model``

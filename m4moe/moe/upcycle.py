@@ -287,7 +287,6 @@ def upcycle_optimizer(*, optimizer: Any, model: tf.Module,
     UpcycleError: no optimiser state in the checkpoint, or slots that do
       not match (listing them and the flags to set).
   """
-  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   paths = variable_paths(model)
   refs = [v.ref() for v in model.trainable_variables]
   if [v.ref() for v in paths.values()] != refs or len(
@@ -300,11 +299,43 @@ def upcycle_optimizer(*, optimizer: Any, model: tf.Module,
   if iterations not in shapes:
     raise UpcycleError(f"{report.checkpoint} holds no optimiser state: "
                        "drop --init_from_dense_optimizer")
+  plans = _slot_plans(optimizer, paths=paths, report=report, shapes=shapes,
+                      position=_dense_positions(dense_dir))
+  for slot, key, expand in plans:
+    value = reader.get_tensor(key)
+    slot.assign(np.broadcast_to(value, slot.shape) if expand else value)
+  optimizer.iterations.assign(reader.get_tensor(iterations))
+  logging.info("Copied %d optimiser slots and iterations=%d from %s",
+               len(plans), int(optimizer.iterations.numpy()),
+               report.checkpoint)
+  return len(plans)
+
+
+def _dense_positions(dense_dir: str | pathlib.Path) -> dict[str, int]:
+  """variable path -> index of its slots in the dense run's optimiser.
+
+  The checkpoint numbers Adafactor's slots by position, not by name, so the
+  dense model is rebuilt (from its config.json) to learn the order.
+  """
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   dense_config = rundir.model_config_from_run(dense_dir)
   with tf.init_scope():
     dense_model = model_lib.Transformer(config=dense_config)
-  position = {path: i for i, path in enumerate(variable_paths(dense_model))}
-  del dense_model
+  return {path: i for i, path in enumerate(variable_paths(dense_model))}
+
+
+def _slot_plans(optimizer: Any, *, paths: Mapping[str, tf.Variable],
+                report: UpcycleReport, shapes: Mapping[str, Sequence[int]],
+                position: Mapping[str, int]
+                ) -> list[tuple[tf.Variable, str, bool]]:
+  """(slot, checkpoint key, broadcast over experts) of every slot to copy.
+
+  Every slot is checked before any is written, so a mismatch leaves the
+  optimiser untouched and lists all the offending slots at once.
+
+  Raises:
+    UpcycleError: slots that do not match (listing them and the flags).
+  """
   sources = {**report.copied, **report.expanded}
   plans, problems = [], []
   for i, path in enumerate(paths):
@@ -333,14 +364,7 @@ def upcycle_optimizer(*, optimizer: Any, model: tf.Module,
         f"cannot copy the optimiser state: {len(problems)} slot(s) do not "
         "match (use the dense run's --factored and --beta1, or drop "
         "--init_from_dense_optimizer):\n  " + "\n  ".join(problems))
-  for slot, key, expand in plans:
-    value = reader.get_tensor(key)
-    slot.assign(np.broadcast_to(value, slot.shape) if expand else value)
-  optimizer.iterations.assign(reader.get_tensor(iterations))
-  logging.info("Copied %d optimiser slots and iterations=%d from %s",
-               len(plans), int(optimizer.iterations.numpy()),
-               report.checkpoint)
-  return len(plans)
+  return plans
 
 
 def _optimizer_problems(dense_dir: str, optimizer: Any) -> list[str]:

@@ -489,31 +489,27 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
   """Trains (or resumes training) until ``config.train_steps``.
 
   Args:
-    model_fn: builds the model (called under the strategy scope, after
-      ``tf.random.set_seed(config.seed)``).
-    train_dataset: repeating dataset of global model batches (dicts with
+    model_fn: builds the model, under the strategy scope after
+      ``tf.random.set_seed(config.seed)``.
+    train_dataset: repeating dataset of global batches (dicts with
       "inputs"/"targets" <int32>[B, L] and optional packing features).
     config: the run settings.
     dev_datasets: {language: finite dataset of batches} for dev CE.
-    model_config: written to ``config.json`` (so decode/eval can rebuild
-      the model); required to guard against resuming a different model.
-    run_sections: further sections for ``config.json`` (e.g. "data").
+    model_config: written to ``config.json``, so decode/eval can rebuild the
+      model and resuming with a different model fails.
+    run_sections: further ``config.json`` sections (e.g. "data").
     strategy: defaults to the current (default) strategy.
-    sharding: a device mesh (``make_sharding("data:2,expert:4")``): the
-      variables are laid out on it and batches split over its ``data``
-      axis; ``model_fn`` must pass it to the model (``Transformer(...,
-      sharding=sharding)``) for the GShard annotations. Use it with the
-      default strategy (the mesh does the data parallelism).
+    sharding: a device mesh: variables are laid out on it and batches split
+      over its ``data`` axis; ``model_fn`` must pass it to the model for the
+      GShard annotations. Use it with the default strategy.
     after_step: test hook called with the step number after every step.
-    warm_start: called as ``warm_start(model, optimizer)`` on a fresh run
-      (no checkpoint in ``model_dir``) before the first step, e.g. dense ->
-      MoE upcycling (:mod:`m4moe.moe.upcycle`); a resumed run ignores it
-      (logged).
-    token_loss: replaces the label-smoothed cross-entropy in the objective
-      (see :class:`m4moe.training.step.StepRunner`), e.g. sparse -> dense
-      distillation (:mod:`m4moe.training.distill`); it must be a function of the
-      batch and the logits only (no state of its own), so a resumed run
-      repeats it exactly.
+    warm_start: ``warm_start(model, optimizer)`` before the first step of a
+      fresh run, e.g. dense -> MoE upcycling (:mod:`m4moe.moe.upcycle`); a
+      resumed run ignores it (logged).
+    token_loss: replaces the label-smoothed cross-entropy
+      (:class:`m4moe.training.step.StepRunner`), e.g. distillation
+      (:mod:`m4moe.training.distill`); a function of the batch and the
+      logits only (no state of its own), so a resumed run repeats it exactly.
 
   Returns:
     TrainResult.
@@ -523,80 +519,141 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
       created.
     run_lock.RunLockedError: another process is training in ``model_dir``.
     checkpointing.CheckpointError: the run had checkpoints (or checkpointed
-      metrics) but no intact checkpoint is left; nothing was changed except
-      moving the damaged files into ``model_dir/damaged/``.
+      metrics) but none is intact; nothing was changed except moving the
+      damaged files into ``model_dir/damaged/``.
   """
   strategy = strategy or tf.distribute.get_strategy()
+  _check_strategy(strategy, sharding)
+  model_dir = checkpointing.prepare_model_dir(config.model_dir)
+  with run_lock.RunLock(model_dir):
+    recovery = _recover(model_dir, config=config, model_config=model_config,
+                        run_sections=run_sections)
+    loop = _start(model_fn, train_dataset=train_dataset, config=config,
+                  dev_datasets=dev_datasets, strategy=strategy,
+                  sharding=sharding, warm_start=warm_start,
+                  token_loss=token_loss, recovery=recovery)
+    return _finish(loop, after_step=after_step)
+
+
+def _finish(loop: _Loop, *, after_step) -> TrainResult:
+  """Runs the loop to its end and summarises it; the metrics log is closed
+  even when a step raises, so its last record is on disk."""
+  try:
+    stopped_by = _run_loop(loop, after_step=after_step)
+  finally:
+    loop.log.close()
+  return TrainResult(
+      step=loop.step, preempted=stopped_by == "preempted",
+      last_checkpoint=loop.keeper.latest,
+      train_ce=loop.last_train_ce, dev_ce=loop.last_dev_ce,
+      nonfinite_skipped=int(loop.counters.nonfinite_skipped.numpy()),
+      stopped_by=stopped_by)
+
+
+def _check_strategy(strategy: tf.distribute.Strategy,
+                    sharding: sharding_lib.Sharding) -> None:
+  """Refuses a mesh combined with a replicating strategy: both would split
+  the batch, and the mesh already does the data parallelism."""
   if sharding.enabled and strategy.num_replicas_in_sync > 1:
     raise TrainConfigError(
         f"a device mesh (--mesh={sharding.mesh}) replaces the "
         f"{type(strategy).__name__}'s {strategy.num_replicas_in_sync} "
         "replicas; train on a mesh with the default strategy")
-  model_dir = checkpointing.prepare_model_dir(config.model_dir)
-  with run_lock.RunLock(model_dir):
-    # Under the lock: nobody else is saving, so temp directories are stale.
-    recovery = checkpointing.recover_checkpoints(model_dir)
-    if recovery.latest is None:
-      checkpointing.check_fresh_start(
-          model_dir, checkpoint_every=config.checkpoint_every)
-    if model_config is not None:
-      checkpointing.write_run_config(
-          model_dir, model_config=model_config,
-          sections={"train": config.to_dict(), **(run_sections or {})})
-    model, optimizer, counters, runner = _build(
-        model_fn, strategy=strategy, config=config, sharding=sharding,
-        token_loss=token_loss)
-    # A DTensor checkpoint cannot hold the (host) iterator state; on a mesh
-    # a resumed run skips the consumed batches instead (as
-    # checkpoint_input=False), and so does a run resuming a mesh run's
-    # checkpoint without a mesh.
-    with_iterator = (config.checkpoint_input and not sharding.enabled and
-                     _has_iterator(recovery.latest) is not False)
-    iterator = iter(train_dataset) if with_iterator else None
-    trackables = dict(model=model, optimizer=optimizer,
-                      **counters.trackables())
-    if iterator is not None:
-      trackables["iterator"] = iterator
-    keeper = checkpointing.CheckpointKeeper(
-        str(model_dir), max_to_keep=config.keep_checkpoints, **trackables)
-    resumed, iterator = _restore(keeper, config=config,
-                                 dataset=train_dataset, counters=counters,
-                                 iterator=iterator)
-    if warm_start is not None and resumed is None:
-      warm_start(model, optimizer)
-    elif warm_start is not None:
-      logging.warning("Resuming from %s: the warm start (--init_from_dense "
-                      "or the distillation student's init) is ignored",
-                      resumed)
-    log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
-                                 resume_step=int(counters.step.numpy()))
-    best = (checkpointing.best_keeper(model_dir, model=model)
-            if config.keep_best and dev_datasets else None)
-    loop = _Loop(config=config, strategy=strategy, model=model,
-                 runner=runner, counters=counters, keeper=keeper,
-                 iterator=iterator, dev_datasets=dev_datasets,
-                 metrics_log=log, best_keeper=best,
-                 devices=_device_count(strategy, sharding))
-    log.write({"kind": "start", "step": loop.step, "time": time.time(),
-               "devices": loop.devices,
-               "mesh": str(sharding.mesh) if sharding.enabled else None,
-               "device_kind": distribute.device_kind(strategy),
-               "num_params": int(sum(np.prod(v.shape)
-                                     for v in runner.variables)),
-               "resumed_from": resumed,
-               "damaged_checkpoints": [
-                   {"path": d.path, "reason": d.reason,
-                    "moved_to": d.moved_to} for d in recovery.damaged]})
-    try:
-      stopped_by = _run_loop(loop, after_step=after_step)
-    finally:
-      log.close()
-    return TrainResult(
-        step=loop.step, preempted=stopped_by == "preempted",
-        last_checkpoint=keeper.latest,
-        train_ce=loop.last_train_ce, dev_ce=loop.last_dev_ce,
-        nonfinite_skipped=int(counters.nonfinite_skipped.numpy()),
-        stopped_by=stopped_by)
+
+
+def _recover(model_dir: pathlib.Path, *, config: TrainConfig,
+             model_config: config_lib.ModelConfig | None,
+             run_sections: Mapping[str, Any] | None
+             ) -> checkpointing.Recovery:
+  """Recovers the checkpoints and (re)writes ``config.json``.
+
+  Runs under the run lock, before anything is restored: nobody else is
+  saving, so temp directories are stale, and a run whose checkpoints are
+  all gone is refused rather than restarted from step 0. ``config.json`` is
+  written before the first step so that a run cut short can still be
+  decoded, and so that resuming with a different model fails here.
+  """
+  recovery = checkpointing.recover_checkpoints(model_dir)
+  if recovery.latest is None:
+    checkpointing.check_fresh_start(
+        model_dir, checkpoint_every=config.checkpoint_every)
+  if model_config is not None:
+    checkpointing.write_run_config(
+        model_dir, model_config=model_config,
+        sections={"train": config.to_dict(), **(run_sections or {})})
+  return recovery
+
+
+def _restore_or_warm_start(model_fn, *, train_dataset: tf.data.Dataset,
+                           config: TrainConfig, strategy,
+                           sharding: sharding_lib.Sharding, warm_start,
+                           token_loss, latest: str | None):
+  """Builds the model and optimiser and restores the latest checkpoint, or
+  warm-starts a fresh run; returns (keeper, resumed path, iterator, model,
+  counters, runner).
+
+  A DTensor checkpoint cannot hold the (host) iterator state; on a mesh a
+  resumed run skips the consumed batches instead (as
+  ``checkpoint_input=False``), and so does a run resuming a mesh run's
+  checkpoint without a mesh.
+  """
+  model, optimizer, counters, runner = _build(
+      model_fn, strategy=strategy, config=config, sharding=sharding,
+      token_loss=token_loss)
+  with_iterator = (config.checkpoint_input and not sharding.enabled and
+                   _has_iterator(latest) is not False)
+  iterator = iter(train_dataset) if with_iterator else None
+  trackables = dict(model=model, optimizer=optimizer, **counters.trackables())
+  if iterator is not None:
+    trackables["iterator"] = iterator
+  keeper = checkpointing.CheckpointKeeper(
+      str(pathlib.Path(config.model_dir)), max_to_keep=config.keep_checkpoints,
+      **trackables)
+  resumed, iterator = _restore(keeper, config=config, dataset=train_dataset,
+                               counters=counters, iterator=iterator)
+  if warm_start is not None and resumed is None:
+    warm_start(model, optimizer)
+  elif warm_start is not None:
+    logging.warning("Resuming from %s: the warm start (--init_from_dense "
+                    "or the distillation student's init) is ignored",
+                    resumed)
+  return keeper, resumed, iterator, model, counters, runner
+
+
+def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
+           dev_datasets, strategy, sharding: sharding_lib.Sharding,
+           warm_start, token_loss, recovery: checkpointing.Recovery
+           ) -> _Loop:
+  """The loop state of a started (or resumed) run, its start logged.
+
+  The ``start`` record says where the run resumed from and which damaged
+  checkpoints were moved aside, so the metrics log explains a resume.
+  """
+  model_dir = pathlib.Path(config.model_dir)
+  keeper, resumed, iterator, model, counters, runner = _restore_or_warm_start(
+      model_fn, train_dataset=train_dataset, config=config,
+      strategy=strategy, sharding=sharding, warm_start=warm_start,
+      token_loss=token_loss, latest=recovery.latest)
+  log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
+                               resume_step=int(counters.step.numpy()))
+  best = (checkpointing.best_keeper(model_dir, model=model)
+          if config.keep_best and dev_datasets else None)
+  loop = _Loop(config=config, strategy=strategy, model=model,
+               runner=runner, counters=counters, keeper=keeper,
+               iterator=iterator, dev_datasets=dev_datasets,
+               metrics_log=log, best_keeper=best,
+               devices=_device_count(strategy, sharding))
+  log.write({"kind": "start", "step": loop.step, "time": time.time(),
+             "devices": loop.devices,
+             "mesh": str(sharding.mesh) if sharding.enabled else None,
+             "device_kind": distribute.device_kind(strategy),
+             "num_params": int(sum(np.prod(v.shape)
+                                   for v in runner.variables)),
+             "resumed_from": resumed,
+             "damaged_checkpoints": [
+                 {"path": d.path, "reason": d.reason,
+                  "moved_to": d.moved_to} for d in recovery.damaged]})
+  return loop
 
 
 def _run_loop(loop: _Loop, *, after_step) -> str:

@@ -31,11 +31,19 @@ from m4moe.eval import results as results_lib
 from m4moe.eval import training_logs
 from m4moe.pipeline import recipes as recipes_lib
 
-_RECIPE = flags.DEFINE_string("recipe", "study3_screen",
-                              "The dev-only recipe (name or .toml path).")
-_RUN_DIR = flags.DEFINE_string("run_dir", None, "Where the recipe ran.")
-_OUTPUT = flags.DEFINE_string(
-    "output", None, "Directory for screening.md and screening.json.")
+
+def _define_flags() -> None:
+  """The tool's flags, defined only when it runs as a program.
+
+  ``m4moe-run`` has a ``--recipe`` flag too; defining these at import would
+  clash in any process that imports both modules (the library functions
+  above are imported by tests and notebooks).
+  """
+  flags.DEFINE_string("recipe", "study3_screen",
+                      "The dev-only recipe (name or .toml path).")
+  flags.DEFINE_string("run_dir", None, "Where the recipe ran.")
+  flags.DEFINE_string("output", None,
+                      "Directory for screening.md and screening.json.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,19 +155,20 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate]) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _RUN_DIR.value or not _OUTPUT.value:
+  values = flags.FLAGS
+  if not values.run_dir or not values.output:
     raise app.UsageError("give --run_dir (where the recipe ran) and --output")
   try:
-    recipe = recipes_lib.load_recipe(_RECIPE.value)
+    recipe = recipes_lib.load_recipe(values.recipe)
   except recipes_lib.RecipeError as e:
     raise app.UsageError(str(e)) from None
   if recipe.eval_split != "dev":
-    raise app.UsageError(f"--recipe={_RECIPE.value} scores {recipe.eval_split}"
+    raise app.UsageError(f"--recipe={values.recipe} scores {recipe.eval_split}"
                          "; a selection table reads dev-only recipes")
-  run_dir = pathlib.Path(_RUN_DIR.value)
+  run_dir = pathlib.Path(values.run_dir)
   rows = [candidate(model, run, run_dir) for model in recipe.models
           for run, _ in model.runs()]
-  out = pathlib.Path(_OUTPUT.value)
+  out = pathlib.Path(values.output)
   out.mkdir(parents=True, exist_ok=True)
   (out / "screening.md").write_text(markdown(recipe, rows), encoding="utf-8")
   (out / "screening.json").write_text(json.dumps(
@@ -170,4 +179,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  _define_flags()
   cli.run_tool(main, module=__name__)

@@ -3,14 +3,15 @@ r"""Dev-only recipe selection for m4moe and OpenNMT-tf, then the final match.
   # Screen candidates (one at a time, pinned to --core), resumable:
   taskset -c 1 nice -n 0 python -m m4moe.benchmarks.peer.select \
       --mode=select --corpus_dir=CORPUS --run_dir=RUN --core=1 \
-      --onmt_venv=VENV --budget_seconds=600 [--candidates=a,b] [--seeds=0]
+      --onmt_venv=VENV --budget_steps=1000 [--candidates=a,b] [--seeds=0]
   # The dev-only ranking table from the finished candidates:
   python -m m4moe.benchmarks.peer.select --mode=table --run_dir=RUN \
       --output_dir=OUT
   # The comparison on sentences no selection read (both systems at once,
-  # one core each, every seed):
+  # one core each, equal wall-clock, every seed):
   python -m m4moe.benchmarks.peer.select --mode=final --corpus_dir=CORPUS \
-      --run_dir=RUN --onmt_venv=VENV --seeds=0,1 --output_dir=OUT
+      --run_dir=RUN --onmt_venv=VENV --budget_seconds=800 --seeds=0,1 \
+      --output_dir=OUT
 
 What each mode reads:
 
@@ -18,7 +19,9 @@ What each mode reads:
   write ``RUN/data/selection_corpus`` (train minus the dev carve; the dev
   set; no test split: see ``selection.py``), then only that copy. Trains
   ``RUN/data/vocab`` on its train split unless ``--vocab_dir`` is given.
-  Each candidate and seed trains for ``--budget_seconds`` and is scored on
+  Each candidate and seed trains for ``--budget_steps`` (batches of 4096
+  tokens; other batch sizes train as many tokens) or ``--budget_seconds``
+  and is scored on
   the dev set (BLEU and chrF++ with beam 4, dev CE), written to
   ``RUN/candidates/<name>_s<seed>.json``; a finished one is skipped on the
   next run, an interrupted one restarts (its directory is kept as
@@ -34,6 +37,7 @@ Nothing is written into the repository unless ``--output_dir`` points there.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -46,12 +50,13 @@ from typing import Any, Sequence
 from absl import app
 from absl import flags
 
+from m4moe.benchmarks.peer import final
 from m4moe.benchmarks.peer import selection
 from m4moe.benchmarks.peer import systems
 from m4moe.benchmarks.peer import toolkit
 from m4moe.eval import testsets as testsets_lib
 
-_MODE = flags.DEFINE_enum("mode", "select", ["select", "table"],
+_MODE = flags.DEFINE_enum("mode", "select", ["select", "table", "final"],
                           "select: screen candidates on dev; table: rank "
                           "them; final: the comparison on unseen test.")
 _CORPUS_DIR = flags.DEFINE_string(
@@ -72,8 +77,11 @@ _CANDIDATES = flags.DEFINE_list(
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds of every candidate "
                            "(select) or system (final).")
 _BUDGET = flags.DEFINE_float(
-    "budget_seconds", None, "Training wall-clock per run (select: default "
-    "600; final: default the selection's).")
+    "budget_seconds", None, "Training wall-clock per run (final: required "
+    "unless the selection ran on seconds; select: instead of --budget_steps).")
+_BUDGET_STEPS = flags.DEFINE_integer(
+    "budget_steps", None, "Select: training steps per run, in batches of "
+    "4096 tokens (default 1000 unless --budget_seconds).")
 _CORE = flags.DEFINE_string("core", "1", "CPU core of every selection run.")
 _CORES = flags.DEFINE_list("cores", ["0", "1"], "Final: the two cores, m4moe "
                            "on the first, the peer on the second.")
@@ -89,12 +97,15 @@ _TEST_SKIP = flags.DEFINE_integer(
 _VOCAB_LANGUAGES = flags.DEFINE_list(
     "vocab_languages", ["pt", "kk", "si", "ia"], "Languages of the trained "
     "vocabulary (the demo's), read from the selection train split.")
+_OOD_SENTENCES = flags.DEFINE_integer(
+    "test_ood_sentences", 3000, "Final: score the first N test_ood lines "
+    "(0: all; the pt split has about 15.7k).")
 _M4MOE_PICK = flags.DEFINE_string("m4moe_candidate", None,
                                   "Final: m4moe's recipe (default: rank 1).")
 _PEER_PICK = flags.DEFINE_string("peer_candidate", None,
                                  "Final: the peer's recipe (default: rank 1).")
 
-DEFAULT_SELECT_BUDGET = 600.0
+DEFAULT_SELECT_STEPS = 1000
 
 
 def _sha256(path: pathlib.Path) -> str:
@@ -179,7 +190,7 @@ def _peer_objects(candidate: selection.Candidate
 
 def train_and_decode(*, candidate: selection.Candidate, data: systems.Data,
                      root: pathlib.Path, splits: Sequence[str],
-                     budget_seconds: float, seed: int, core: str,
+                     budget: systems.Budget, seed: int, core: str,
                      peer_python: pathlib.Path | None
                      ) -> tuple[dict[str, Any], dict[str, systems.Decoded]]:
   """Trains one candidate and decodes each of ``splits`` of ``data``."""
@@ -187,7 +198,7 @@ def train_and_decode(*, candidate: selection.Candidate, data: systems.Data,
   if candidate.system == selection.SYSTEM_M4MOE:
     train = systems.train_m4moe(
         data=data, root=root, config="tiny/dense", flags=candidate.settings,
-        batch_tokens=candidate.batch_tokens, budget_seconds=budget_seconds,
+        batch_tokens=candidate.batch_tokens, budget=budget,
         seed=seed, core=core)
     for split in splits:
       decoded[split] = systems.decode_m4moe(data=data, root=root, split=split,
@@ -196,9 +207,10 @@ def train_and_decode(*, candidate: selection.Candidate, data: systems.Data,
   if peer_python is None:
     raise toolkit.PeerError("the peer needs --onmt_venv")
   recipe, model = _peer_objects(candidate)
-  systems.prepare_peer(data=data, root=root, recipe=recipe, model=model)
+  systems.prepare_peer(data=data, root=root, recipe=recipe, model=model,
+                       budget=budget)
   train = systems.train_peer(python=peer_python, root=root,
-                             budget_seconds=budget_seconds, seed=seed,
+                             budget=budget, seed=seed,
                              core=core)
   for split in splits:
     (testset,) = testsets_lib.load_testsets(data.corpus_dir, split=split,
@@ -209,14 +221,15 @@ def train_and_decode(*, candidate: selection.Candidate, data: systems.Data,
   return train, decoded
 
 
-def _expect(candidate: selection.Candidate, *, seed: int, budget: float,
+def _expect(candidate: selection.Candidate, *, seed: int,
+            budget: systems.Budget,
             manifest: dict[str, Any], vocab_dir: pathlib.Path
             ) -> dict[str, Any]:
   """What a finished record of this run must match to be reused."""
   return {"candidate": candidate.name, "system": candidate.system,
           "settings": list(candidate.settings),
           "batch_tokens": candidate.batch_tokens, "seed": seed,
-          "budget_seconds": budget,
+          **budget.to_dict(),
           "dev_sha256": manifest["sha256"][f"dev/{manifest['language']}.tsv"],
           "vocab_sha256": _sha256(vocab_dir / "source.model")[:16] + ":" +
                           _sha256(vocab_dir / "target.model")[:16]}
@@ -224,7 +237,7 @@ def _expect(candidate: selection.Candidate, *, seed: int, budget: float,
 
 def run_candidate(*, candidate: selection.Candidate, seed: int,
                   run_dir: pathlib.Path, data: systems.Data,
-                  manifest: dict[str, Any], budget: float, core: str,
+                  manifest: dict[str, Any], budget: systems.Budget, core: str,
                   peer_python: pathlib.Path | None) -> bool:
   """Runs one candidate and seed unless finished; True if it ran."""
   path = selection.record_path(run_dir, candidate.name, seed)
@@ -234,12 +247,12 @@ def run_candidate(*, candidate: selection.Candidate, seed: int,
     print(f"select: {path.name} finished earlier, skipped", flush=True)
     return False
   root = _fresh_dir(run_dir / "work" / f"{candidate.name}_s{seed}")
-  print(f"select: {candidate.name} seed {seed}: {budget:.0f} s on core "
+  print(f"select: {candidate.name} seed {seed}: {budget.to_dict()} on core "
         f"{core} ({root})", flush=True)
   started = time.time()
   train, decoded = train_and_decode(
       candidate=candidate, data=data, root=root, splits=("dev",),
-      budget_seconds=budget, seed=seed, core=core, peer_python=peer_python)
+      budget=budget, seed=seed, core=core, peer_python=peer_python)
   dev = decoded["dev"]
   record = {**expect, "why": candidate.why,
             "selected_on": selection.SELECTED_ON,
@@ -260,19 +273,25 @@ def run_candidate(*, candidate: selection.Candidate, seed: int,
   return True
 
 
+def _budget_of(record: dict[str, Any]) -> dict[str, float]:
+  return {k: record[k] for k in ("budget_seconds", "budget_steps")
+          if k in record}
+
+
 def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
   """``selection.md`` and ``selection.json``: the dev-only ranking."""
   manifest = json.loads((run_dir / "data" / "manifest.json").read_text(
       encoding="utf-8"))
   records = selection.read_records(run_dir)
-  budgets = sorted({r["budget_seconds"] for r in records})
+  budgets = sorted({json.dumps(_budget_of(r)) for r in records})
   ranking = selection.rank(records)
   text = selection.table_markdown(ranking, manifest=manifest,
-                                  budget_seconds=budgets[0] if budgets else 0)
+                                  budgets=[json.loads(b) for b in budgets])
   output_dir.mkdir(parents=True, exist_ok=True)
   (output_dir / "selection.md").write_text(text + "\n", encoding="utf-8")
   toolkit.write_json(output_dir / "selection.json", {
-      "selected_on": selection.SELECTED_ON, "budget_seconds": budgets,
+      "selected_on": selection.SELECTED_ON,
+      "budgets": [json.loads(b) for b in budgets],
       "dev": manifest["dev"], "carve": manifest["rule"],
       "ranking": {s: [r.to_dict() for r in items]
                   for s, items in ranking.items()}})
@@ -297,10 +316,15 @@ def _required(*names: str) -> None:
 
 def main_select() -> None:
   _required("corpus_dir", "run_dir")
-  budget = _BUDGET.value or DEFAULT_SELECT_BUDGET
-  if budget <= 0 or not _CORE.value.isdigit():
-    raise app.UsageError("--budget_seconds must be positive and --core one "
-                         "CPU number")
+  try:
+    budget = systems.Budget(
+        seconds=_BUDGET.value or 0.0,
+        steps=_BUDGET_STEPS.value or (0 if _BUDGET.value else
+                                      DEFAULT_SELECT_STEPS))
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  if not _CORE.value.isdigit():
+    raise app.UsageError(f"--core={_CORE.value}: give one CPU number")
   seeds = _seeds()
   try:
     queue = selection.candidates_by_name(_CANDIDATES.value)
@@ -343,13 +367,141 @@ def main_table() -> None:
   print(f"Wrote {output_dir / 'selection.md'}", flush=True)
 
 
+def final_run(*, candidate: selection.Candidate, seed: int,
+              run_dir: pathlib.Path, data: systems.Data, budget: float,
+              core: str, peer_python: pathlib.Path | None) -> dict[str, Any]:
+  """One system and seed of the final comparison (reused when finished)."""
+  path = run_dir / "final" / "runs" / f"{candidate.system}_s{seed}.json"
+  if path.is_file():
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if (record["candidate"], record["budget_seconds"]) == (candidate.name,
+                                                           budget):
+      return record
+    raise ValueError(f"{path} ran {record['candidate']} for "
+                     f"{record['budget_seconds']} s: use a new --run_dir")
+  root = _fresh_dir(run_dir / "final" / "work" / f"{candidate.system}_s{seed}")
+  train, decoded = train_and_decode(
+      candidate=candidate, data=data, root=root, splits=final.SPLITS,
+      budget=systems.Budget(seconds=budget), seed=seed, core=core,
+      peer_python=peer_python)
+  splits = {}
+  for split, d in decoded.items():
+    hyp_path = path.with_name(f"{path.stem}.{split}.hyp")
+    hyp_path.parent.mkdir(parents=True, exist_ok=True)
+    hyp_path.write_text("".join(h + "\n" for h in d.hypotheses),
+                        encoding="utf-8")
+    splits[split] = {"bleu": round(d.bleu, 2), "chrf": round(d.chrf, 2),
+                     "sentences": d.sentences, "hypotheses": hyp_path.name,
+                     "sentences_per_sec": round(d.sentences /
+                                                max(d.seconds, 1e-9), 3)}
+  record = {"system": candidate.system, "candidate": candidate.name,
+            "seed": seed, "budget_seconds": budget, "core": core,
+            "train": train, "splits": splits,
+            "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+            "code_commit": _code_commit()}
+  toolkit.write_json(path, record)
+  return record
+
+
+def _final_setup(run_dir: pathlib.Path
+                 ) -> tuple[dict[str, selection.Ranked], float]:
+  """The systems' picks (rank 1 on dev unless named) and the budget."""
+  ranking = selection.rank(selection.read_records(run_dir))
+  picks = {selection.SYSTEM_M4MOE: selection.chosen(
+               ranking, selection.SYSTEM_M4MOE, name=_M4MOE_PICK.value),
+           selection.SYSTEM_PEER: selection.chosen(
+               ranking, selection.SYSTEM_PEER, name=_PEER_PICK.value)}
+  budgets = {r.get("budget_seconds") for r in selection.read_records(run_dir)
+             if r["candidate"] in {p.candidate for p in picks.values()}}
+  budget = _BUDGET.value or (budgets.pop() if len(budgets) == 1 else None)
+  if not budget or budget <= 0:
+    raise app.UsageError("--budget_seconds: give the comparison's positive "
+                         "wall-clock (the selection ran on steps)")
+  return picks, budget
+
+
+def main_final() -> None:
+  _required("corpus_dir", "run_dir")
+  seeds, cores = _seeds(), list(_CORES.value)
+  if len(cores) != 2 or not all(c.isdigit() for c in cores):
+    raise app.UsageError("--cores: give two CPU numbers, e.g. 0,1")
+  run_dir = pathlib.Path(_RUN_DIR.value).resolve()
+  output_dir = pathlib.Path(_OUTPUT_DIR.value or run_dir / "final").resolve()
+  try:
+    picks, budget = _final_setup(run_dir)
+    peer_python = toolkit.ensure_venv(systems.onmt_venv(_ONMT_VENV.value),
+                                      log=run_dir / "onmt_venv.log")
+    manifest = json.loads((run_dir / "data" / "manifest.json").read_text(
+        encoding="utf-8"))
+    splits = selection.write_final_corpus(
+        selection_dir=run_dir / "data" / "selection_corpus",
+        corpus_dir=pathlib.Path(_CORPUS_DIR.value).resolve(),
+        output_dir=run_dir / "final" / "corpus", language=manifest["language"],
+        test_skip=_TEST_SKIP.value, ood_sentences=_OOD_SENTENCES.value)
+    data = systems.Data(
+        corpus_dir=run_dir / "final" / "corpus",
+        vocab_dir=prepare_vocab(run_dir=run_dir, vocab_dir=_VOCAB_DIR.value,
+                                core=cores[0]),
+        language=manifest["language"])
+    runs = _final_runs(picks=picks, seeds=seeds, cores=cores, run_dir=run_dir,
+                       data=data, budget=budget, peer_python=peer_python)
+    value = _final_report(picks=picks, runs=runs, run_dir=run_dir, data=data,
+                          splits=splits, budget=budget, cores=cores,
+                          manifest=manifest)
+  except (toolkit.PeerError, OSError, ValueError) as e:
+    sys.exit(f"select: error: {e}")
+  toolkit.write_json(output_dir / "peer.json", value)
+  print(f"Wrote {output_dir / 'peer.json'}", flush=True)
+
+
+def _final_runs(*, picks: dict[str, selection.Ranked], seeds: list[int],
+                cores: list[str], run_dir: pathlib.Path, data: systems.Data,
+                budget: float, peer_python: pathlib.Path
+                ) -> dict[str, list[dict[str, Any]]]:
+  """Every seed: both systems at once, m4moe on cores[0], the peer on [1]."""
+  runs: dict[str, list[dict[str, Any]]] = {s: [] for s in picks}
+  for seed in seeds:
+    print(f"select: final seed {seed}: {budget:.0f} s each on cores "
+          f"{', '.join(cores)}", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+      futures = {
+          system: pool.submit(
+              final_run, candidate=selection.candidates_by_name(
+                  [pick.candidate])[0], seed=seed, run_dir=run_dir, data=data,
+              budget=budget, core=core, peer_python=peer_python)
+          for (system, pick), core in zip(picks.items(), cores)}
+      for system, future in futures.items():
+        runs[system].append(future.result())
+  return runs
+
+
+def _final_report(*, picks: dict[str, selection.Ranked],
+                  runs: dict[str, list[dict[str, Any]]],
+                  run_dir: pathlib.Path, data: systems.Data,
+                  splits: dict[str, Any], budget: float, cores: list[str],
+                  manifest: dict[str, Any]) -> dict[str, Any]:
+  references = {
+      split: list(testsets_lib.load_testsets(
+          data.corpus_dir, split=split, langs=[data.language])[0].references)
+      for split in final.SPLITS}
+  hypotheses = {
+      system: {split: [
+          (run_dir / "final" / "runs" / r["splits"][split]["hypotheses"]
+           ).read_text(encoding="utf-8").splitlines() for r in items]
+               for split in final.SPLITS}
+      for system, items in runs.items()}
+  setup = {"language": data.language, "budget_seconds": budget,
+           "cores": {s: c for s, c in zip(picks, cores)},
+           "selection": {"dev": manifest["dev"], "carve": manifest["rule"]}}
+  return final.report(picks=picks, runs=runs, hypotheses=hypotheses,
+                      references=references, splits=splits, setup=setup)
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _MODE.value == "select":
-    main_select()
-  else:
-    main_table()
+  modes = {"select": main_select, "table": main_table, "final": main_final}
+  modes[_MODE.value]()
 
 
 def run() -> None:

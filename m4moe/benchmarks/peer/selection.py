@@ -34,7 +34,7 @@ SYSTEM_M4MOE = "m4moe"
 SYSTEM_PEER = "opennmt-tf"
 SYSTEMS = (SYSTEM_M4MOE, SYSTEM_PEER)
 CARVE_SALT = "m4moe-peer-selection-dev"
-DEFAULT_CARVE_PERMILLE = 15
+DEFAULT_CARVE_PERMILLE = 10
 SELECTED_ON = "dev"
 
 
@@ -112,12 +112,14 @@ def write_selection_corpus(*, corpus_dir: pathlib.Path,
 
 def write_final_corpus(*, selection_dir: pathlib.Path,
                        corpus_dir: pathlib.Path, output_dir: pathlib.Path,
-                       language: str, test_skip: int) -> dict[str, Any]:
+                       language: str, test_skip: int,
+                       ood_sentences: int) -> dict[str, Any]:
   """The final comparison's corpus: selection train/dev, unseen test.
 
   ``test/<language>.tsv`` holds the corpus test split past its first
   ``test_skip`` pairs (every selection this project ran read at most the
-  first 1000), ``test_ood/<language>.tsv`` the out-of-domain split whole.
+  first 1000), ``test_ood/<language>.tsv`` the first ``ood_sentences`` of
+  the out-of-domain split (0: all of it).
 
   Raises:
     ValueError: a missing split file, or nothing left past ``test_skip``.
@@ -132,6 +134,8 @@ def write_final_corpus(*, selection_dir: pathlib.Path,
       raise ValueError(f"{path} does not exist: build the corpus with "
                        "--ood_packages=packaged for test_ood")
     lines = _read_lines(path)[skip:]
+    if split == "test_ood" and ood_sentences > 0:
+      lines = lines[:ood_sentences]
     if not lines:
       raise ValueError(f"{path}: no pairs past the first {skip}")
     counts[split] = {"sentences": len(lines), "first_line": skip + 1,
@@ -419,16 +423,28 @@ def _fmt_seeds(values: Sequence[float], digits: int) -> str:
   return " / ".join(f"{v:.{digits}f}" for v in values)
 
 
+def _budget_text(budgets: Sequence[Mapping[str, float]]) -> str:
+  parts = []
+  for budget in budgets:
+    if "budget_steps" in budget:
+      parts.append(f"{budget['budget_steps']:.0f} steps of 4096 tokens (other "
+                   "batch sizes: the same tokens)")
+    else:
+      parts.append(f"{budget['budget_seconds']:.0f} s")
+  return " and ".join(parts) or "no runs yet"
+
+
 def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
-                   manifest: Mapping[str, Any], budget_seconds: float) -> str:
+                   manifest: Mapping[str, Any],
+                   budgets: Sequence[Mapping[str, float]]) -> str:
   """The dev-only selection table, one section per system."""
   dev = manifest["dev"]
   lines = [
       f"Dev-only selection: {dev['sentences']} {manifest['language']}->en "
       f"sentences ({dev['from_dev_split']} of the dev split + "
-      f"{dev['from_train_carve']} carved from train), {budget_seconds:.0f} s "
-      "of training per run on one core, beam 4. Ranked by mean dev BLEU "
-      "over seeds (ties: dev CE). No test sentence is read.", ""]
+      f"{dev['from_train_carve']} carved from train); training per run: "
+      f"{_budget_text(budgets)}, on one core; beam 4. Ranked by mean dev "
+      "BLEU over seeds (ties: dev CE). No test sentence is read.", ""]
   for system in SYSTEMS:
     items = ranking.get(system, ())
     if not items:

@@ -31,6 +31,42 @@ PEER_NAME = "OpenNMT-tf 2.32.0"
 ONMT_VENV_ENV = "M4MOE_ONMT_VENV"
 
 
+# Training steps are counted in batches of this many tokens: a run with
+# other batches gets the steps that give it the same training tokens.
+REFERENCE_BATCH_TOKENS = 4096
+# The driver's wall-clock budget when steps bound the run instead.
+NO_TIME_LIMIT = 1e9
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Budget:
+  """How long a run trains: wall-clock ``seconds`` or ``steps``, not both.
+
+  ``steps`` are batches of :data:`REFERENCE_BATCH_TOKENS` tokens; a run with
+  other batches trains the same number of tokens (:meth:`steps_for`).
+  Seconds compare toolkits at equal time but depend on the machine's load;
+  steps give every candidate the same training however busy the machine.
+  """
+
+  seconds: float = 0.0
+  steps: int = 0
+
+  def __post_init__(self) -> None:
+    if (self.seconds > 0) == (self.steps > 0) or min(self.seconds,
+                                                     self.steps) < 0:
+      raise ValueError(f"budget seconds={self.seconds}, steps={self.steps}: "
+                       "give exactly one of --budget_seconds and "
+                       "--budget_steps, positive")
+
+  def steps_for(self, batch_tokens: int) -> int:
+    """Steps of ``batch_tokens``-token batches (0 for a time budget)."""
+    return round(self.steps * REFERENCE_BATCH_TOKENS / batch_tokens)
+
+  def to_dict(self) -> dict[str, float]:
+    return ({"budget_seconds": self.seconds} if self.seconds
+            else {"budget_steps": self.steps})
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Data:
   """The corpus (``train``, ``dev`` and the decoded splits) and vocabulary."""
@@ -91,18 +127,19 @@ def run_pinned(command: Sequence[str], *, core: str, log: pathlib.Path,
 
 
 def train_m4moe(*, data: Data, root: pathlib.Path, config: str,
-                flags: Sequence[str], batch_tokens: int, budget_seconds: float,
+                flags: Sequence[str], batch_tokens: int, budget: Budget,
                 seed: int, core: str) -> dict[str, Any]:
-  """Trains ``config`` 2+2 for ``budget_seconds``; returns its summary."""
+  """Trains ``config`` 2+2 for ``budget``; returns its summary."""
   model_dir = root / "model"
+  steps = budget.steps_for(batch_tokens) or toolkit.NO_STEP_LIMIT
   run_pinned(
       [sys.executable, "-m", "m4moe.cli.train", f"--config={config}",
        "--num_encoder_layers=2", "--num_decoder_layers=2",
        f"--corpus_dir={data.corpus_dir}", f"--vocab_dir={data.vocab_dir}",
        f"--languages={data.language}", f"--batch_tokens={batch_tokens}",
        f"--sequence_length={MAX_LENGTH}",
-       f"--train_steps={toolkit.NO_STEP_LIMIT}",
-       f"--max_train_seconds={budget_seconds}", "--eval_every=0",
+       f"--train_steps={steps}", f"--max_train_seconds={budget.seconds}",
+       "--eval_every=0",
        f"--checkpoint_every={toolkit.NO_STEP_LIMIT}", "--log_every=50",
        f"--seed={seed}", f"--model_dir={model_dir}", *flags],
       core=core, log=root / "train.log", what=f"{root.name} training")
@@ -137,8 +174,8 @@ def decode_m4moe(*, data: Data, root: pathlib.Path, split: str, name: str,
 
 
 def prepare_peer(*, data: Data, root: pathlib.Path,
-                 recipe: toolkit.PeerRecipe,
-                 model: toolkit.PeerModel) -> dict[str, Any]:
+                 recipe: toolkit.PeerRecipe, model: toolkit.PeerModel,
+                 budget: Budget) -> dict[str, Any]:
   """The peer's pieces (train, dev), vocabularies, model file and config.
 
   Reads ``train`` and ``dev`` of ``data.corpus_dir`` only. Returns the
@@ -174,7 +211,8 @@ def prepare_peer(*, data: Data, root: pathlib.Path,
   (root / "model.py").write_text(toolkit.model_file_text(model),
                                  encoding="utf-8")
   toolkit.write_json(root / "config.json", toolkit.run_config(
-      recipe=recipe, files=files, model_dir=root / "model"))
+      recipe=recipe, files=files, model_dir=root / "model",
+      max_step=budget.steps_for(recipe.batch_tokens) or toolkit.NO_STEP_LIMIT))
   toolkit.write_json(root / "data_counts.json", counts)
   return counts
 
@@ -187,11 +225,11 @@ def _driver(python: pathlib.Path, command: str, root: pathlib.Path,
           "--intra_op_threads=1"]
 
 
-def train_peer(*, python: pathlib.Path, root: pathlib.Path,
-               budget_seconds: float, seed: int, core: str) -> dict[str, Any]:
-  """Trains the prepared peer under ``root``; returns its summary."""
+def train_peer(*, python: pathlib.Path, root: pathlib.Path, budget: Budget,
+               seed: int, core: str) -> dict[str, Any]:
+  """Trains the peer prepared (with ``budget``) under ``root``."""
   run_pinned([*_driver(python, "train", root, seed),
-              f"--budget_seconds={budget_seconds}",
+              f"--budget_seconds={budget.seconds or NO_TIME_LIMIT}",
               f"--summary={root / 'train.json'}"],
              core=core, log=root / "train.log", what=f"{root.name} training")
   return json.loads((root / "train.json").read_text(encoding="utf-8"))

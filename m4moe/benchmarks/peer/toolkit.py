@@ -327,11 +327,13 @@ NO_STEP_LIMIT = 10_000_000
 
 
 def run_config(*, recipe: PeerRecipe, files: PeerFiles,
-               model_dir: pathlib.Path) -> dict[str, Any]:
+               model_dir: pathlib.Path,
+               max_step: int = NO_STEP_LIMIT) -> dict[str, Any]:
   """OpenNMT-tf's run configuration (written as JSON, which YAML reads).
 
-  Checkpoints and dev evaluations happen only when the driver stops the
-  training at the budget (then once each), as for our trainer.
+  Checkpoints and dev evaluations happen only when the training ends (at
+  the driver's time budget or at ``max_step``), then once each, as for our
+  trainer.
   """
   return {
       "model_dir": str(model_dir),
@@ -361,7 +363,7 @@ def run_config(*, recipe: PeerRecipe, files: PeerFiles,
           "batch_size": recipe.batch_tokens,
           "batch_type": "tokens",
           "effective_batch_size": None,
-          "max_step": NO_STEP_LIMIT,
+          "max_step": max_step,
           "save_checkpoints_steps": NO_STEP_LIMIT,
           "keep_checkpoint_max": 2,
           "save_summary_steps": recipe.report_every,

@@ -77,7 +77,7 @@ _BENCHMARKS_MD = flags.DEFINE_string(
     "benchmarks_md", "", "Also append the peer_train/peer_decode JSON lines "
     "to this benchmarks.md (default: not).")
 _EXAMPLES = flags.DEFINE_integer("examples", 5,
-                                 "Example translations in --output.")
+                                 "Example translations in peer.json.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of both systems.")
 
 # name -> (zoo config, extra m4moe-train flags), all at 2+2 layers.

@@ -1,8 +1,8 @@
 r"""Peer comparison: m4moe vs OpenNMT-tf at equal wall-clock on one pair.
 
   python -m m4moe.benchmarks.peer.run \
-      --corpus_dir=/work/runs/demo/corpus --vocab_dir=/work/runs/demo/vocab \
-      --work_dir=/work/runs/peer --onmt_venv=/work/venv/onmt \
+      --corpus_dir=runs/demo/corpus --vocab_dir=runs/demo/vocab \
+      --work_dir=runs/peer --onmt_venv=VENV \
       --budget_seconds=480
 
 Both systems train on the demo corpus's ``--language``->en pair with the

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sentencepiece as spm
 
-# The peer's exact pins (issue 12): OpenNMT-tf 2.32 needs TF 2.13 and addons;
+# The peer's exact pins: OpenNMT-tf 2.32 needs TF 2.13 and addons;
 # installed without its own dependency resolution, as its metadata asks for
 # a TensorFlow range pip cannot satisfy on Python 3.11 otherwise.
 PEER_REQUIREMENTS = ("tensorflow==2.13.1", "tensorflow-addons==0.21.0",
@@ -210,8 +210,9 @@ class PeerModel:
     num_heads: attention heads.
     d_ff: inner width of every feed-forward block.
     num_encoder_layers, num_decoder_layers: stack depths.
-    dropout: residual, attention and FFN dropout (0.1, the recipe issue 12
-      gives the peer; our tiny configs had 0.1 until ablation round 2).
+    dropout: residual, attention and FFN dropout (0.1 in the peer's first
+      recipe; our tiny configs had 0.1 until ablation round 2; the dev
+      selection tries 0 and 0.1).
   """
 
   d_model: int = 128

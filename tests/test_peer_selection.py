@@ -224,7 +224,8 @@ class _FakeSubprocesses:
     elif "infer" in command:
       n = len(pathlib.Path(args["features"]).read_text(
           encoding="utf-8").splitlines())
-      pathlib.Path(args["predictions"]).write_text("▁Open\n" * n,
+      # A line separator other than "\n" inside a line stays in its line.
+      pathlib.Path(args["predictions"]).write_text("▁Open\u2028▁it\n" * n,
                                                    encoding="utf-8")
       pathlib.Path(args["summary"]).write_text(json.dumps(
           {"sentences": n, "seconds": 2.0}), encoding="utf-8")

@@ -54,6 +54,7 @@ from m4moe.benchmarks.peer import final
 from m4moe.benchmarks.peer import selection
 from m4moe.benchmarks.peer import systems
 from m4moe.benchmarks.peer import toolkit
+from m4moe.eval import examples as examples_lib
 from m4moe.eval import testsets as testsets_lib
 
 _MODE = flags.DEFINE_enum("mode", "select", ["select", "table", "final"],
@@ -485,9 +486,9 @@ def _final_report(*, picks: dict[str, selection.Ranked],
           data.corpus_dir, split=split, langs=[data.language])[0].references)
       for split in final.SPLITS}
   hypotheses = {
-      system: {split: [
-          (run_dir / "final" / "runs" / r["splits"][split]["hypotheses"]
-           ).read_text(encoding="utf-8").splitlines() for r in items]
+      system: {split: [examples_lib.read_hypotheses(
+          run_dir / "final" / "runs" / r["splits"][split]["hypotheses"])
+                       for r in items]
                for split in final.SPLITS}
       for system, items in runs.items()}
   setup = {"language": data.language, "budget_seconds": budget,

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from m4moe.benchmarks.peer import toolkit
 from m4moe.data import vocab as vocab_lib
 from m4moe.eval import evaluate as evaluate_lib
+from m4moe.eval import examples as examples_lib
 from m4moe.eval import results
 from m4moe.eval import testsets as testsets_lib
 
@@ -164,8 +165,8 @@ def decode_m4moe(*, data: Data, root: pathlib.Path, split: str, name: str,
       what=f"{root.name} decoding ({split})")
   stats = json.loads(eval_path.read_text(encoding="utf-8"))["metadata"][
       "decode_stats"]
-  hyps = (hyp_dir / f"{data.language}.hyp").read_text(
-      encoding="utf-8").splitlines()
+  # Split on "\n" only: a hypothesis may hold other line separators.
+  hyps = examples_lib.read_hypotheses(hyp_dir / f"{data.language}.hyp")
   score = results.read_eval_json(eval_path).languages[data.language]
   return Decoded(split=split, hypotheses=hyps,
                  sentences=int(stats["sentences"]),
@@ -256,7 +257,7 @@ def decode_peer(*, python: pathlib.Path, data: Data, root: pathlib.Path,
              core=core, log=root / f"decode_{split}.log",
              what=f"{root.name} decoding ({split})")
   decode = json.loads(summary.read_text(encoding="utf-8"))
-  lines = predictions.read_text(encoding="utf-8").splitlines()
+  lines = examples_lib.read_hypotheses(predictions)
   if len(lines) != len(testset.sources):
     raise toolkit.PeerError(f"{predictions}: {len(lines)} lines for "
                             f"{len(testset.sources)} sentences")

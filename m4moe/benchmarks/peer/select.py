@@ -250,7 +250,7 @@ def run_candidate(*, candidate: selection.Candidate, seed: int,
   root = _fresh_dir(run_dir / "work" / f"{candidate.name}_s{seed}")
   print(f"select: {candidate.name} seed {seed}: {budget.to_dict()} on core "
         f"{core} ({root})", flush=True)
-  started = time.time()
+  started, commit = time.time(), _code_commit()  # the code that trains
   train, decoded = train_and_decode(
       candidate=candidate, data=data, root=root, splits=("dev",),
       budget=budget, seed=seed, core=core, peer_python=peer_python)
@@ -266,7 +266,7 @@ def run_candidate(*, candidate: selection.Candidate, seed: int,
                 dev.sentences / max(dev.seconds, 1e-9), 3),
             "core": core, "wall_seconds": round(time.time() - started, 1),
             "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
-            "code_commit": _code_commit()}
+            "code_commit": commit}
   toolkit.write_json(path, record)
   print(f"select: {candidate.name} seed {seed}: dev BLEU {dev.bleu:.2f} "
         f"chrF++ {dev.chrf:.2f} CE {train['dev_ce']:.3f}, "

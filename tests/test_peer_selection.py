@@ -444,3 +444,21 @@ def test_select_without_a_venv_says_how_to_give_one(corpus, tmp_path):
   assert done.returncode != 0
   assert "pass --onmt_venv=DIR or set M4MOE_ONMT_VENV=DIR" in done.stderr
   assert not (tmp_path / "run" / "candidates").exists()
+
+
+def test_final_refuses_picks_with_one_selection_seed(tmp_path):
+  (tmp_path / "run" / "candidates").mkdir(parents=True)
+  for r in (_record("m4moe_zoo", "m4moe", 0, 30.0, 2.5),
+            _record("m4moe_zoo", "m4moe", 1, 29.0, 2.5),
+            _record("peer_ours", "opennmt-tf", 0, 20.0, 3.0)):
+    (tmp_path / "run" / "candidates" / f"{r['candidate']}_s{r['seed']}.json"
+     ).write_text(json.dumps(r), encoding="utf-8")
+  done = subprocess.run(
+      [sys.executable, "-m", "m4moe.benchmarks.peer.select", "--mode=final",
+       f"--corpus_dir={tmp_path / 'corpus'}", f"--run_dir={tmp_path / 'run'}",
+       "--budget_seconds=60", "--onmt_venv=/nonexistent"],
+      capture_output=True, text=True, cwd=tmp_path, check=False)
+  assert done.returncode != 0
+  assert ("peer_ours (rank 1 of opennmt-tf on dev) has 1 selection seed(s), "
+          "fewer than --min_selection_seeds=2") in done.stderr
+  assert not (tmp_path / "run" / "final").exists()

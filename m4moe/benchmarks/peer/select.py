@@ -101,6 +101,9 @@ _VOCAB_LANGUAGES = flags.DEFINE_list(
 _OOD_SENTENCES = flags.DEFINE_integer(
     "test_ood_sentences", 3000, "Final: score the first N test_ood lines "
     "(0: all; the pt split has about 15.7k).")
+_MIN_SEEDS = flags.DEFINE_integer(
+    "min_selection_seeds", 2, "Final: refuse a pick with fewer selection "
+    "seeds (run it with --mode=select --seeds=0,1 first).")
 _M4MOE_PICK = flags.DEFINE_string("m4moe_candidate", None,
                                   "Final: m4moe's recipe (default: rank 1).")
 _PEER_PICK = flags.DEFINE_string("peer_candidate", None,
@@ -412,6 +415,13 @@ def _final_setup(run_dir: pathlib.Path
                ranking, selection.SYSTEM_M4MOE, name=_M4MOE_PICK.value),
            selection.SYSTEM_PEER: selection.chosen(
                ranking, selection.SYSTEM_PEER, name=_PEER_PICK.value)}
+  for pick in picks.values():
+    if len(pick.seeds) < _MIN_SEEDS.value:
+      raise ValueError(
+          f"{pick.candidate} (rank {pick.rank} of {pick.system} on dev) has "
+          f"{len(pick.seeds)} selection seed(s), fewer than "
+          f"--min_selection_seeds={_MIN_SEEDS.value}: run --mode=select "
+          f"--candidates={pick.candidate} --seeds=0,1 first")
   budgets = {r.get("budget_seconds") for r in selection.read_records(run_dir)
              if r["candidate"] in {p.candidate for p in picks.values()}}
   budget = _BUDGET.value or (budgets.pop() if len(budgets) == 1 else None)

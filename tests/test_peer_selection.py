@@ -422,6 +422,8 @@ def test_final_report_schema_and_sacrebleu_scores():
      "--seeds=a: list integers"),
     (["--mode=final", "--corpus_dir=X", "--run_dir=Y", "--cores=0"],
      "--cores: give two CPU numbers"),
+    (["--mode=final", "--corpus_dir=X", "--run_dir=Y", "--seeds=0"],
+     "--seeds=0: the final comparison needs at least two seeds"),
 ])
 def test_select_flag_errors_are_usage_errors(tmp_path, flags, match):
   flags = [f.replace("=Y", f"={tmp_path / 'run'}") for f in flags]
@@ -456,7 +458,7 @@ def test_final_refuses_picks_with_one_selection_seed(tmp_path):
   done = subprocess.run(
       [sys.executable, "-m", "m4moe.benchmarks.peer.select", "--mode=final",
        f"--corpus_dir={tmp_path / 'corpus'}", f"--run_dir={tmp_path / 'run'}",
-       "--budget_seconds=60", "--onmt_venv=/nonexistent"],
+       "--budget_seconds=60", "--seeds=0,1", "--onmt_venv=/nonexistent"],
       capture_output=True, text=True, cwd=tmp_path, check=False)
   assert done.returncode != 0
   assert ("peer_ours (rank 1 of opennmt-tf on dev) has 1 selection seed(s), "

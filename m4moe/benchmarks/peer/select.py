@@ -76,7 +76,7 @@ _CANDIDATES = flags.DEFINE_list(
     "candidates", [], "Candidates to run, in order (default: the whole "
     "queue of selection.CANDIDATES).")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds of every candidate "
-                           "(select) or system (final).")
+                           "(select) or system (final: at least two).")
 _BUDGET = flags.DEFINE_float(
     "budget_seconds", None, "Training wall-clock per run (final: required "
     "unless the selection ran on seconds; select: instead of --budget_steps).")
@@ -436,6 +436,9 @@ def main_final() -> None:
   seeds, cores = _seeds(), list(_CORES.value)
   if len(cores) != 2 or not all(c.isdigit() for c in cores):
     raise app.UsageError("--cores: give two CPU numbers, e.g. 0,1")
+  if len(seeds) < 2:
+    raise app.UsageError(f"--seeds={','.join(map(str, seeds))}: the final "
+                         "comparison needs at least two seeds, e.g. 0,1")
   run_dir = pathlib.Path(_RUN_DIR.value).resolve()
   output_dir = pathlib.Path(_OUTPUT_DIR.value or run_dir / "final").resolve()
   try:

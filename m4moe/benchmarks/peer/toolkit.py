@@ -211,8 +211,7 @@ class PeerModel:
     d_ff: inner width of every feed-forward block.
     num_encoder_layers, num_decoder_layers: stack depths.
     dropout: residual, attention and FFN dropout (0.1 in the peer's first
-      recipe; our tiny configs had 0.1 until ablation round 2; the dev
-      selection tries 0 and 0.1).
+      recipe; the dev selection tries 0 and 0.1).
   """
 
   d_model: int = 128

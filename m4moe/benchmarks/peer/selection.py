@@ -192,7 +192,7 @@ class Candidate:
 
 
 # The peer's fields a candidate may set, and the centre of its screening:
-# the "given our values" (Adam peak 1e-3, 1000 warmup steps, no
+# our recipe's values (Adam peak 1e-3, 1000 warmup steps, no
 # dropout); its original recipe (5e-4, 300, 0.1) is a candidate too.
 PEER_FIELDS = ("learning_rate", "warmup_steps", "dropout", "label_smoothing")
 PEER_CENTER = {"learning_rate": 1e-3, "warmup_steps": 1000.0, "dropout": 0.0,

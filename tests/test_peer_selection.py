@@ -464,3 +464,35 @@ def test_final_refuses_picks_with_one_selection_seed(tmp_path):
   assert ("peer_ours (rank 1 of opennmt-tf on dev) has 1 selection seed(s), "
           "fewer than --min_selection_seeds=2") in done.stderr
   assert not (tmp_path / "run" / "final").exists()
+
+
+def test_table_tests_each_candidate_against_its_centre_on_dev(tmp_path):
+  refs = ["the file is open", "close the window", "print it now",
+          "save all files", "open a new page"]
+  (tmp_path / "data" / "selection_corpus" / "dev").mkdir(parents=True)
+  (tmp_path / "data" / "selection_corpus" / "dev" / "pt.tsv").write_text(
+      "".join(f"{r}\tx{i}\n" for i, r in enumerate(refs)), encoding="utf-8")
+  (tmp_path / "data" / "manifest.json").write_text(json.dumps(
+      {"language": "pt", "rule": "r", "dev": {
+          "sentences": 5, "from_dev_split": 2, "from_train_carve": 3}}),
+      encoding="utf-8")
+  hyps = {"m4moe_zoo": ["the file open", "close window", "print it",
+                        "save files", "a page"],
+          "m4moe_ls0": refs}
+  (tmp_path / "candidates").mkdir()
+  for name, lines in hyps.items():
+    systems.write_hypotheses(systems.hypotheses_path(
+        tmp_path / "work" / f"{name}_s0", "dev", "pt"), lines)
+    bleu = sacrebleu.corpus_bleu(lines, [refs]).score
+    (tmp_path / "candidates" / f"{name}_s0.json").write_text(json.dumps(
+        _record(name, "m4moe", 0, bleu, 2.0, budget_steps=5)),
+        encoding="utf-8")
+  select.write_table(tmp_path, tmp_path / "out")
+  out = json.loads((tmp_path / "out" / "selection.json").read_text(
+      encoding="utf-8"))
+  diff = out["bleu_minus_centre"]["m4moe_ls0"]
+  assert diff["score"] == pytest.approx(
+      100.0 - sacrebleu.corpus_bleu(hyps["m4moe_zoo"], [refs]).score)
+  assert list(out["bleu_minus_centre"]) == ["m4moe_ls0"]
+  table = (tmp_path / "out" / "selection.md").read_text(encoding="utf-8")
+  assert "| 1 | m4moe_ls0 |" in table and "(p=" in table

@@ -55,6 +55,7 @@ from m4moe.benchmarks.peer import selection
 from m4moe.benchmarks.peer import systems
 from m4moe.benchmarks.peer import toolkit
 from m4moe.eval import examples as examples_lib
+from m4moe.eval import significance
 from m4moe.eval import testsets as testsets_lib
 
 _MODE = flags.DEFINE_enum("mode", "select", ["select", "table", "final"],
@@ -282,6 +283,49 @@ def _budget_of(record: dict[str, Any]) -> dict[str, float]:
           if k in record}
 
 
+def _dev_resamples(run_dir: pathlib.Path, ranked: selection.Ranked, *,
+                   references: list[str], language: str
+                   ) -> significance.Resamples | None:
+  """The seed-mean of a candidate's dev BLEU resamples (None: no hyps)."""
+  items = []
+  for seed in ranked.seeds:
+    path = systems.hypotheses_path(
+        run_dir / "work" / f"{ranked.candidate}_s{seed}", "dev", language)
+    if not path.is_file():
+      return None
+    items.append(significance.resample(
+        examples_lib.read_hypotheses(path), references, metric="bleu",
+        target_lang="en"))
+  return significance.mean_resamples(items)
+
+
+def dev_differences(run_dir: pathlib.Path,
+                    ranking: dict[str, list[selection.Ranked]], *,
+                    language: str) -> dict[str, dict[str, Any]]:
+  """Each candidate's dev BLEU minus its system's centre's, paired bootstrap.
+
+  Reads the selection dev set and the runs' dev hypotheses only.
+  """
+  (dev,) = testsets_lib.load_testsets(
+      run_dir / "data" / "selection_corpus", split="dev", langs=[language])
+  refs, out = list(dev.references), {}
+  for system, items in ranking.items():
+    centre = next((r for r in items
+                   if r.candidate == selection.CENTRES[system]), None)
+    base = centre and _dev_resamples(run_dir, centre, references=refs,
+                                     language=language)
+    if base is None:
+      continue
+    for r in items:
+      if r is centre:
+        continue
+      mine = _dev_resamples(run_dir, r, references=refs, language=language)
+      if mine is not None:
+        out[r.candidate] = significance.paired_difference(mine,
+                                                          base).to_dict()
+  return out
+
+
 def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
   """``selection.md`` and ``selection.json``: the dev-only ranking."""
   manifest = json.loads((run_dir / "data" / "manifest.json").read_text(
@@ -289,8 +333,11 @@ def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
   records = selection.read_records(run_dir)
   budgets = sorted({json.dumps(_budget_of(r)) for r in records})
   ranking = selection.rank(records)
+  differences = dev_differences(run_dir, ranking,
+                                language=manifest["language"])
   text = selection.table_markdown(ranking, manifest=manifest,
-                                  budgets=[json.loads(b) for b in budgets])
+                                  budgets=[json.loads(b) for b in budgets],
+                                  differences=differences)
   output_dir.mkdir(parents=True, exist_ok=True)
   (output_dir / "selection.md").write_text(text + "\n", encoding="utf-8")
   toolkit.write_json(output_dir / "selection.json", {
@@ -298,7 +345,8 @@ def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
       "budgets": [json.loads(b) for b in budgets],
       "dev": manifest["dev"], "carve": manifest["rule"],
       "ranking": {s: [r.to_dict() for r in items]
-                  for s, items in ranking.items()}})
+                  for s, items in ranking.items()},
+      "bleu_minus_centre": differences})
 
 
 def _seeds() -> list[int]:

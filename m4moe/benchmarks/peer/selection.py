@@ -434,17 +434,37 @@ def _budget_text(budgets: Sequence[Mapping[str, float]]) -> str:
   return " and ".join(parts) or "no runs yet"
 
 
+def _delta_text(r: Ranked, centre: Ranked | None,
+                differences: Mapping[str, Mapping[str, Any]]) -> str:
+  if centre is None or r is centre:
+    return "–"
+  d = differences.get(r.candidate)
+  if d is None:
+    return f"{r.bleu_mean - centre.bleu_mean:+.1f}"
+  star = "*" if d["significant"] else ""
+  return f"{d['score']:+.1f}{star} ±{d['ci']:.1f} (p={d['p_value']:.3f})"
+
+
 def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
                    manifest: Mapping[str, Any],
-                   budgets: Sequence[Mapping[str, float]]) -> str:
-  """The dev-only selection table, one section per system."""
+                   budgets: Sequence[Mapping[str, float]],
+                   differences: Mapping[str, Mapping[str, Any]] | None = None
+                   ) -> str:
+  """The dev-only selection table, one section per system.
+
+  ``differences``: per candidate, its dev BLEU minus its system's centre's
+  with sacrebleu's paired bootstrap over the dev sentences (``Δ ±95%``,
+  ``*`` for p < 0.05); without one, the plain difference of the means.
+  """
   dev = manifest["dev"]
   lines = [
       f"Dev-only selection: {dev['sentences']} {manifest['language']}->en "
       f"sentences ({dev['from_dev_split']} of the dev split + "
       f"{dev['from_train_carve']} carved from train); training per run: "
       f"{_budget_text(budgets)}, on one core; beam 4. Ranked by mean dev "
-      "BLEU over seeds (ties: dev CE). No test sentence is read.", ""]
+      "BLEU over seeds (ties: dev CE); Δ vs centre with sacrebleu's paired "
+      "bootstrap over the dev sentences (* p < 0.05). No test sentence is "
+      "read.", ""]
   for system in SYSTEMS:
     items = ranking.get(system, ())
     if not items:
@@ -457,8 +477,7 @@ def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
               "| ---: | --- | --- | --- | ---: | ---: | ---: | --- | ---: | "
               "---: | ---: | ---: |"]
     for r in items:
-      delta = (f"{r.bleu_mean - centre.bleu_mean:+.1f}" if centre and
-               r is not centre else "–")
+      delta = _delta_text(r, centre, differences or {})
       lines.append(
           f"| {r.rank} | {r.candidate} | {r.why} | "
           f"{', '.join(map(str, r.seeds))} | {r.steps:.0f} | "

@@ -148,11 +148,26 @@ def train_m4moe(*, data: Data, root: pathlib.Path, config: str,
                                      language=data.language)
 
 
+def hypotheses_path(root: pathlib.Path, split: str, language: str
+                    ) -> pathlib.Path:
+  """Where either system's decoded ``split`` lives under its run ``root``.
+
+  The layout is ``m4moe-eval --hypotheses_dir``'s: ``hyp_<split>/<lang>.hyp``.
+  """
+  return root / f"hyp_{split}" / f"{language}.hyp"
+
+
+def write_hypotheses(path: pathlib.Path, hypotheses: Sequence[str]) -> None:
+  """One hypothesis a line (:func:`examples_lib.read_hypotheses` reads it)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+
+
 def decode_m4moe(*, data: Data, root: pathlib.Path, split: str, name: str,
                  core: str, max_sentences: int = 0) -> Decoded:
   """Decodes ``split`` of ``data.corpus_dir`` with the model under ``root``."""
   eval_path = root / f"eval_{split}.json"
-  hyp_dir = root / f"hyp_{split}"
+  hyp_dir = hypotheses_path(root, split, data.language).parent
   run_pinned(
       [sys.executable, "-m", "m4moe.cli.eval", f"--model_dir={root / 'model'}",
        f"--vocab_dir={data.vocab_dir}", f"--corpus_dir={data.corpus_dir}",
@@ -166,7 +181,8 @@ def decode_m4moe(*, data: Data, root: pathlib.Path, split: str, name: str,
   stats = json.loads(eval_path.read_text(encoding="utf-8"))["metadata"][
       "decode_stats"]
   # Split on "\n" only: a hypothesis may hold other line separators.
-  hyps = examples_lib.read_hypotheses(hyp_dir / f"{data.language}.hyp")
+  hyps = examples_lib.read_hypotheses(
+      hypotheses_path(root, split, data.language))
   score = results.read_eval_json(eval_path).languages[data.language]
   return Decoded(split=split, hypotheses=hyps,
                  sentences=int(stats["sentences"]),
@@ -269,6 +285,7 @@ def decode_peer(*, python: pathlib.Path, data: Data, root: pathlib.Path,
                 "length_penalty": ALPHA, "split": split, "decode": decode})
   eval_path = root / f"eval_{split}.json"
   results.write_eval_json(result, eval_path)
+  write_hypotheses(hypotheses_path(root, split, data.language), hyps)
   score = result.languages[data.language]
   return Decoded(split=split, hypotheses=hyps,
                  sentences=int(decode["sentences"]),

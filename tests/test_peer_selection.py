@@ -422,6 +422,8 @@ def test_final_report_schema_and_sacrebleu_scores():
      "--seeds=a: list integers"),
     (["--mode=final", "--corpus_dir=X", "--run_dir=Y", "--cores=0"],
      "--cores: give two CPU numbers"),
+    (["--mode=table", "--run_dir=Y"], "holds no selection: run "
+     "--mode=select there first"),
     (["--mode=final", "--corpus_dir=X", "--run_dir=Y", "--seeds=0"],
      "--seeds=0: the final comparison needs at least two seeds"),
 ])

@@ -21,12 +21,12 @@ What each mode reads:
   ``RUN/data/vocab`` on its train split unless ``--vocab_dir`` is given.
   Each candidate and seed trains for ``--budget_steps`` (batches of 4096
   tokens; other batch sizes train as many tokens) or ``--budget_seconds``
-  and is scored on
-  the dev set (BLEU and chrF++ with beam 4, dev CE), written to
-  ``RUN/candidates/<name>_s<seed>.json``; a finished one is skipped on the
-  next run, an interrupted one restarts (its directory is kept as
-  ``*.abandoned-N``). The table is rewritten after each candidate.
-* ``table``: the candidate JSONs only.
+  and is scored on the dev set (BLEU and chrF++ with beam 4, dev CE),
+  written to ``RUN/candidates/<name>_s<seed>.json``; a finished one is
+  skipped on the next run, an interrupted one restarts (its directory is
+  kept as ``*.abandoned-N``). The table is rewritten after each candidate.
+* ``table``: the candidate JSONs, the selection dev set and the runs' dev
+  hypotheses (for the paired bootstrap against each system's centre).
 * ``final``: the candidate JSONs (the systems' picks: rank 1 on dev unless
   ``--m4moe_candidate``/``--peer_candidate``), the selection corpus, and
   ``CORPUS/test/<lang>.tsv`` past its first ``--test_skip`` lines and
@@ -412,6 +412,9 @@ def main_table() -> None:
   _required("run_dir")
   run_dir = pathlib.Path(_RUN_DIR.value).resolve()
   output_dir = pathlib.Path(_OUTPUT_DIR.value or run_dir).resolve()
+  if not (run_dir / "data" / "manifest.json").is_file():
+    raise app.UsageError(f"--run_dir={run_dir} holds no selection: run "
+                         "--mode=select there first")
   try:
     write_table(run_dir, output_dir)
   except (OSError, ValueError, KeyError) as e:

@@ -264,8 +264,9 @@ def decode_peer(*, python: pathlib.Path, data: Data, root: pathlib.Path,
   target_sp = vocab_lib.load(data.vocab_dir / "target.model")
   features = root / "data" / f"{split}.{data.language}.src"
   # Our translator keeps tag + pieces + EOS within MAX_LENGTH.
-  toolkit.write_test_pieces(testset.sources, source_sp=source_sp,
-                            path=features, max_pieces=MAX_LENGTH - 2)
+  truncated = toolkit.write_test_pieces(testset.sources, source_sp=source_sp,
+                                        path=features,
+                                        max_pieces=MAX_LENGTH - 2)
   predictions = root / f"{split}.{data.language}.en.pieces"
   summary = root / f"decode_{split}.json"
   run_pinned([*_driver(python, "infer", root, seed), f"--features={features}",
@@ -282,7 +283,8 @@ def decode_peer(*, python: pathlib.Path, data: Data, root: pathlib.Path,
   result = evaluate_lib.evaluate(
       lambda sources, **_: hyps, [testset], model=name, kind="bilingual",
       metadata={"system": PEER_NAME, "beam_size": BEAM_SIZE,
-                "length_penalty": ALPHA, "split": split, "decode": decode})
+                "length_penalty": ALPHA, "split": split, "decode": decode,
+                "sources_truncated": sum(truncated)})
   eval_path = root / f"eval_{split}.json"
   results.write_eval_json(result, eval_path)
   write_hypotheses(hypotheses_path(root, split, data.language), hyps)

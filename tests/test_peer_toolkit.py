@@ -6,6 +6,7 @@ the virtualenv builder runs with a fake ``subprocess.run``.
 """
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -359,12 +360,26 @@ def test_run_flag_errors_are_usage_errors(demo, tmp_path, flag, match):
       [sys.executable, "-m", "m4moe.benchmarks.peer.run",
        f"--corpus_dir={demo / 'corpus'}", f"--vocab_dir={demo / 'vocab'}",
        f"--work_dir={tmp_path / 'work'}", "--language=de", flag,
-       f"--output={tmp_path / 'peer.json'}", "--benchmarks_md="],
+       f"--output_dir={tmp_path / 'out'}"],
       capture_output=True, text=True, cwd=ROOT, check=False)
   assert done.returncode != 0
   assert match in done.stderr and "Traceback" not in done.stderr
   assert not (tmp_path / "work").exists()
-  assert not (tmp_path / "peer.json").exists()
+  assert not (tmp_path / "out").exists()
+
+
+def test_run_without_a_venv_says_how_to_give_one(demo, tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "M4MOE_ONMT_VENV"}
+  done = subprocess.run(
+      [sys.executable, "-m", "m4moe.benchmarks.peer.run",
+       f"--corpus_dir={demo / 'corpus'}", f"--vocab_dir={demo / 'vocab'}",
+       f"--work_dir={tmp_path / 'work'}", "--language=de",
+       "--test_sentences=8"],
+      capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
+  assert done.returncode != 0
+  assert "pass --onmt_venv=DIR or set M4MOE_ONMT_VENV=DIR" in done.stderr
+  assert not (tmp_path / "work" / "peer.json").exists()
+  assert not list(tmp_path.glob("**/benchmark*"))
 
 
 def test_run_refuses_a_work_dir_with_an_earlier_comparison(demo, tmp_path):
@@ -375,7 +390,7 @@ def test_run_refuses_a_work_dir_with_an_earlier_comparison(demo, tmp_path):
       [sys.executable, "-m", "m4moe.benchmarks.peer.run",
        f"--corpus_dir={demo / 'corpus'}", f"--vocab_dir={demo / 'vocab'}",
        f"--work_dir={tmp_path / 'work'}", "--language=de",
-       "--test_sentences=8", "--benchmarks_md="],
+       "--test_sentences=8"],
       capture_output=True, text=True, cwd=ROOT, check=False)
   assert done.returncode != 0 and "pass a new --work_dir" in done.stderr
   assert marker.read_text(encoding="utf-8") == "earlier run\n"

@@ -1,8 +1,9 @@
 r"""Peer comparison: m4moe vs OpenNMT-tf at equal wall-clock on one pair.
 
   python -m m4moe.benchmarks.peer.run \
-      --corpus_dir=/work/runs/demo/corpus --vocab_dir=/work/runs/demo/vocab \
-      --work_dir=/work/runs/peer --budget_seconds=480
+      --corpus_dir=runs/demo/corpus --vocab_dir=runs/demo/vocab \
+      --work_dir=runs/peer --onmt_venv=VENV \
+      --budget_seconds=480
 
 Both systems train on the demo corpus's ``--language``->en pair with the
 same SentencePiece pieces, the same model dimensions (our 2+2-layer
@@ -14,11 +15,17 @@ pinned to its own core with ``taskset`` and one intra-op thread, so other
 load on the machine hits both alike. With a third system
 (``--systems=m4moe,opennmt-tf,m4moe-moe``) the third runs in a second round.
 
-Writes ``--output`` (peer.json: scores, steps, tokens/s, dev CE, decode
-speed and example translations) and appends ``peer_train``/``peer_decode``
-JSON lines to ``--benchmarks_md``. Everything else goes under
-``--work_dir``, which must not hold an earlier comparison. The OpenNMT-tf
-virtualenv ``--onmt_venv`` is built with the pinned versions if missing.
+Writes ``peer.json`` (scores, steps, tokens/s, dev CE, decode speed and
+example translations) and ``benchmark_lines.jsonl`` (``peer_train`` /
+``peer_decode`` JSON lines) into ``--output_dir`` (default: ``--work_dir``),
+and appends the lines to ``--benchmarks_md`` only when it is given.
+Everything else goes under ``--work_dir``, which must not hold an earlier
+comparison. The OpenNMT-tf virtualenv (``--onmt_venv`` or
+``$M4MOE_ONMT_VENV``) is built with the pinned versions if missing.
+
+This scores the first ``--test_sentences`` of the test split with the
+systems' fixed recipes; ``select.py`` chooses the recipes on dev and scores
+sentences no selection has read.
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ import json
 import os
 import pathlib
 import platform
-import subprocess
 import sys
 import time
 from typing import Any, Sequence
@@ -37,9 +43,8 @@ from typing import Any, Sequence
 from absl import app
 from absl import flags
 
+from m4moe.benchmarks.peer import systems as systems_lib
 from m4moe.benchmarks.peer import toolkit
-from m4moe.data import vocab as vocab_lib
-from m4moe.eval import evaluate as evaluate_lib
 from m4moe.eval import results
 from m4moe.eval import testsets as testsets_lib
 
@@ -62,15 +67,17 @@ _SYSTEMS = flags.DEFINE_list(
 _CORES = flags.DEFINE_list("cores", ["0", "1"],
                            "CPU cores, one per concurrently running system.")
 _ONMT_VENV = flags.DEFINE_string(
-    "onmt_venv", "/work/venv/onmt",
-    "OpenNMT-tf virtualenv (built with the pinned versions if missing).")
-_OUTPUT = flags.DEFINE_string("output", "results/peer/peer.json",
-                              "Result JSON to write.")
+    "onmt_venv", None, "OpenNMT-tf virtualenv (default: $M4MOE_ONMT_VENV; "
+    "one of them is required with opennmt-tf); built with the pinned "
+    "versions if missing.")
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Where peer.json and benchmark_lines.jsonl go "
+    "(default: --work_dir).")
 _BENCHMARKS_MD = flags.DEFINE_string(
-    "benchmarks_md", "results/benchmarks.md",
-    "Append peer_train/peer_decode JSON lines here ('' to skip).")
+    "benchmarks_md", "", "Also append the peer_train/peer_decode JSON lines "
+    "to this benchmarks.md (default: not).")
 _EXAMPLES = flags.DEFINE_integer("examples", 5,
-                                 "Example translations in --output.")
+                                 "Example translations in peer.json.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of both systems.")
 
 # name -> (zoo config, extra m4moe-train flags), all at 2+2 layers.
@@ -84,7 +91,9 @@ M4MOE_SYSTEMS = {
 }
 PEER = "opennmt-tf"
 SYSTEMS = (*M4MOE_SYSTEMS, PEER)
-BEAM_SIZE, ALPHA, BATCH_TOKENS, MAX_LENGTH, DECODE_BATCH = 4, 0.6, 4096, 64, 32
+BEAM_SIZE, ALPHA, MAX_LENGTH, DECODE_BATCH = (
+    systems_lib.BEAM_SIZE, systems_lib.ALPHA, systems_lib.MAX_LENGTH, systems_lib.DECODE_BATCH)
+BATCH_TOKENS = 4096
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -111,138 +120,45 @@ class Outcome:
   core: str
 
 
-def _pinned_env() -> dict[str, str]:
-  return {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "OMP_NUM_THREADS": "1",
-          "TF_CPP_MIN_LOG_LEVEL": "1"}
-
-
-def _run(command: Sequence[str], *, core: str, log: pathlib.Path,
-         what: str) -> None:
-  """Runs ``command`` pinned to ``core``, output to ``log``."""
-  log.parent.mkdir(parents=True, exist_ok=True)
-  with open(log, "w", encoding="utf-8") as out:
-    out.write("$ taskset -c " + core + " " + " ".join(command) + "\n")
-    out.flush()
-    done = subprocess.run(["taskset", "-c", core, *command], stdout=out,
-                          stderr=subprocess.STDOUT, env=_pinned_env(),
-                          check=False)
-  if done.returncode != 0:
-    raise toolkit.PeerError(f"{what} failed (exit {done.returncode}); see "
-                            f"{log}")
-
-
 def _run_m4moe(name: str, setup: Setup, core: str) -> Outcome:
   config, *extra_flags = M4MOE_SYSTEMS[name]
   root = setup.work_dir / name
-  model_dir = root / "model"
-  python = sys.executable
-  _run([python, "-m", "m4moe.cli.train", f"--config={config}",
-        "--num_encoder_layers=2", "--num_decoder_layers=2",
-        f"--corpus_dir={setup.corpus_dir}", f"--vocab_dir={setup.vocab_dir}",
-        f"--languages={setup.language}", f"--batch_tokens={BATCH_TOKENS}",
-        f"--sequence_length={MAX_LENGTH}",
-        f"--train_steps={toolkit.NO_STEP_LIMIT}",
-        f"--max_train_seconds={setup.budget_seconds}", "--eval_every=0",
-        f"--checkpoint_every={toolkit.NO_STEP_LIMIT}", "--log_every=50",
-        f"--seed={setup.seed}", f"--model_dir={model_dir}", *extra_flags],
-       core=core, log=root / "train.log", what=f"{name} training")
-  train = toolkit.m4moe_train_summary(model_dir / "metrics.jsonl",
-                                      language=setup.language)
-  eval_path = root / "eval.json"
-  _run([python, "-m", "m4moe.cli.eval", f"--model_dir={model_dir}",
-        f"--vocab_dir={setup.vocab_dir}", f"--corpus_dir={setup.corpus_dir}",
-        f"--languages={setup.language}",
-        f"--max_sentences={len(setup.testset.sources)}",
-        f"--beam_size={BEAM_SIZE}", f"--alpha={ALPHA}",
-        f"--batch_size={DECODE_BATCH}", f"--model_name={name}",
-        "--kind=bilingual", f"--hypotheses_dir={root / 'hyp'}",
-        f"--output={eval_path}"],
-       core=core, log=root / "eval.log", what=f"{name} decoding")
-  stats = json.loads(eval_path.read_text(encoding="utf-8"))["metadata"][
-      "decode_stats"]
-  hyps = (root / "hyp" / f"{setup.language}.hyp").read_text(
-      encoding="utf-8").splitlines()
-  return Outcome(name=name, train=train, eval_path=eval_path,
-                 hypotheses=hyps, decode_sentences=int(stats["sentences"]),
-                 decode_seconds=float(stats["seconds"]), core=core)
-
-
-def _prepare_peer(setup: Setup, root: pathlib.Path) -> dict[str, Any]:
-  """Pieces, vocabularies, model file and config; returns the counts."""
-  source_sp = vocab_lib.load(setup.vocab_dir / "source.model")
-  target_sp = vocab_lib.load(setup.vocab_dir / "target.model")
-  data = root / "data"
-  counts = {}
-  for split in ("train", "dev"):
-    path = setup.corpus_dir / split / f"{setup.language}.tsv"
-    if not path.is_file():
-      raise toolkit.PeerError(f"{path} does not exist: is --corpus_dir a "
-                              f"corpus with language {setup.language!r}?")
-    pairs = [(x, en) for en, x in testsets_lib.read_pairs(path)]
-    counts[split] = dataclasses.asdict(toolkit.write_pieces(
-        pairs, source_sp=source_sp, target_sp=target_sp,
-        source_path=data / f"{split}.{setup.language}",
-        target_path=data / f"{split}.en", max_length=MAX_LENGTH))
-  files = toolkit.PeerFiles(
-      train_source=data / f"train.{setup.language}",
-      train_target=data / "train.en",
-      dev_source=data / f"dev.{setup.language}", dev_target=data / "dev.en",
-      source_vocab=data / "source.vocab", target_vocab=data / "target.vocab")
-  for side in ("source", "target"):
-    counts[f"{side}_vocab"] = toolkit.write_vocabulary(
-        setup.vocab_dir / f"{side}.vocab", data / f"{side}.vocab")
-  # Our translator keeps tag + pieces + EOS within max_length.
-  truncated = toolkit.write_test_pieces(
-      setup.testset.sources, source_sp=source_sp,
-      path=data / f"test.{setup.language}", max_pieces=MAX_LENGTH - 2)
-  counts["test_truncated"] = sum(truncated)
-  (root / "model.py").write_text(
-      toolkit.model_file_text(toolkit.PeerModel()), encoding="utf-8")
-  toolkit.write_json(root / "config.json", toolkit.run_config(
-      recipe=toolkit.PeerRecipe(batch_tokens=BATCH_TOKENS,
-                                max_length=MAX_LENGTH, beam_size=BEAM_SIZE,
-                                length_penalty=ALPHA,
-                                decode_batch_size=DECODE_BATCH),
-      files=files, model_dir=root / "model"))
-  toolkit.write_json(root / "data_counts.json", counts)
-  return counts
+  data = systems_lib.Data(corpus_dir=setup.corpus_dir, vocab_dir=setup.vocab_dir,
+                      language=setup.language)
+  train = systems_lib.train_m4moe(
+      data=data, root=root, config=config, flags=extra_flags,
+      batch_tokens=BATCH_TOKENS,
+      budget=systems_lib.Budget(seconds=setup.budget_seconds), seed=setup.seed,
+      core=core)
+  decoded = systems_lib.decode_m4moe(data=data, root=root, split="test",
+                                 name=name, core=core,
+                                 max_sentences=len(setup.testset.sources))
+  return Outcome(name=name, train=train, eval_path=decoded.eval_path,
+                 hypotheses=decoded.hypotheses,
+                 decode_sentences=decoded.sentences,
+                 decode_seconds=decoded.seconds, core=core)
 
 
 def _run_peer(setup: Setup, core: str, python: pathlib.Path) -> Outcome:
   root = setup.work_dir / PEER
-  _prepare_peer(setup, root)
-  driver = str(pathlib.Path(__file__).with_name("driver.py"))
-  common = [f"--config={root / 'config.json'}",
-            f"--model_file={root / 'model.py'}", f"--seed={setup.seed}",
-            "--intra_op_threads=1"]
-  _run([str(python), driver, "train", *common,
-        f"--budget_seconds={setup.budget_seconds}",
-        f"--summary={root / 'train.json'}"],
-       core=core, log=root / "train.log", what=f"{PEER} training")
-  train = json.loads((root / "train.json").read_text(encoding="utf-8"))
-  predictions = root / f"test.{setup.language}.en.pieces"
-  _run([str(python), driver, "infer", *common,
-        f"--features={root / 'data' / f'test.{setup.language}'}",
-        f"--predictions={predictions}", f"--summary={root / 'decode.json'}"],
-       core=core, log=root / "decode.log", what=f"{PEER} decoding")
-  decode = json.loads((root / "decode.json").read_text(encoding="utf-8"))
-  target_sp = vocab_lib.load(setup.vocab_dir / "target.model")
-  lines = predictions.read_text(encoding="utf-8").splitlines()
-  if len(lines) != len(setup.testset.sources):
-    raise toolkit.PeerError(f"{predictions}: {len(lines)} lines for "
-                            f"{len(setup.testset.sources)} test sentences")
-  hyps = [toolkit.detokenize(line, target_sp=target_sp) if src.strip()
-          else "" for line, src in zip(lines, setup.testset.sources)]
-  result = evaluate_lib.evaluate(
-      lambda sources, **_: hyps, [setup.testset], model=PEER,
-      kind="bilingual",
-      metadata={"system": "OpenNMT-tf 2.32.0", "beam_size": BEAM_SIZE,
-                "length_penalty": ALPHA, "train": train, "decode": decode})
-  eval_path = root / "eval.json"
-  results.write_eval_json(result, eval_path)
-  return Outcome(name=PEER, train=train, eval_path=eval_path,
-                 hypotheses=hyps, decode_sentences=int(decode["sentences"]),
-                 decode_seconds=float(decode["seconds"]), core=core)
+  data = systems_lib.Data(corpus_dir=setup.corpus_dir, vocab_dir=setup.vocab_dir,
+                      language=setup.language)
+  budget = systems_lib.Budget(seconds=setup.budget_seconds)
+  systems_lib.prepare_peer(
+      data=data, root=root, budget=budget, model=toolkit.PeerModel(),
+      recipe=toolkit.PeerRecipe(batch_tokens=BATCH_TOKENS,
+                                max_length=MAX_LENGTH, beam_size=BEAM_SIZE,
+                                length_penalty=ALPHA,
+                                decode_batch_size=DECODE_BATCH))
+  train = systems_lib.train_peer(python=python, root=root, budget=budget,
+                             seed=setup.seed, core=core)
+  decoded = systems_lib.decode_peer(python=python, data=data, root=root,
+                                testset=setup.testset, split="test",
+                                name=PEER, seed=setup.seed, core=core)
+  return Outcome(name=PEER, train=train, eval_path=decoded.eval_path,
+                 hypotheses=decoded.hypotheses,
+                 decode_sentences=decoded.sentences,
+                 decode_seconds=decoded.seconds, core=core)
 
 
 def _score(outcome: Outcome, language: str) -> tuple[float, float]:
@@ -267,17 +183,16 @@ def _validate(systems: Sequence[str], cores: Sequence[str]) -> None:
                          "least 1")
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def _setup_from_flags() -> tuple[list[str], list[str], Setup]:
+  """The systems, cores and shared setup; usage errors name the flag."""
   for name, flag in (("--corpus_dir", _CORPUS_DIR), ("--vocab_dir",
                      _VOCAB_DIR), ("--work_dir", _WORK_DIR)):
     if not flag.value:
       raise app.UsageError(f"{name} is required")
-  systems, cores = list(_SYSTEMS.value), list(_CORES.value)
-  _validate(systems, cores)
+  names, cores = list(_SYSTEMS.value), list(_CORES.value)
+  _validate(names, cores)
   work_dir = pathlib.Path(_WORK_DIR.value).resolve()
-  for name in systems:
+  for name in names:
     if (work_dir / name).exists():
       raise app.UsageError(f"{work_dir / name} exists (an earlier "
                            "comparison): pass a new --work_dir")
@@ -304,38 +219,43 @@ def main(argv: list[str]) -> None:
                          f"sentences, fewer than --test_sentences={n}")
   testset = dataclasses.replace(testset, sources=testset.sources[:n],
                                 references=testset.references[:n])
-  setup = Setup(corpus_dir=corpus_dir,
-                vocab_dir=vocab_dir, work_dir=work_dir,
-                language=_LANGUAGE.value, budget_seconds=_BUDGET.value,
-                testset=testset, seed=_SEED.value)
-  try:
-    peer_python = (toolkit.ensure_venv(
-        pathlib.Path(_ONMT_VENV.value), log=work_dir / "onmt_venv.log")
-                   if PEER in systems else None)
-    outcomes: dict[str, Outcome] = {}
-    started = time.time()
-    for begin in range(0, len(systems), len(cores)):
-      round_systems = systems[begin:begin + len(cores)]
-      print(f"peer: training {', '.join(round_systems)} for "
-            f"{setup.budget_seconds:.0f} s each (cores "
-            f"{', '.join(cores[:len(round_systems)])})", flush=True)
-      with concurrent.futures.ThreadPoolExecutor(len(round_systems)) as pool:
-        futures = {
-            name: pool.submit(_run_peer, setup, core, peer_python)
-            if name == PEER else pool.submit(_run_m4moe, name, setup, core)
-            for name, core in zip(round_systems, cores)}
-        for name, future in futures.items():
-          outcomes[name] = future.result()
-  except (toolkit.PeerError, OSError, ValueError) as e:
-    sys.exit(f"peer: error: {e}")
+  return names, cores, Setup(
+      corpus_dir=corpus_dir, vocab_dir=vocab_dir, work_dir=work_dir,
+      language=_LANGUAGE.value, budget_seconds=_BUDGET.value,
+      testset=testset, seed=_SEED.value)
+
+
+def _train_all(setup: Setup, names: Sequence[str], cores: Sequence[str],
+               peer_python: pathlib.Path | None) -> dict[str, Outcome]:
+  """Every system, len(cores) at a time, each pinned to its own core."""
+  outcomes: dict[str, Outcome] = {}
+  for begin in range(0, len(names), len(cores)):
+    round_systems = names[begin:begin + len(cores)]
+    print(f"peer: training {', '.join(round_systems)} for "
+          f"{setup.budget_seconds:.0f} s each (cores "
+          f"{', '.join(cores[:len(round_systems)])})", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(len(round_systems)) as pool:
+      futures = {
+          name: pool.submit(_run_peer, setup, core, peer_python)
+          if name == PEER else pool.submit(_run_m4moe, name, setup, core)
+          for name, core in zip(round_systems, cores)}
+      for name, future in futures.items():
+        outcomes[name] = future.result()
+  return outcomes
+
+
+def _report(setup: Setup, names: Sequence[str],
+            outcomes: dict[str, Outcome], wall_seconds: float
+            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+  """peer.json's content and the peer_train/peer_decode lines."""
   load = os.getloadavg()[0]
   report = {"language": setup.language, "budget_seconds": setup.budget_seconds,
-            "test_sentences": n, "beam_size": BEAM_SIZE, "alpha": ALPHA,
-            "batch_tokens": BATCH_TOKENS, "wall_seconds": round(
-                time.time() - started, 1),
+            "test_sentences": len(setup.testset.sources),
+            "beam_size": BEAM_SIZE, "alpha": ALPHA,
+            "batch_tokens": BATCH_TOKENS, "wall_seconds": round(wall_seconds, 1),
             "loadavg_1m_at_end": round(load, 2), "systems": {}}
   lines = []
-  for name in systems:
+  for name in names:
     outcome = outcomes[name]
     bleu, chrf = _score(outcome, setup.language)
     record = toolkit.system_record(
@@ -360,16 +280,32 @@ def main(argv: list[str]) -> None:
           f"{record['dev_ce']:.3f}, decode "
           f"{record['decode_sentences_per_sec']:.2f} sentences/s", flush=True)
   report["examples"] = toolkit.examples(
-      sources=testset.sources, references=testset.references,
-      hypotheses={name: outcomes[name].hypotheses for name in systems},
+      sources=setup.testset.sources, references=setup.testset.references,
+      hypotheses={name: outcomes[name].hypotheses for name in names},
       count=_EXAMPLES.value)
-  toolkit.write_json(pathlib.Path(_OUTPUT.value), report)
-  if _BENCHMARKS_MD.value:
-    try:
+  return report, lines
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  names, cores, setup = _setup_from_flags()
+  output_dir = pathlib.Path(_OUTPUT_DIR.value or setup.work_dir).resolve()
+  try:
+    peer_python = (toolkit.ensure_venv(
+        systems_lib.onmt_venv(_ONMT_VENV.value),
+        log=setup.work_dir / "onmt_venv.log") if PEER in names else None)
+    started = time.time()
+    outcomes = _train_all(setup, names, cores, peer_python)
+    report, lines = _report(setup, names, outcomes, time.time() - started)
+    toolkit.write_json(output_dir / "peer.json", report)
+    (output_dir / "benchmark_lines.jsonl").write_text(
+        "".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    if _BENCHMARKS_MD.value:
       toolkit.append_benchmark_lines(pathlib.Path(_BENCHMARKS_MD.value), lines)
-    except toolkit.PeerError as e:
-      sys.exit(f"peer: error: {e}")
-  print(f"Wrote {_OUTPUT.value}", flush=True)
+  except (toolkit.PeerError, OSError, ValueError) as e:
+    sys.exit(f"peer: error: {e}")
+  print(f"Wrote {output_dir / 'peer.json'}", flush=True)
 
 
 def run() -> None:

@@ -1,0 +1,108 @@
+"""The final comparison's report: both dev-chosen recipes on unseen sentences.
+
+Each system ran its recipe (chosen on dev by ``select.py``) with every seed;
+per split (the test split past the sentences earlier selections read, and
+``test_ood``) this assembles ``peer.json``: per system the per-seed BLEU and
+chrF++ with their seed spread (``m4moe.eval.seeds.spread``) and the
+seed-mean's 95% interval over test sentences, and m4moe minus the peer with
+sacrebleu's paired bootstrap (``m4moe.eval.significance``: each seed's
+hypotheses are resampled with the same sentence indices, the seeds'
+resamples averaged index by index); tokens/s and decode sentences/s with
+their seed spread. Nothing here resamples or tests by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from m4moe.benchmarks.peer import selection
+from m4moe.eval import seeds as seeds_lib
+from m4moe.eval import significance
+
+SPLITS = ("test", "test_ood")
+METRICS = ("bleu", "chrf")
+
+
+def _metric_block(hyps_by_seed: Sequence[Sequence[str]],
+                  references: Sequence[str], *, metric: str,
+                  n_samples: int) -> tuple[dict[str, Any],
+                                           significance.Resamples]:
+  """Per-seed scores, their spread, and the seed-mean's interval."""
+  resamples = [significance.resample(h, references, metric=metric,
+                                     target_lang="en", n_samples=n_samples)
+               for h in hyps_by_seed]
+  mean = significance.mean_resamples(resamples)
+  spread = seeds_lib.spread([r.score for r in resamples])
+  return ({"per_seed": [round(r.score, 2) for r in resamples],
+           "seed_spread": spread.to_dict(),
+           "interval": significance.interval(mean).to_dict()}, mean)
+
+
+def _speed(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  out = {"steps": seeds_lib.spread([r["train"]["steps"] for r in runs]
+                                   ).to_dict(),
+         "tokens_per_sec": seeds_lib.spread(
+             [r["train"]["tokens_per_sec"] for r in runs]).to_dict(),
+         "dev_ce": seeds_lib.spread([r["train"]["dev_ce"] for r in runs]
+                                    ).to_dict()}
+  for split in SPLITS:
+    out[f"decode_sentences_per_sec_{split}"] = seeds_lib.spread(
+        [r["splits"][split]["sentences_per_sec"] for r in runs]).to_dict()
+  return out
+
+
+def recipe_entry(pick: selection.Ranked) -> dict[str, Any]:
+  """A chosen recipe as ``peer.json`` records it."""
+  return {"candidate": pick.candidate, "change": pick.why,
+          "settings": list(pick.settings), "batch_tokens": pick.batch_tokens,
+          "selected_on": selection.SELECTED_ON,
+          "dev_bleu_per_seed": list(pick.bleu),
+          "dev_bleu_mean": round(pick.bleu_mean, 2),
+          "dev_ce_mean": round(pick.dev_ce_mean, 4),
+          "selection_seeds": list(pick.seeds), "selection_rank": pick.rank}
+
+
+def report(*, picks: Mapping[str, selection.Ranked],
+           runs: Mapping[str, Sequence[Mapping[str, Any]]],
+           hypotheses: Mapping[str, Mapping[str, Sequence[Sequence[str]]]],
+           references: Mapping[str, Sequence[str]],
+           splits: Mapping[str, Any], setup: Mapping[str, Any],
+           n_samples: int = significance.DEFAULT_SAMPLES) -> dict[str, Any]:
+  """``peer.json``.
+
+  Args:
+    picks: system -> its recipe chosen on dev.
+    runs: system -> final run records, one per seed (seed order).
+    hypotheses: system -> split -> per seed, the decoded sentences.
+    references: split -> references.
+    splits: split -> what was scored (sizes, first line, sha256).
+    setup: language, budget and cores, copied in.
+
+  Raises:
+    ValueError: the systems ran different seeds, or a split is missing.
+  """
+  seed_sets = {s: [r["seed"] for r in items] for s, items in runs.items()}
+  if len({tuple(v) for v in seed_sets.values()}) != 1:
+    raise ValueError(f"the systems ran different seeds: {seed_sets}")
+  out: dict[str, Any] = {
+      **setup, "selected_on": selection.SELECTED_ON,
+      "seeds": next(iter(seed_sets.values())),
+      "recipes": {s: recipe_entry(p) for s, p in picks.items()},
+      "splits": dict(splits), "systems": {}, "m4moe_minus_peer": {}}
+  for system in runs:
+    out["systems"][system] = {"speed": _speed(runs[system])}
+  for split in SPLITS:
+    refs = references[split]
+    means: dict[str, dict[str, significance.Resamples]] = {}
+    for system in runs:
+      for metric in METRICS:
+        block, mean = _metric_block(hypotheses[system][split], refs,
+                                    metric=metric, n_samples=n_samples)
+        out["systems"][system].setdefault(split, {})[metric] = block
+        means.setdefault(metric, {})[system] = mean
+    out["m4moe_minus_peer"][split] = {
+        metric: significance.paired_difference(
+            means[metric][selection.SYSTEM_M4MOE],
+            means[metric][selection.SYSTEM_PEER]).to_dict()
+        for metric in METRICS}
+  return out

@@ -58,57 +58,75 @@ from m4moe.eval import examples as examples_lib
 from m4moe.eval import significance
 from m4moe.eval import testsets as testsets_lib
 
-_MODE = flags.DEFINE_enum("mode", "select", ["select", "table", "final"],
-                          "select: screen candidates on dev; table: rank "
-                          "them; final: the comparison on unseen test.")
-_CORPUS_DIR = flags.DEFINE_string(
-    "corpus_dir", None, "Corpus built by m4moe-build-corpus (with "
-    "--ood_packages=packaged for --mode=final's test_ood).")
-_RUN_DIR = flags.DEFINE_string("run_dir", None,
-                               "Selection run directory (outside the repo).")
-_VOCAB_DIR = flags.DEFINE_string(
-    "vocab_dir", None, "m4moe-vocab output to use; default: train one on "
-    "the selection corpus's train split (RUN/data/vocab).")
-_LANGUAGE = flags.DEFINE_string("language", "pt", "Source language (->en).")
-_CARVE = flags.DEFINE_integer(
-    "carve_permille", selection.DEFAULT_CARVE_PERMILLE,
-    "Train groups carved into the dev set, per thousand (selection.py).")
-_CANDIDATES = flags.DEFINE_list(
-    "candidates", [], "Candidates to run, in order (default: the whole "
-    "queue of selection.CANDIDATES).")
-_SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds of every candidate "
-                           "(select) or system (final: at least two).")
-_BUDGET = flags.DEFINE_float(
-    "budget_seconds", None, "Training wall-clock per run (final: required "
-    "unless the selection ran on seconds; select: instead of --budget_steps).")
-_BUDGET_STEPS = flags.DEFINE_integer(
-    "budget_steps", None, "Select: training steps per run, in batches of "
-    "4096 tokens (default 1000 unless --budget_seconds).")
-_CORE = flags.DEFINE_string("core", "1", "CPU core of every selection run.")
-_CORES = flags.DEFINE_list("cores", ["0", "1"], "Final: the two cores, m4moe "
-                           "on the first, the peer on the second.")
-_ONMT_VENV = flags.DEFINE_string(
-    "onmt_venv", None, "OpenNMT-tf virtualenv (or $M4MOE_ONMT_VENV); built "
-    "with the pinned versions if missing.")
-_OUTPUT_DIR = flags.DEFINE_string(
-    "output_dir", None, "table/final: where selection.md/.json or peer.json "
-    "go (default: --run_dir).")
-_TEST_SKIP = flags.DEFINE_integer(
-    "test_skip", 1000, "Final: score the test split past its first N lines "
-    "(the earlier rounds read at most the first 1000).")
-_VOCAB_LANGUAGES = flags.DEFINE_list(
-    "vocab_languages", ["pt", "kk", "si", "ia"], "Languages of the trained "
-    "vocabulary (the demo's), read from the selection train split.")
-_OOD_SENTENCES = flags.DEFINE_integer(
-    "test_ood_sentences", 3000, "Final: score the first N test_ood lines "
-    "(0: all; the pt split has about 15.7k).")
-_MIN_SEEDS = flags.DEFINE_integer(
-    "min_selection_seeds", 2, "Final: refuse a pick with fewer selection "
-    "seeds (run it with --mode=select --seeds=0,1 first).")
-_M4MOE_PICK = flags.DEFINE_string("m4moe_candidate", None,
-                                  "Final: m4moe's recipe (default: rank 1).")
-_PEER_PICK = flags.DEFINE_string("peer_candidate", None,
-                                 "Final: the peer's recipe (default: rank 1).")
+def _define_flags() -> None:
+  """The tool's flags, defined only when it runs as a program.
+
+  Its flag names (``--corpus_dir``, ``--run_dir``, ...) are shared with
+  other m4moe tools; defining them at import would clash in any process
+  that imports this module and one of those (the test suite does).
+  """
+  global _MODE, _CORPUS_DIR, _RUN_DIR, _VOCAB_DIR, _LANGUAGE, _CARVE
+  global _CANDIDATES, _SEEDS, _BUDGET, _BUDGET_STEPS
+  _MODE = flags.DEFINE_enum("mode", "select", ["select", "table", "final"],
+                            "select: screen candidates on dev; table: rank "
+                            "them; final: the comparison on unseen test.")
+  _CORPUS_DIR = flags.DEFINE_string(
+      "corpus_dir", None, "Corpus built by m4moe-build-corpus (with "
+      "--ood_packages=packaged for --mode=final's test_ood).")
+  _RUN_DIR = flags.DEFINE_string("run_dir", None,
+                                 "Selection run directory (outside the repo).")
+  _VOCAB_DIR = flags.DEFINE_string(
+      "vocab_dir", None, "m4moe-vocab output to use; default: train one on "
+      "the selection corpus's train split (RUN/data/vocab).")
+  _LANGUAGE = flags.DEFINE_string("language", "pt", "Source language (->en).")
+  _CARVE = flags.DEFINE_integer(
+      "carve_permille", selection.DEFAULT_CARVE_PERMILLE,
+      "Train groups carved into the dev set, per thousand (selection.py).")
+  _CANDIDATES = flags.DEFINE_list(
+      "candidates", [], "Candidates to run, in order (default: the whole "
+      "queue of selection.CANDIDATES).")
+  _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds of every candidate "
+                             "(select) or system (final: at least two).")
+  _BUDGET = flags.DEFINE_float(
+      "budget_seconds", None, "Training wall-clock per run (final: required "
+      "unless the selection ran on seconds; select: instead of "
+      "--budget_steps).")
+  _BUDGET_STEPS = flags.DEFINE_integer(
+      "budget_steps", None, "Select: training steps per run, in batches of "
+      "4096 tokens (default 1000 unless --budget_seconds).")
+  _define_run_flags()
+
+
+def _define_run_flags() -> None:
+  """Where runs go and what the final comparison reads (see _define_flags)."""
+  global _CORE, _CORES, _ONMT_VENV, _OUTPUT_DIR, _TEST_SKIP, _VOCAB_LANGUAGES
+  global _OOD_SENTENCES, _MIN_SEEDS, _M4MOE_PICK, _PEER_PICK
+  _CORE = flags.DEFINE_string("core", "1", "CPU core of every selection run.")
+  _CORES = flags.DEFINE_list("cores", ["0", "1"], "Final: the two cores, m4moe "
+                             "on the first, the peer on the second.")
+  _ONMT_VENV = flags.DEFINE_string(
+      "onmt_venv", None, "OpenNMT-tf virtualenv (or $M4MOE_ONMT_VENV); built "
+      "with the pinned versions if missing.")
+  _OUTPUT_DIR = flags.DEFINE_string(
+      "output_dir", None, "table/final: where selection.md/.json or peer.json "
+      "go (default: --run_dir).")
+  _TEST_SKIP = flags.DEFINE_integer(
+      "test_skip", 1000, "Final: score the test split past its first N lines "
+      "(the earlier rounds read at most the first 1000).")
+  _VOCAB_LANGUAGES = flags.DEFINE_list(
+      "vocab_languages", ["pt", "kk", "si", "ia"], "Languages of the trained "
+      "vocabulary (the demo's), read from the selection train split.")
+  _OOD_SENTENCES = flags.DEFINE_integer(
+      "test_ood_sentences", 3000, "Final: score the first N test_ood lines "
+      "(0: all; the pt split has about 15.7k).")
+  _MIN_SEEDS = flags.DEFINE_integer(
+      "min_selection_seeds", 2, "Final: refuse a pick with fewer selection "
+      "seeds (run it with --mode=select --seeds=0,1 first).")
+  _M4MOE_PICK = flags.DEFINE_string(
+      "m4moe_candidate", None, "Final: m4moe's recipe (default: rank 1).")
+  _PEER_PICK = flags.DEFINE_string(
+      "peer_candidate", None, "Final: the peer's recipe (default: rank 1).")
+
 
 DEFAULT_SELECT_STEPS = 1000
 
@@ -570,6 +588,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
+  _define_flags()
   app.run(main)
 
 

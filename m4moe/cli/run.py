@@ -92,8 +92,8 @@ _LANES = flags.DEFINE_bool(
     "lanes", True, "Run the recipe's lanes (e.g. the multilingual model and "
     "the bilingual baselines) concurrently, each pinned to its share of the "
     "cores, with outputs in <run_dir>/logs/; --nolanes runs every stage "
-    "alone on all cores. With fewer cores than lanes they run one after the "
-    "other anyway.")
+    "alone on all cores, in plan order (the recipe's model order). With "
+    "fewer cores than lanes the lanes run one after the other.")
 
 
 def _marker(run_dir: pathlib.Path, stage: main_job.Stage) -> pathlib.Path:
@@ -445,7 +445,7 @@ def _run_plan(*, recipe: recipes_lib.Recipe, run_dir: pathlib.Path,
   if _ONLY.value:
     stages = _matching(stages, _ONLY.value)
   job = _Job(recipe=recipe, run_dir=run_dir, stages=stages)
-  for block in main_job.parallel_blocks(stages):
+  for block in _blocks(stages, lanes=_LANES.value):
     _run_block(job, block)
   if (_STOP_AFTER.value or _ONLY.value) and not _DRY_RUN.value:
     which = (f"after stage {_STOP_AFTER.value!r} (--stop_after)"
@@ -457,6 +457,18 @@ def _run_plan(*, recipe: recipes_lib.Recipe, run_dir: pathlib.Path,
     print(f"m4moe-run: done in {time.monotonic() - job.start:.0f} s. Report: "
           f"{report / 'report.html'} (also report.md, delta_bleu.png)",
           flush=True)
+
+
+def _blocks(stages: list[main_job.Stage], *,
+            lanes: bool) -> list[list[list[main_job.Stage]]]:
+  """The blocks to run in turn (see ``main_job.parallel_blocks``).
+
+  Without lanes every stage is a block of its own, in plan order, so a
+  recipe's models train in the order the recipe lists them.
+  """
+  if lanes:
+    return main_job.parallel_blocks(stages)
+  return [[[stage]] for stage in stages]
 
 
 def _run_block(job: _Job, block: list[list[main_job.Stage]]) -> None:

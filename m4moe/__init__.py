@@ -1,7 +1,8 @@
 """m4moe: GShard-style Mixture-of-Experts Transformers for massively
 multilingual machine translation in TensorFlow 2.
 
-Package map (one subpackage per idea):
+Package map (one subpackage per idea; the four modules at the root are
+used by every subpackage):
 
 * ``config``: frozen, validated ``ModelConfig``/``MoeConfig``; the zoo.
 * ``flagutil``: config dataclasses as absl flags.

@@ -1,5 +1,5 @@
 """Study v2 splits: append-only test-key extension and the out-of-domain
-test split of held-out source packages (issue 12 §3)."""
+test split of held-out source packages."""
 
 import json
 import pathlib

@@ -1,5 +1,5 @@
 """Corpus builder under faults: every bad input is counted with its file and
-the good data around it survives (issue 14)."""
+the good data around it survives."""
 
 import collections
 import json

@@ -258,7 +258,7 @@ def test_expert_init_is_truncated_normal_with_fan_in_scale():
     sigma = (0.1 / fan_in) ** 0.5
     values = weight.numpy()
     # One initialiser for dense and expert weights (m4moe.model.initializers): the
-    # realised std is sigma (it was 0.88 sigma before the fix, issue 15),
+    # realised std is sigma (nominal std sigma would give 0.88 sigma),
     # from a normal of nominal std sigma / 0.8796 truncated at 2 nominal.
     nominal = sigma / 0.87962566103423978
     assert np.abs(values).max() <= 2 * nominal + 1e-7

@@ -166,7 +166,7 @@ def test_update_of_model_split_weights_matches_one_device(report, config):
       # Within a few float32 ulps of the slot's own scale: a momentum entry
       # that is a near-cancellation of larger updates (0.00235 among values
       # of 0.28) differs by one ulp of 0.28 when the mesh sums in another
-      # order, seen on an Intel Xeon (3e-8, i.e. 1.3e-5 relative).
+      # order, seen on one of these CPUs (3e-8, i.e. 1.3e-5 relative).
       s_ref = np.asarray(s_ref)
       scale = float(np.max(np.abs(s_ref))) if s_ref.size else 0.0
       np.testing.assert_allclose(

@@ -1,4 +1,4 @@
-"""m4moe-report v2 (issue 12): examples, source reliance, intervals, seeds.
+"""m4moe-report: examples, source reliance, intervals, seeds.
 
 Hand-made corpora, hypotheses, eval JSONs and training logs; every eval
 JSON's scores are what m4moe.eval.scoring gives for its hypotheses, so the

@@ -31,7 +31,7 @@ MESHES = ("data:1", "data:2,expert:1", "data:1,expert:4", "data:2,expert:2",
 # Dimensions: G groups, S group size, E experts, C capacity, M model, H hidden.
 G, S, E, M, H = 8, 4, 8, 8, 16
 C = 2
-# The meshes of issue 6 (2x1, 1x4, 2x2, 8x1) for the real layer.
+# Meshes of each shape: data only, expert only, both, and many devices.
 LAYER_MESHES = ("data:2,expert:1", "data:1,expert:4", "data:2,expert:2",
                 "data:8,expert:1")
 

@@ -97,3 +97,12 @@ def test_the_tool_refuses_a_recipe_that_scores_test(tmp_path):
   assert proc.returncode != 0
   assert "dev-only recipes" in proc.stderr
   assert not (tmp_path / "out").exists()
+
+
+def test_the_tool_refuses_a_run_dir_without_candidates(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.screening",
+       f"--run_dir={tmp_path / 'nowhere'}", f"--output={tmp_path / 'out'}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode != 0 and "holds no trained candidate" in proc.stderr
+  assert not (tmp_path / "out").exists()

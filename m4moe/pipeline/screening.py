@@ -166,6 +166,10 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"--recipe={values.recipe} scores {recipe.eval_split}"
                          "; a selection table reads dev-only recipes")
   run_dir = pathlib.Path(values.run_dir)
+  if not (run_dir / "models").is_dir():
+    raise app.UsageError(f"--run_dir={run_dir} holds no trained "
+                         "candidate (no models/); run m4moe-run "
+                         f"--recipe={values.recipe} there first")
   rows = [candidate(model, run, run_dir) for model in recipe.models
           for run, _ in model.runs()]
   out = pathlib.Path(values.output)

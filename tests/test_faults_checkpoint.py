@@ -300,14 +300,10 @@ def test_lock_of_a_kill9ed_trainer_does_not_block_the_next(tmp_path):
   run = tmp_path / "run"
   script = tmp_path / "child.py"
   script.write_text(CHILD)
-  # The child imports toy_model from tests/, as this file does.
-  here = str(pathlib.Path(__file__).resolve().parent)
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                if p])}
+  # The child imports toy_model from tests/ (on PYTHONPATH: conftest.py).
   proc = subprocess.Popen([sys.executable, str(script), str(run)],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True, env=env)
+                          text=True)
   try:
     for line in proc.stdout:
       if line.strip() == "STEP 3":

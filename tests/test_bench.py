@@ -255,6 +255,16 @@ def test_peak_rss_finds_the_peak_and_its_phase():
   assert all(line.startswith("[") and "rss=" in line for line in lines)
 
 
+def test_peak_rss_time_is_the_end_of_the_plateau():
+  # Hand-checked: the largest is 1000 KiB; 995 (within 1%) at 0.3 s is the
+  # plateau's last sample, 980 at 0.4 s is below it.
+  samples = [peak_rss.RssSample(0.0, 100), peak_rss.RssSample(0.1, 1000),
+             peak_rss.RssSample(0.2, 990), peak_rss.RssSample(0.3, 995),
+             peak_rss.RssSample(0.4, 980), peak_rss.RssSample(0.5, 10)]
+  assert peak_rss._plateau_end(samples) == peak_rss.RssSample(0.3, 1000)
+  assert peak_rss._plateau_end([]) == peak_rss.RssSample(0.0, 0)
+
+
 def test_peak_rss_reports_failures():
   record = peak_rss.measure([sys.executable, "-c", _ALLOCATE, "3"],
                             interval=0.05)

@@ -8,7 +8,10 @@ memory belongs to (step, dev evaluation, checkpoint save). When the command
 exits, its exact peak comes from the kernel (``ru_maxrss`` of ``wait4``,
 the same number as ``/usr/bin/time -v``'s "Maximum resident set size");
 the samples give the time of the largest sampled RSS and the last output
-line before it. Linux only (``/proc``). Only the child's own memory is
+line before it. That time is the end of the peak's plateau (the last sample
+within 1% of the largest), not its first sample: output lines are
+time-stamped when this process reads them, which on a loaded machine can
+lag the child's print by more than a sampling interval. Linux only (``/proc``). Only the child's own memory is
 counted, not that of processes it starts.
 """
 
@@ -54,8 +57,8 @@ def measure(command: Sequence[str], *, interval: float = 0.5,
   Returns:
     ``{"benchmark": "peak_rss", "command", "returncode", "max_rss_kb"
     (exact, from the kernel), "peak_sampled_rss_kb", "peak_time_sec",
-    "peak_line" (the last output line before the largest sample, "" if
-    none), "wall_sec", "cpu_sec" (the child's user + system time),
+    "peak_line" (the last output line read before the end of the
+    peak's plateau, "" if none), "wall_sec", "cpu_sec" (the child's user + system time),
     "samples"}``.
 
   Raises:
@@ -76,7 +79,7 @@ def measure(command: Sequence[str], *, interval: float = 0.5,
   _, status, usage = os.wait4(proc.pid, 0)
   proc.returncode = os.waitstatus_to_exitcode(status)
   samples = sampler.stop()
-  peak = max(samples, key=lambda s: s.rss_kb, default=RssSample(0.0, 0))
+  peak = _plateau_end(samples)
   before = [text for t, text in lines if t <= peak.seconds]
   return {
       "benchmark": "peak_rss", "command": list(command),
@@ -88,6 +91,19 @@ def measure(command: Sequence[str], *, interval: float = 0.5,
       "cpu_sec": round(usage.ru_utime + usage.ru_stime, 1),
       "samples": len(samples),
   }
+
+
+def _plateau_end(samples: Sequence[RssSample]) -> RssSample:
+  """The last sample within 1% of the largest RSS (0 s, 0 KiB if none).
+
+  Its ``rss_kb`` is the largest sampled value; its time is when the peak
+  phase was last seen, so a line read late still falls before it.
+  """
+  if not samples:
+    return RssSample(0.0, 0)
+  largest = max(s.rss_kb for s in samples)
+  last = [s for s in samples if s.rss_kb >= 0.99 * largest][-1]
+  return RssSample(seconds=last.seconds, rss_kb=largest)
 
 
 class _Sampler:

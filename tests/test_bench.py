@@ -276,6 +276,7 @@ def test_peak_rss_reports_failures():
 
 
 def test_cli_peak_rss(capsys):
+  bench.flags.FLAGS(["m4moe-bench"])  # main reads parsed flags, as under app.run
   with pytest.raises(SystemExit) as exit_info:
     bench.main(["m4moe-bench", "peak_rss", sys.executable, "-c", _ALLOCATE,
                 "2"])

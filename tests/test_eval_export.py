@@ -20,6 +20,7 @@ def test_missing_tensorflow_text_explains_the_install(monkeypatch):
     export.require_tensorflow_text()
 
 
+@pytest.mark.slow
 def test_saved_model_reproduces_decode_in_a_fresh_process(tmp_path):
   pytest.importorskip("tensorflow_text")
   run_dir = fixtures.make_tiny_run(tmp_path / "tiny")

@@ -129,6 +129,7 @@ def test_gradients_reach_exactly_the_gate_rows_of_the_batchs_languages():
     assert norms[1] == 0
 
 
+@pytest.mark.slow
 def test_training_loss_decreases_on_a_tiny_fixture():
   tf.random.set_seed(2)
   model = model_lib.Transformer(config=_config())

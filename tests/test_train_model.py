@@ -2,6 +2,8 @@
 unigram baseline."""
 
 
+import pytest
+
 from m4moe import config as config_lib
 from m4moe.model import transformer as model_lib
 from m4moe.training import optimizer as optimizer_lib
@@ -22,6 +24,7 @@ def _config(**overrides):
   return config_lib.ModelConfig(**values)
 
 
+@pytest.mark.slow
 def test_small_moe_transformer_learns_well_below_unigram(tmp_path):
   pairs = synthetic.synthetic_pairs(num_pairs=2048, vocab_size=VOCAB,
                                     max_length=7, reverse=False)

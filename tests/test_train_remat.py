@@ -37,6 +37,7 @@ def _layers(model):
   return [*model.encoder_layers, *model.decoder_layers]
 
 
+@pytest.mark.slow
 def test_remat_gives_the_same_update():
   config = _config()
   tf.random.set_seed(0)

@@ -2,6 +2,7 @@
 non-finite guard, metrics and summaries."""
 
 import glob
+import os
 import json
 
 import numpy as np
@@ -79,6 +80,11 @@ def test_learns_below_unigram_and_writes_metrics(tmp_path):
   # The toy reports no executed expert compute (MoeLayerStats does).
   assert train[-1]["expert_compute"] == {}
   assert 0 < train[0]["tokens_seen"] < train[-1]["tokens_seen"]
+  # CPU seconds per step: positive, and a single-threaded-enough step never
+  # uses more CPU than the machine's cores could give it in its wall time.
+  for record in train:
+    assert 0 < record["step_cpu_sec"] <= (
+        record["step_time_sec"] * os.cpu_count() + 0.05)
   # TensorBoard events: train scalars, router histogram, dev CE per language.
   tags = set()
   for path in glob.glob(str(tmp_path / "run" / "*" / "events.*")):
@@ -441,3 +447,15 @@ def test_source_reliance_is_zero_for_a_model_that_ignores_its_source():
     return value
   assert gap(_SourceBlind()) == pytest.approx(0.0, abs=1e-6)
   assert abs(gap(toy_model.ToyTranslator(vocab_size=VOCAB + 1))) > 1e-4
+
+
+def test_interval_summary_hand_checked():
+  interval = metrics_lib.Interval()
+  interval.add(ce_sum=6.0, objective=2.0, target_tokens=3.0,
+               source_tokens=5.0, seconds=1.0, cpu_seconds=0.5)
+  interval.add(ce_sum=2.0, objective=4.0, target_tokens=1.0,
+               source_tokens=3.0, seconds=3.0, cpu_seconds=1.5)
+  assert interval.summary() == {
+      "train_ce": 2.0, "train_loss": 3.0, "step_time_sec": 2.0,
+      "step_cpu_sec": 1.0, "tokens_per_sec": 3.0,
+      "target_tokens_per_sec": 1.0}

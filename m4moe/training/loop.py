@@ -279,7 +279,7 @@ class _Loop:
           "repeat (the m4moe.data pipeline does) or lower --train_steps") from e
 
   def run_step(self, after_step: Callable[[int], None] | None) -> None:
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     batches = self._next_microbatches()
     seed = tf.random.experimental.stateless_fold_in(self.base_seed, self.step)
     result = self.runner.train_step(batches, seed=seed)
@@ -288,7 +288,8 @@ class _Loop:
     self.interval.add(ce_sum=result.ce_sum, objective=result.objective,
                       target_tokens=result.target_tokens,
                       source_tokens=result.source_tokens,
-                      seconds=time.perf_counter() - began)
+                      seconds=time.perf_counter() - began,
+                      cpu_seconds=time.process_time() - began_cpu)
     if self.step % self.config.log_every == 0:
       self._log_train(result)
     if after_step is not None:

@@ -23,7 +23,8 @@ dropped so every (kind, step) appears once:
 
 * ``{"kind": "train", "step", "time", "elapsed_sec", "tokens_seen",
   "source_tokens_seen", "train_ce", "train_loss", "moe_loss", "aux_loss",
-  "z_loss", "learning_rate", "grad_norm", "step_time_sec", "tokens_per_sec",
+  "z_loss", "learning_rate", "grad_norm", "step_time_sec", "step_cpu_sec",
+  "tokens_per_sec",
   "target_tokens_per_sec", "nonfinite_skipped", "devices", "device_kind",
   "batch_tokens", "grad_accum_steps", "router": {layer: {stat: value}},
   "expert_compute": {stack: {stat: mean}}}``
@@ -31,6 +32,9 @@ dropped so every (kind, step) appears once:
   aux loss) averaged over the target tokens of the logging interval;
   ``tokens_seen`` counts non-padding target tokens since step 0;
   ``tokens_per_sec`` counts source + target non-padding tokens;
+  ``step_cpu_sec`` is the process's CPU seconds (all threads) per step,
+  which, unlike the wall-clock ``step_time_sec``, a busy shared core does
+  not inflate: the measure for comparing models at equal CPU time;
   ``expert_compute`` (MoE models) is :func:`expert_compute_means` of
   ``router``: per stack (``encoder``, ``decoder``) the mean over its MoE
   layers of the expert FLOPs actually executed per real token, absolute and
@@ -206,15 +210,18 @@ class Interval:
     self.target_tokens = 0.0
     self.source_tokens = 0.0
     self.seconds = 0.0
+    self.cpu_seconds = 0.0
 
   def add(self, *, ce_sum: float, objective: float, target_tokens: float,
-          source_tokens: float, seconds: float) -> None:
+          source_tokens: float, seconds: float,
+          cpu_seconds: float) -> None:
     self.steps += 1
     self.ce_sum += ce_sum
     self.objective_sum += objective
     self.target_tokens += target_tokens
     self.source_tokens += source_tokens
     self.seconds += seconds
+    self.cpu_seconds += cpu_seconds
 
   def summary(self) -> dict[str, float]:
     steps = max(self.steps, 1)
@@ -223,6 +230,7 @@ class Interval:
         "train_ce": self.ce_sum / max(self.target_tokens, 1.0),
         "train_loss": self.objective_sum / steps,
         "step_time_sec": self.seconds / steps,
+        "step_cpu_sec": self.cpu_seconds / steps,
         "tokens_per_sec": (self.source_tokens + self.target_tokens) / seconds,
         "target_tokens_per_sec": self.target_tokens / seconds,
     }

@@ -38,13 +38,15 @@ seeds = [1]
 '''
 
 
-def _run(run_dir, run, curve, *, bleu=None, fraction=None):
+def _run(run_dir, run, curve, *, bleu=None, fraction=None, cpu=None):
   model = run_dir / "models" / run
   model.mkdir(parents=True)
   records = [{"kind": "start", "step": 0, "num_params": 1000}]
   for step, ce in curve:
     train = {"kind": "train", "step": step, "step_time_sec": 0.5,
              "tokens_seen": step * 100}
+    if cpu is not None:
+      train["step_cpu_sec"] = cpu[step]
     if fraction is not None:
       train["expert_compute"] = {
           "decoder": {"expert_flops_dense_fraction": fraction[1]},
@@ -73,7 +75,8 @@ def test_candidates_rank_by_best_dev_ce(tmp_path):
   _run(run_dir, "a_s1", [(10, 3.2), (20, 3.0), (30, 3.1)], bleu={"de": 10.0,
                                                                "fr": 14.0})
   _run(run_dir, "b_s1", [(10, 3.3), (20, 2.95), (30, 2.9)],
-       bleu={"de": 12.0, "fr": 13.0}, fraction=(0.5, 0.75))
+       bleu={"de": 12.0, "fr": 13.0}, fraction=(0.5, 0.75),
+       cpu={10: 0.4, 20: 0.9, 30: 0.5})
   rows = [screening.candidate(m, run, run_dir) for m in recipe.models
           for run, _ in m.runs()]
   by_name = {r.name: r for r in rows}
@@ -83,6 +86,9 @@ def test_candidates_rank_by_best_dev_ce(tmp_path):
   assert by_name["b"].executed_ffn_fraction == {"decoder": 0.75,
                                                 "encoder": 0.5}
   assert by_name["b"].steps_per_sec == 2.0
+  # The median of the logged CPU seconds per step; none logged: unknown.
+  assert by_name["b"].cpu_sec_per_step == 0.5
+  assert by_name["a"].cpu_sec_per_step is None
   assert by_name["c"].status == "not started"
   table = screening.markdown(recipe, rows)
   lines = [l for l in table.splitlines() if l.startswith("| ")][1:]

@@ -60,6 +60,7 @@ class Candidate:
   dev_languages: int = 0
   executed_ffn_fraction: dict[str, float] | None = None
   steps_per_sec: float | None = None
+  cpu_sec_per_step: float | None = None
   num_params: int | None = None
   flags: tuple[str, ...] = ()
 
@@ -82,6 +83,16 @@ def _executed(records: Sequence[dict]) -> dict[str, float] | None:
   stacks = sorted({s for row in tail for s in row})
   return {s: statistics.fmean(row[s]["expert_flops_dense_fraction"]
                               for row in tail if s in row) for s in stacks}
+
+
+def _cpu_sec_per_step(records: Sequence[dict]) -> float | None:
+  """Median CPU seconds per step over the logged intervals (None for runs
+  logged before the trainer recorded ``step_cpu_sec``). CPU time, unlike
+  steps/s, is not inflated by other work on a shared core."""
+  values = [float(r["step_cpu_sec"]) for r in records
+            if r.get("kind") == "train"
+            and isinstance(r.get("step_cpu_sec"), (int, float))]
+  return statistics.median(values) if values else None
 
 
 def _dev_bleu(path: pathlib.Path) -> tuple[float | None, int]:
@@ -114,6 +125,7 @@ def candidate(model: recipes_lib.ModelRun, run: str,
       final_dev_ce=curve[-1][1] if curve else None, dev_bleu=bleu,
       dev_languages=languages, executed_ffn_fraction=_executed(records),
       steps_per_sec=cost.steps_per_sec,
+      cpu_sec_per_step=_cpu_sec_per_step(records),
       num_params=start[0].get("num_params") if start else None,
       flags=model.extra_flags)
 
@@ -131,12 +143,15 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate]) -> str:
            f"{recipe.beam_size}, at most {recipe.eval_max_sentences} dev "
            "sentences each, at the best dev-CE checkpoint). Executed FFN = "
            "expert FLOPs actually executed per token over the dense FFN's "
-           "(encoder / decoder means). Regenerate: `python3 -m "
+           "(encoder / decoder means). CPU s/step = the trainer's median "
+           "CPU seconds per step (all threads; a shared core's other work "
+           "does not inflate it, unlike steps/s). Regenerate: `python3 -m "
            "m4moe.pipeline.screening --recipe=RECIPE --run_dir=RUN_DIR "
            "--output=DIR`.", "",
            "| rank | candidate | status | steps | best dev CE (step) | final "
            "dev CE | dev BLEU (langs) | executed FFN enc / dec | steps/s | "
-           "params |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "CPU s/step | params |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   ranked = sorted(rows, key=lambda c: (c.best_dev_ce is None,
                                        c.best_dev_ce or 0.0))
   for rank, c in enumerate(ranked, 1):
@@ -148,6 +163,7 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate]) -> str:
         f"| {rank} | {c.name} | {c.status} | {_cell(c.steps, 'd')} | {best} "
         f"| {_cell(c.final_dev_ce, '.3f')} | {_cell(c.dev_bleu, '.2f')} "
         f"({c.dev_languages}) | {executed} | {_cell(c.steps_per_sec, '.3f')} "
+        f"| {_cell(c.cpu_sec_per_step, '.3f')} "
         f"| {_cell(c.num_params, ',d')} |")
   return "\n".join(lines) + "\n"
 

@@ -372,13 +372,15 @@ def test_only_runs_the_matching_stages_in_plan_order(tmp_path):
 
 def test_nolanes_runs_every_stage_alone_in_plan_order(tmp_path):
   from m4moe.cli import run as run_cli  # pylint: disable=g-import-not-at-top
-  stages = main_job.plan(recipes_lib.load_recipe("study3_screen"),
-                         run_dir=tmp_path, cache_dir=tmp_path)
+  recipe = recipes_lib.load_recipe("study3_screen")
+  stages = main_job.plan(recipe, run_dir=tmp_path, cache_dir=tmp_path)
   alone = run_cli._blocks(stages, lanes=False)
   assert [block[0][0].name for block in alone] == [s.name for s in stages]
   assert all(len(block) == 1 and len(block[0]) == 1 for block in alone)
   # With lanes the recipe's two lanes share one block, lane by lane.
   laned = run_cli._blocks(stages, lanes=True)
   assert len(laned[2]) == 2
-  assert laned[2][0][0].name == "train_dense_s1"
-  assert laned[2][1][0].name == "train_moe_E32_every_s1"
+  first = {lane: next(m.name for m in recipe.models if m.lane == lane)
+           for lane in (0, 1)}
+  assert laned[2][0][0].name == f"train_{first[0]}_s1"
+  assert laned[2][1][0].name == f"train_{first[1]}_s1"

@@ -480,8 +480,12 @@ def _place_sorted(choices: tf.Tensor, requested: tf.Tensor,
   sorted_key = tf.gather(key, order, batch_dims=1)
   rank = tf.range(queue_length)[tf.newaxis, :] - tf.searchsorted(
       sorted_key, sorted_key, side="left")
-  position = tf.gather(rank, tf.argsort(order, axis=-1, stable=True),
-                       batch_dims=1)
+  # Back to queue order: the inverse of the groups' permutations, as one
+  # permutation of the flattened [G * K*S] queue entries.
+  offsets = tf.range(tf.shape(order)[0])[:, tf.newaxis] * queue_length
+  inverse = tf.math.invert_permutation(tf.reshape(order + offsets, [-1]))
+  position = tf.reshape(tf.gather(tf.reshape(rank, [-1]), inverse),
+                        tf.shape(order))
   kept = queue(attempted) & (position < capacity)
   def unqueue(t):  # [G, K*S] -> [G, S, K]
     return tf.transpose(tf.reshape(t, [-1, num_k, group_size]), [0, 2, 1])

@@ -235,7 +235,8 @@ def test_cli_rejects_cpu_clock_outside_the_clocked_benchmarks_and_zero_reps():
   flag_values(["m4moe-bench", "--clock=cpu"])
   try:
     with pytest.raises(bench.app.UsageError, match="--clock=cpu times "
-                       "moe_layer, loss, loss_step, dropout_step only; "
+                       "moe_layer, loss, loss_step, dropout_step, "
+                       "recipe_step only; "
                        "train_step times wall-clock"):
       bench.main(["m4moe-bench", "train_step"])
   finally:

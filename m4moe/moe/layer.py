@@ -169,9 +169,8 @@ TRANSPOSE_B_MIN_ROWS = 512
 # rows and the result at any row count. Measured with 64 experts per call,
 # one thread: [512, 128] x [64, 128]^T 5.2 vs 7.1 ms, [256, 128] x [256,
 # 128]^T 10.1 vs 12.0 ms, [64, 256] x [128, 256]^T 3.6 vs 3.8 ms, [16, 128]
-# x [256, 128]^T 1.9 vs 2.1 ms (the tiny configs' experts; the
-# fine-grained study v3 candidate's, E = 64, H = 64, gains 2% of its
-# training step; results/benchmarks/README.md, "MoE step").
+# x [256, 128]^T 1.9 vs 2.1 ms (the tiny configs' experts, and the study v3
+# candidates'; results/benchmarks/README.md, "MoE step overhead").
 TRANSPOSE_B_MAX_WEIGHT = 1 << 17
 
 

@@ -459,7 +459,8 @@ def _place_sorted(choices: tf.Tensor, requested: tf.Tensor,
   group instead of K passes over one-hot ``<[G, S, E]>`` counters with a
   cumulative sum each, which cost ~4x more at E = 64, K = 8 (the
   fine-grained MoE's router). The positions are the same integers.
-  One device only: ``searchsorted`` has no DTensor expansion.
+  One device only: DTensor has no expansion for ``searchsorted``, and the
+  inverse permutation indexes the flattened groups across shards.
 
   Args:
     choices, requested, attempted: as for :func:`_place`.

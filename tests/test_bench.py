@@ -142,6 +142,64 @@ def test_loss_and_loss_step_tiny(one_layer_configs):
   _finite_positive(records[0], "speedup_vs_log_softmax")
 
 
+def _tiny_recipe(configs):
+  from m4moe.pipeline import recipes  # pylint: disable=g-import-not-at-top
+  models = tuple(recipes.ModelRun(name=name, config=config, train_steps=1,
+                                  extra_flags=flags)
+                 for name, config, flags in (
+                     ("dense", configs[1], ("--dropout_rate=0.1",)),
+                     ("moe", configs[0], ("--num_experts=4",))))
+  return recipes.Recipe(name="tiny", description="", models=models,
+                        use_packaged_corpus_recipe=False,
+                        source_vocab_size=60, target_vocab_size=50,
+                        batch_tokens=16, sequence_length=8,
+                        eval_max_sentences=1, beam_size=1)
+
+
+def test_packed_batch_has_the_packers_layout():
+  batch = train_step.packed_batch(rows=5, length=30, source_vocab_size=60,
+                                  target_vocab_size=50)
+  for side, vocab in (("inputs", 60), ("targets", 50)):
+    ids = batch[side].numpy()
+    segments = batch[f"{side}_segment_ids"].numpy()
+    positions = batch[f"{side}_positions"].numpy()
+    assert ids.shape == segments.shape == positions.shape == (5, 30)
+    np.testing.assert_array_equal(ids == 0, segments == 0)
+    assert ids.max() < vocab and ids[ids > 0].min() >= 3
+    for row_ids, row_segments, row_positions in zip(ids, segments, positions):
+      real = row_segments[row_segments > 0]
+      assert (row_segments[len(real):] == 0).all()  # padding at the end
+      assert real[0] == 1 and set(np.diff(real)) <= {0, 1}
+      for segment in set(real):
+        here = row_positions[row_segments == segment]
+        np.testing.assert_array_equal(here, np.arange(len(here)))
+        assert 4 <= len(here) <= 24
+
+
+def test_recipe_models_add_flags_and_name_the_unknown(one_layer_configs):
+  recipe = _tiny_recipe(one_layer_configs)
+  models = train_step.recipe_models(recipe, ["dense", "moe+--dispatch=index"])
+  assert models == {
+      "dense": (one_layer_configs[1], ("--dropout_rate=0.1",)),
+      "moe+--dispatch=index": (one_layer_configs[0], (
+          "--num_experts=4", "--dispatch=index"))}
+  with pytest.raises(ValueError, match="tiny has no model 'big'; use any "
+                     "of dense,moe"):
+    train_step.recipe_models(recipe, ["big"])
+
+
+@pytest.mark.slow
+def test_recipe_step_tiny(one_layer_configs):
+  recipe = _tiny_recipe(one_layer_configs)
+  dense, moe = train_step.run_recipe(recipe, specs=["dense", "moe"], reps=1,
+                                     warmup=1, clock="cpu")
+  assert (dense["model"], moe["model"]) == ("dense", "moe")
+  assert "speed_vs_dense" not in dense
+  _finite_positive(moe, "median_sec", "speed_vs_dense")
+  assert (moe["batch_size"], moe["sequence_length"]) == (2, 8)
+  assert moe["extra_flags"] == ["--num_experts=4"]
+
+
 def test_decode_tiny(one_layer_configs):
   point = decode.DecodePoint(batch_size=2, beam_size=2, max_decode_length=3,
                              source_length=4, vocab_size=50)
@@ -177,7 +235,8 @@ def test_cli_rejects_cpu_clock_outside_the_clocked_benchmarks_and_zero_reps():
   flag_values(["m4moe-bench", "--clock=cpu"])
   try:
     with pytest.raises(bench.app.UsageError, match="--clock=cpu times "
-                       "moe_layer, loss, loss_step, dropout_step only; "
+                       "moe_layer, loss, loss_step, dropout_step, "
+                       "recipe_step only; "
                        "train_step times wall-clock"):
       bench.main(["m4moe-bench", "train_step"])
   finally:

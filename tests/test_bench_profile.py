@@ -116,6 +116,41 @@ def test_op_table_sums_the_rest_into_one_row(tmp_path):
     profile.op_table(_write(_xspace(), tmp_path), top=-1)
 
 
+def _reference_xspace() -> xplane_pb2.XSpace:
+  """A host plane with MatMul_1 [0, 4) and Sum [5, 8) on one thread."""
+  xspace = xplane_pb2.XSpace()
+  host = xspace.planes.add(name=profile.HOST_PLANE)
+  for i, (name, display) in enumerate([("MatMul_1:MatMul", "MatMul"),
+                                       ("Sum_3:Sum", "Sum")], start=1):
+    host.event_metadata[i].id = i
+    host.event_metadata[i].name = name
+    host.event_metadata[i].display_name = display
+  line = host.lines.add(id=1, name="tf_Compute/1")
+  _event(line, 1, offset_ms=0, duration_ms=4)
+  _event(line, 2, offset_ms=5, duration_ms=3)
+  return xspace
+
+
+def test_extra_table_ranks_op_types_by_time_beyond_the_reference(tmp_path):
+  # Per call (2 calls each): the case has MatMul 5 ms, GatherV2 1 and
+  # PartitionedCall 1 (self time); the reference MatMul 2 and Sum 1.5.
+  case = _write(_xspace(), tmp_path)
+  (tmp_path / "ref").mkdir()
+  reference = _write(_reference_xspace(), tmp_path / "ref")
+  rows = profile.extra_table(case, reference, top=5, calls=2)
+  assert [(r["op_type"], r["ms_per_call"], r["reference_ms_per_call"],
+           r["extra_ms"]) for r in rows] == [
+               ("MatMul", 5, 2, 3), ("GatherV2", 1, 0, 1),
+               ("PartitionedCall", 1, 0, 1), ("Sum", 0, 1.5, -1.5),
+               ("(total)", 7, 3.5, 3.5)]
+  top, rest, total = profile.extra_table(case, reference, top=1, calls=2)
+  assert top["op_type"] == "MatMul"
+  assert (rest["op_type"], rest["extra_ms"]) == ("(other 3 op types)", 0.5)
+  assert top["extra_ms"] + rest["extra_ms"] == total["extra_ms"]
+  with pytest.raises(ValueError, match="calls=0"):
+    profile.extra_table(case, reference, top=1, calls=0)
+
+
 def test_op_table_failure_modes(tmp_path):
   no_host = xplane_pb2.XSpace()
   no_host.planes.add(name="/device:TPU:0")
@@ -209,7 +244,8 @@ def test_cli_profile_dir_prints_one_line_per_case(tmp_path):
                           abs_tol=1e-3)
 
 
-def test_cli_profile_dir_is_moe_layer_only(tmp_path):
+def test_cli_profile_dir_is_moe_layer_and_recipe_step_only(tmp_path):
   proc = _bench("train_step", f"--profile_dir={tmp_path}")
   assert proc.returncode != 0
-  assert "--profile_dir profiles moe_layer only" in proc.stderr
+  assert ("--profile_dir profiles moe_layer, recipe_step only, not "
+          "train_step") in proc.stderr

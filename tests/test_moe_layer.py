@@ -320,15 +320,18 @@ def test_router_or_experts_that_disagree_with_the_config_are_rejected():
 
 @pytest.mark.parametrize("rows", [0, 1, 7])
 @pytest.mark.parametrize("with_keep", [False, True])
-@pytest.mark.parametrize("rows_hint", [None, 10**6])
-def test_expert_ffn_values_and_gradients_equal_autodiff(rows, with_keep,
-                                                        rows_hint):
+@pytest.mark.parametrize("rows_hint,max_weight", [(None, 0), (10**6, 0),
+                                                  (None, 1 << 17)])
+def test_expert_ffn_values_and_gradients_equal_autodiff(
+    rows, with_keep, rows_hint, max_weight, monkeypatch):
   # The hand-written gradient against autodiff of the same formula, in both
   # matmul forms of the input gradients (rows_hint: few rows, the transposed
-  # form; many, transpose_b for the tall wo); dropped hidden units (keep =
-  # 0) and ReLU's dead units both occur, and an expert may get no rows.
+  # form; many, transpose_b for the tall wo; a small weight, transpose_b for
+  # both); dropped hidden units (keep = 0) and ReLU's dead units both
+  # occur, and an expert may get no rows.
   from m4moe.moe import layer as moe_layer_lib  # pylint: disable=g-import-not-at-top
   assert 10**6 >= moe_layer_lib.TRANSPOSE_B_MIN_ROWS
+  monkeypatch.setattr(moe_layer_lib, "TRANSPOSE_B_MAX_WEIGHT", max_weight)
   rng = np.random.default_rng(rows)
   x = tf.constant(rng.normal(size=(rows, 5)), tf.float32)
   wi = tf.constant(rng.normal(size=(5, 6)), tf.float32)

@@ -1,5 +1,6 @@
 """Routers: a NumPy loop of GShard Algorithm 1 as oracle, invariants, losses."""
 
+import collections
 import dataclasses
 import itertools
 
@@ -368,3 +369,79 @@ def test_stats_are_nest_compatible():
   assert len(flat) == len(dataclasses.fields(routing.RouterStats)) == 9
   rebuilt = tf.nest.pack_sequence_as(stats, flat)
   assert isinstance(rebuilt, routing.RouterStats)
+
+
+def _queue_positions(choices, requested, attempted, capacity):
+  """Capacity positions by a plain loop: choice rank j over all tokens of a
+  group before rank j + 1, a counter per expert (GShard's rule, any K)."""
+  num_groups, group_size, num_k = choices.shape
+  positions = np.full(choices.shape, -1)
+  for g in range(num_groups):
+    counts = collections.Counter()
+    for j in range(num_k):
+      for s in range(group_size):
+        if requested[g, s, j]:
+          e = choices[g, s, j]
+          if attempted[g, s, j] and counts[e] < capacity[g]:
+            positions[g, s, j] = counts[e]
+          counts[e] += 1
+  return positions
+
+
+@pytest.mark.parametrize("num_k,num_experts", [(1, 4), (2, 4), (8, 16)])
+def test_sorted_placement_equals_the_loop_and_the_counters(num_k, num_experts):
+  # The one-device placement (one sort per group) against a plain loop and
+  # against the per-choice one-hot counters it replaces (used on meshes):
+  # same kept choices, same positions; with padding, policy skips that
+  # still take a position, and per-group capacity caps.
+  rng = np.random.default_rng(num_k)
+  num_groups, group_size = 3, 20
+  choices = np.stack([[rng.permutation(num_experts)[:num_k]
+                       for _ in range(group_size)] for _ in range(num_groups)])
+  requested = np.broadcast_to(rng.random((num_groups, group_size, 1)) > 0.2,
+                              choices.shape)
+  attempted = requested & (rng.random(choices.shape) > 0.3)
+  caps = np.array([1, 3, 40])
+  expected = _queue_positions(choices, requested, attempted, caps)
+  args = [tf.constant(choices, tf.int32), tf.constant(requested),
+          tf.constant(attempted)]
+  for one_device in (True, False):
+    placed, positions, kept = routing._place(  # pylint: disable=protected-access
+        *args, num_experts=num_experts, capacity=tf.constant(caps[:, None], tf.int32),
+        candidates=None, one_device=one_device)
+    np.testing.assert_array_equal(placed.numpy(), choices)
+    np.testing.assert_array_equal(kept.numpy(), expected >= 0)
+    np.testing.assert_array_equal(
+        np.where(kept.numpy(), positions.numpy(), -1), expected)
+
+
+def test_choice_values_and_counts_equal_the_one_hot_forms():
+  # Gathers (one device) and one-hot sums (meshes): the same values and
+  # gradients, both equal to NumPy's indexing and bincount.
+  rng = np.random.default_rng(0)
+  values = tf.constant(rng.random((2, 5, 6)), tf.float32)
+  choices_np = np.stack([[rng.permutation(6)[:3] for _ in range(5)]
+                         for _ in range(2)])
+  choices = tf.constant(choices_np, tf.int32)
+  mask = tf.constant([[1, 1, 1, 0, 0], [1, 0, 1, 1, 1]], tf.float32)
+  probe = tf.constant(rng.normal(size=(2, 5, 3)), tf.float32)
+  results = []
+  for one_device in (True, False):
+    with tf.GradientTape() as tape:
+      tape.watch(values)
+      picked = routing._choice_values(  # pylint: disable=protected-access
+          values, choices, one_device=one_device)
+      loss = tf.reduce_sum(picked * probe)
+    counts = routing._selection_counts(  # pylint: disable=protected-access
+        choices, mask, num_experts=6, one_device=one_device)
+    results.append((picked.numpy(), tape.gradient(loss, values).numpy(),
+                    counts.numpy()))
+  picked_np = np.take_along_axis(values.numpy(), choices_np, axis=-1)
+  grad_np = np.zeros(values.shape)
+  np.put_along_axis(grad_np, choices_np, probe.numpy(), axis=-1)
+  real = np.broadcast_to(mask.numpy()[..., None], choices_np.shape) > 0
+  counts_np = np.bincount(choices_np[real], minlength=6)
+  for picked, grad, counts in results:
+    np.testing.assert_array_equal(picked, picked_np)
+    np.testing.assert_allclose(grad, grad_np, rtol=1e-6)
+    np.testing.assert_array_equal(counts, counts_np)

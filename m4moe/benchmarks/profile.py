@@ -268,3 +268,47 @@ def op_table(xplane_path: str | pathlib.Path, *, top: int,
   if by == "op_type":
     return rank(type_totals(totals), top=top, what="op types")
   return rank(totals, top=top)
+
+
+def extra_table(xplane_path: str | pathlib.Path,
+                reference_path: str | pathlib.Path, *, top: int,
+                calls: int) -> list[dict[str, Any]]:
+  """Op types ranked by the time per call they take beyond a reference's.
+
+  Where does a case's extra time go (the MoE step over the dense one)? Both
+  traces are summed by op type (:func:`type_totals`) and divided by
+  ``calls``, the traced calls of each; the rows are the ``top`` types with
+  the largest difference, then one row of the other types, then a
+  ``(total)`` row of every op's time, so the rows above it add up to its
+  difference.
+
+  Args:
+    xplane_path: the case's trace (:func:`profile_call`'s result).
+    reference_path: the reference's trace, of as many calls.
+    top: rows listed before the remainder and total rows (>= 0).
+    calls: traced calls per trace (>= 1).
+
+  Returns:
+    Rows ``{op_type, ms_per_call, reference_ms_per_call, extra_ms}``,
+    largest ``extra_ms`` first (negative: faster than in the reference).
+  """
+  if top < 0 or calls < 1:
+    raise ValueError(f"top={top} must be >= 0 and calls={calls} >= 1")
+  def per_type(path):
+    folded = type_totals(op_totals(host_plane(load_xspace(path))))
+    return {kind: ps / 1e9 / calls for (_, kind), (_, ps) in folded.items()}
+  case, reference = per_type(xplane_path), per_type(reference_path)
+  def row(kind, ms, ref_ms):
+    return {"op_type": kind, "ms_per_call": ms,
+            "reference_ms_per_call": ref_ms, "extra_ms": ms - ref_ms}
+  rows = sorted((row(kind, case.get(kind, 0.0), reference.get(kind, 0.0))
+                 for kind in set(case) | set(reference)),
+                key=lambda r: (-r["extra_ms"], r["op_type"]))
+  rest = rows[top:]
+  out = rows[:top]
+  if rest:
+    out.append(row(f"(other {len(rest)} op types)",
+                   sum(r["ms_per_call"] for r in rest),
+                   sum(r["reference_ms_per_call"] for r in rest)))
+  out.append(row("(total)", sum(case.values()), sum(reference.values())))
+  return out

@@ -14,6 +14,9 @@ Usage:
   m4moe-bench dropout_step [--batch_size=64] [--sequence_length=64]
       [--vocab_size=8000] [--step_configs=tiny/dense,tiny/moe]
       [--clock=wall|cpu]
+  m4moe-bench recipe_step [--recipe=study3_screen]
+      [--recipe_models=dense,moe_E64k8_every,moe_E32_every] [--clock=wall|cpu]
+      [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
       [--max_decode_length=64] [--source_length=16] [--vocab_size=8000]
       [--decode_configs=tiny/moe,tiny/dense]
@@ -40,6 +43,17 @@ before, on the output layer alone and in the real trainer step
 ``dropout_step`` times the real trainer step with ``m4moe.model.layers.dropout``
 (16-bit masks, two per uint32 Philox word) against the float32-uniform
 masks it used before (``m4moe/benchmarks/dropout.py``).
+
+``recipe_step`` times the real trainer step of a training recipe's models
+as ``m4moe-run`` trains them (their zoo configs and extra flags, the zoo's
+optimiser, packed batches of the recipe's shape and vocabularies); the
+first model is the reference of every other's ``speed_vs_<first>``
+(``m4moe/benchmarks/train_step.py``). A model may carry further flags,
+``NAME+--flag=value``, for an A/B of one option. With ``--profile_dir`` each
+model's step is then traced for R calls into ``DIR/<model>/`` and a
+``recipe_step_profile`` line per model lists its slowest op types and, for
+every model after the first, the op types that take the most time per
+step beyond the reference's (``extra_vs_<first>``).
 
 ``peak_rss`` times nothing either: it runs COMMAND (everything after
 ``--``), echoes its output to stderr with the elapsed seconds and the
@@ -71,7 +85,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from absl import app
 from absl import flags
@@ -113,7 +127,8 @@ _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir", None, "moe_layer: after timing each point, trace each of "
     "its cases for --reps calls with tf.profiler into "
     "<profile_dir>/<point>_<case>/ and print their slowest ops and op types "
-    "(default: no profiles).")
+    "(recipe_step: each model into <profile_dir>/<model>/; default: no "
+    "profiles).")
 _PROFILE_TOP = flags.DEFINE_integer(
     "profile_top", 10, "--profile_dir: ops (and op types) listed per case, "
     "slowest first (the others are summed into one row).", lower_bound=0)
@@ -138,6 +153,13 @@ _STEP_CONFIGS = flags.DEFINE_list(
     "train_step: the two zoo configs compared (first vs second); loss_step: "
     "the configs measured (default tiny/dense); dropout_step: the configs "
     "measured (default tiny/dense,tiny/moe).")
+_RECIPE = flags.DEFINE_string(
+    "recipe", "study3_screen", "recipe_step: packaged recipe name or .toml "
+    "path whose models are timed.")
+_RECIPE_MODELS = flags.DEFINE_list(
+    "recipe_models", ["dense", "moe_E64k8_every", "moe_E32_every"],
+    "recipe_step: models of --recipe, the reference first; NAME+--flag=v "
+    "adds flags to a model.")
 _CORPUS_DIR = flags.DEFINE_string(
     "corpus_dir", None, "input_pipeline: built corpus (default: a synthetic "
     "fixture corpus in a temporary directory).")
@@ -173,9 +195,12 @@ _D_KV = flags.DEFINE_integer("d_kv", 16, "sharding: key/value width per "
                              "head.")
 
 # The sub-benchmarks that take --clock=cpu.
-CLOCKED = ("moe_layer", "loss", "loss_step", "dropout_step")
+CLOCKED = ("moe_layer", "loss", "loss_step", "dropout_step", "recipe_step")
 BENCHMARKS = ("moe_layer", "train_step", "loss", "loss_step", "dropout_step",
-              "decode", "input_pipeline", "sharding", "peak_rss")
+              "recipe_step", "decode", "input_pipeline", "sharding",
+              "peak_rss")
+# The sub-benchmarks that take --profile_dir.
+PROFILED = ("moe_layer", "recipe_step")
 
 
 def _jits() -> tuple[bool, ...]:
@@ -296,6 +321,44 @@ def _dropout_step() -> None:
       timing.emit(record)
 
 
+def _recipe_step() -> None:
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  from m4moe.pipeline import recipes  # pylint: disable=g-import-not-at-top
+  try:
+    recipe = recipes.load_recipe(_RECIPE.value)
+    train_step.recipe_models(recipe, _RECIPE_MODELS.value)
+  except (recipes.RecipeError, ValueError) as e:
+    raise app.UsageError(str(e)) from None
+  for record in train_step.run_recipe(
+      recipe, specs=_RECIPE_MODELS.value, reps=_REPS.value,
+      warmup=_WARMUP.value, clock=_CLOCK.value):
+    timing.emit(record)
+  if _PROFILE_DIR.value:
+    _profile_recipe(recipe, profile_dir=pathlib.Path(_PROFILE_DIR.value))
+
+
+def _profile_recipe(recipe: Any, *, profile_dir: pathlib.Path) -> None:
+  """Traces each model's step; one recipe_step_profile line per model."""
+  from m4moe.benchmarks import profile  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
+  from m4moe.benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  specs = _RECIPE_MODELS.value
+  _, cases = train_step.recipe_cases(recipe, specs)
+  traces = {spec: profile.profile_call(
+      fn, logdir=profile_dir / spec.replace("/", "_"), reps=_REPS.value)
+            for spec, fn in cases.items()}
+  top = _PROFILE_TOP.value
+  for spec, trace in traces.items():
+    record = {"benchmark": "recipe_step_profile", "recipe": recipe.name,
+              "model": spec, "reps": _REPS.value, "trace": str(trace),
+              "op_types": profile.op_table(trace, top=top, by="op_type")}
+    if spec != specs[0]:
+      record[f"extra_vs_{specs[0]}"] = profile.extra_table(
+          trace, traces[specs[0]], top=top, calls=_REPS.value)
+    timing.emit(record)
+
+
 def _decode() -> None:
   from m4moe.benchmarks import decode  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
@@ -379,9 +442,9 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(
         f"usage: m4moe-bench <{'|'.join(BENCHMARKS)}> [flags]; got "
         f"{' '.join(argv[1:]) or 'nothing'}")
-  if _PROFILE_DIR.value and argv[1] != "moe_layer":
-    raise app.UsageError(f"--profile_dir profiles moe_layer only, not "
-                         f"{argv[1]}: drop the flag")
+  if _PROFILE_DIR.value and argv[1] not in PROFILED:
+    raise app.UsageError(f"--profile_dir profiles {', '.join(PROFILED)} "
+                         f"only, not {argv[1]}: drop the flag")
   if _CLOCK.value != "wall" and argv[1] not in CLOCKED:
     raise app.UsageError(f"--clock={_CLOCK.value} times {', '.join(CLOCKED)} "
                          f"only; {argv[1]} times wall-clock seconds: drop "
@@ -390,7 +453,8 @@ def main(argv: Sequence[str]) -> None:
     _peak_rss(argv[2:])
     return
   {"moe_layer": _moe_layer, "train_step": _train_step, "loss": _loss,
-   "loss_step": _loss_step, "dropout_step": _dropout_step, "decode": _decode,
+   "loss_step": _loss_step, "dropout_step": _dropout_step,
+   "recipe_step": _recipe_step, "decode": _decode,
    "input_pipeline": _input_pipeline, "sharding": _sharding}[argv[1]]()
 
 

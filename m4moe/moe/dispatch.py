@@ -153,54 +153,80 @@ def _with_zero_row(rows: tf.Tensor) -> tf.Tensor:
   return tf.concat([rows, tf.zeros_like(rows[:1])], axis=0)
 
 
-@tf.custom_gradient
-def _gather_dispatch(tokens: tf.Tensor, slot_rows: tf.Tensor,
-                     token_slots: tf.Tensor):
-  """Buffer rows from token rows; the gradient is a gather too.
+def _table(rows: tf.Tensor, *, zero_row: bool) -> tf.Tensor:
+  """``rows`` <dtype>[P, M], with a zero row at index P if ``zero_row``."""
+  return _with_zero_row(rows) if zero_row else rows
 
-  Args:
-    tokens: <dtype>[N, M] token rows (N = G*S).
-    slot_rows: <int32>[P] token row each buffer row reads (N: zero row).
-    token_slots: <int32>[N, K] buffer rows of each token (P: dropped), the
-      inverse map.
 
-  Returns:
-    <dtype>[P, M] buffer rows.
+def _make_gather_dispatch(*, zero_row: bool):
+  """The dispatch gather; ``zero_row``: indices P and N read a zero row.
+
+  Without the zero rows every index must be a real row: the sorted path,
+  whose rows are a permutation of all T choices (a dropped choice's row is
+  one the experts map to zero), so the two [P + 1, M] copies per layer are
+  not needed.
   """
-  def grad(d_rows):
-    # Each token receives the gradients of its (at most K) buffer rows.
-    d_tokens = tf.reduce_sum(tf.gather(_with_zero_row(d_rows), token_slots),
-                             axis=1)
-    return d_tokens, None, None
-  return tf.gather(_with_zero_row(tokens), slot_rows), grad
+  @tf.custom_gradient
+  def gather_dispatch(tokens: tf.Tensor, slot_rows: tf.Tensor,
+                      token_slots: tf.Tensor):
+    """Buffer rows from token rows; the gradient is a gather too.
+
+    Args:
+      tokens: <dtype>[N, M] token rows (N = G*S).
+      slot_rows: <int32>[P] token row each buffer row reads (N: zero row).
+      token_slots: <int32>[N, K] buffer rows of each token (P: dropped), the
+        inverse map.
+
+    Returns:
+      <dtype>[P, M] buffer rows.
+    """
+    def grad(d_rows):
+      # Each token receives the gradients of its (at most K) buffer rows.
+      d_tokens = tf.reduce_sum(
+          tf.gather(_table(d_rows, zero_row=zero_row), token_slots), axis=1)
+      return d_tokens, None, None
+    return tf.gather(_table(tokens, zero_row=zero_row), slot_rows), grad
+  return gather_dispatch
 
 
-@tf.custom_gradient
-def _gather_combine(expert_rows: tf.Tensor, weights: tf.Tensor,
-                    token_slots: tf.Tensor, slot_rows: tf.Tensor,
-                    slot_weights: tf.Tensor):
-  """Weighted sum of each token's K expert-output rows; gather-only gradient.
+def _make_gather_combine(*, zero_row: bool):
+  """The combine gather; ``zero_row`` as for :func:`_make_gather_dispatch`."""
+  @tf.custom_gradient
+  def gather_combine(expert_rows: tf.Tensor, weights: tf.Tensor,
+                     token_slots: tf.Tensor, slot_rows: tf.Tensor,
+                     slot_weights: tf.Tensor):
+    """Weighted sum of each token's K expert-output rows; gather-only grad.
 
-  Args:
-    expert_rows: <dtype>[P, M] flattened expert outputs.
-    weights: <dtype>[N, K] combine weights (differentiable: router grads).
-    token_slots: <int32>[N, K] buffer row of each choice (P: dropped).
-    slot_rows: <int32>[P] token of each buffer row (N: empty), the inverse.
-    slot_weights: <dtype>[P] ``weights`` of each buffer row's choice (0 for
-      empty rows); a constant view of ``weights`` used by the gradient.
+    Args:
+      expert_rows: <dtype>[P, M] flattened expert outputs.
+      weights: <dtype>[N, K] combine weights (differentiable: router grads).
+      token_slots: <int32>[N, K] buffer row of each choice (P: dropped).
+      slot_rows: <int32>[P] token of each buffer row (N: empty), the inverse.
+      slot_weights: <dtype>[P] ``weights`` of each buffer row's choice (0 for
+        empty rows); a constant view of ``weights`` used by the gradient.
 
-  Returns:
-    <dtype>[N, M] combined outputs.
-  """
-  picked = tf.gather(_with_zero_row(expert_rows), token_slots)  # [N, K, M]
-  combined = tf.reduce_sum(picked * tf.expand_dims(weights, -1), axis=1)
+    Returns:
+      <dtype>[N, M] combined outputs.
+    """
+    picked = tf.gather(_table(expert_rows, zero_row=zero_row),
+                       token_slots)  # [N, K, M]
+    combined = tf.reduce_sum(picked * tf.expand_dims(weights, -1), axis=1)
 
-  def grad(d_combined):
-    d_weights = tf.reduce_sum(picked * tf.expand_dims(d_combined, 1), axis=-1)
-    d_rows = (tf.gather(_with_zero_row(d_combined), slot_rows) *
-              tf.expand_dims(slot_weights, -1))
-    return d_rows, d_weights, None, None, None
-  return combined, grad
+    def grad(d_combined):
+      d_weights = tf.reduce_sum(picked * tf.expand_dims(d_combined, 1),
+                                axis=-1)
+      d_rows = (tf.gather(_table(d_combined, zero_row=zero_row), slot_rows) *
+                tf.expand_dims(slot_weights, -1))
+      return d_rows, d_weights, None, None, None
+    return combined, grad
+  return gather_combine
+
+
+_gather_dispatch = _make_gather_dispatch(zero_row=True)
+_gather_combine = _make_gather_combine(zero_row=True)
+# Every index a real row (the sorted path's permutation of the T choices).
+_permuted_dispatch = _make_gather_dispatch(zero_row=False)
+_permuted_combine = _make_gather_combine(zero_row=False)
 
 
 def index_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
@@ -361,7 +387,9 @@ class RowsFn(Protocol):
       buffer_shape: <int32>[3], (E, G, C).
 
     Returns:
-      <dtype>[T, M] outputs; zeros for the rows not dispatched.
+      <dtype>[T, M] outputs; zeros for the rows not dispatched, which must
+      get no gradient either (the combine reads them for dropped choices,
+      with weight 0, instead of a zero row).
     """
 
 
@@ -403,28 +431,27 @@ def sorted_dispatch_combine(x: tf.Tensor, routing: RoutingResult,
   num_k = routing.expert_index.shape[-1]
   num_experts = routing.num_experts
   tokens = tf.reshape(x, [-1, model_dim])  # [N, M]
-  num_tokens = tf.shape(tokens)[0]
   kept = tf.reshape(routing.buffer_position >= 0, [-1])  # [T]
   order, counts = _expert_sorted_order(
       tf.reshape(routing.expert_index, [-1]), kept, num_experts=num_experts)
-  num_choices = tf.size(order)
   row_kept = tf.gather(kept, order)
-  # Row -> token (N: the zero row) and choice -> row (T: the zero row).
-  row_token = tf.where(row_kept, order // num_k, num_tokens)
-  choice_row = tf.where(kept, tf.math.invert_permutation(order), num_choices)
-  token_rows = tf.reshape(choice_row, [-1, num_k])  # [N, K]
+  # Every row holds one choice and every choice one row: row -> token and
+  # choice -> row are a permutation's two directions, so the gathers need
+  # no zero rows. A dropped choice's row is past sum(counts): the experts
+  # map it to zero (and pass it no gradient), its combine weight is 0.
+  row_token = order // num_k
+  token_rows = tf.reshape(tf.math.invert_permutation(order), [-1, num_k])
   weights = tf.cast(tf.reshape(routing.combine_weights, [-1, num_k]), x.dtype)
-  row_weight = tf.where(row_kept, tf.gather(tf.reshape(weights, [-1]), order),
-                        tf.zeros([], x.dtype))
+  row_weight = tf.gather(tf.reshape(weights, [-1]), order)
   num_groups = tf.shape(x)[0]
   buffer_slot = tf.reshape(_token_slots(routing, num_groups=num_groups), [-1])
   row_slots = tf.where(row_kept, tf.gather(buffer_slot, order), 0)
-  dispatched = _gather_dispatch(tokens, row_token, token_rows)  # [T, M]
+  dispatched = _permuted_dispatch(tokens, row_token, token_rows)  # [T, M]
   outputs = rows_fn(dispatched, counts[:num_experts], row_slots=row_slots,
                     buffer_shape=tf.stack([num_experts, num_groups,
                                            routing.capacity]))
-  combined = _gather_combine(outputs, weights, token_rows, row_token,
-                             tf.stop_gradient(row_weight))
+  combined = _permuted_combine(outputs, weights, token_rows, row_token,
+                               tf.stop_gradient(row_weight))
   return tf.reshape(combined, tf.shape(x))
 
 

@@ -164,6 +164,16 @@ _PER_EXPERT_MATMUL_MAX_EXPERTS = 128
 TRANSPOSE_B_MIN_ROWS = 512
 
 
+# Weights of at most this many elements (512 KB in float32) always take the
+# ``transpose_b`` form: their re-layout is cheaper than transposing the
+# rows and the result at any row count. Measured with 64 experts per call,
+# one thread: [512, 128] x [64, 128]^T 5.2 vs 7.1 ms, [256, 128] x [256,
+# 128]^T 10.1 vs 12.0 ms, [64, 256] x [128, 256]^T 3.6 vs 3.8 ms, [16, 128]
+# x [256, 128]^T 1.9 vs 2.1 ms (the tiny configs' experts, and the study v3
+# candidates'; results/benchmarks/README.md, "MoE step overhead").
+TRANSPOSE_B_MAX_WEIGHT = 1 << 17
+
+
 def _times_transposed(a: tf.Tensor, w: tf.Tensor, *,
                       rows: int | None = None) -> tf.Tensor:
   """``a @ w^T``: <dtype>[R, P] from [R, Q] and [P, Q], in the cheaper form.
@@ -175,10 +185,14 @@ def _times_transposed(a: tf.Tensor, w: tf.Tensor, *,
   ``(w @ a^T)^T``, which transposes only the small ``a`` and the small
   result. With many ``rows`` (the expected R, static) and a tall ``w`` (P >=
   Q) the result transpose costs more than the re-layout, and the
-  ``transpose_b`` matmul is used (:data:`TRANSPOSE_B_MIN_ROWS`).
+  ``transpose_b`` matmul is used (:data:`TRANSPOSE_B_MIN_ROWS`); so it is
+  for a small ``w`` (:data:`TRANSPOSE_B_MAX_WEIGHT`), whose re-layout is
+  cheap.
   """
-  if (rows is not None and rows >= TRANSPOSE_B_MIN_ROWS and
-      w.shape[0] is not None and w.shape[0] >= w.shape[1]):
+  if w.shape[0] is not None and (
+      w.shape[0] * w.shape[1] <= TRANSPOSE_B_MAX_WEIGHT or
+      (rows is not None and rows >= TRANSPOSE_B_MIN_ROWS and
+       w.shape[0] >= w.shape[1])):
     return tf.matmul(a, w, transpose_b=True)
   return tf.transpose(tf.matmul(w, a, transpose_b=True))
 

@@ -9,9 +9,13 @@ the dev-only ranking and the final report's statistics against sacrebleu.
 import hashlib
 import json
 import math
+import os
 import pathlib
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import sacrebleu
@@ -498,3 +502,38 @@ def test_table_tests_each_candidate_against_its_centre_on_dev(tmp_path):
   assert list(out["bleu_minus_centre"]) == ["m4moe_ls0"]
   table = (tmp_path / "out" / "selection.md").read_text(encoding="utf-8")
   assert "| 1 | m4moe_ls0 |" in table and "(p=" in table
+
+
+_SLEEPER = ("import os, pathlib, sys, time\n"
+            "pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))\n"
+            "time.sleep(60)\n")
+
+
+def test_a_stopped_selection_stops_its_candidate_and_says_so(tmp_path):
+  # SIGTERM to the selection reaches the pinned child (which would save and
+  # stop) and the run is an error, not a finished candidate; the child is
+  # gone, so no orphan trains beside the next candidate.
+  pid_file = tmp_path / "child.pid"
+
+  def stop_when_started():
+    while not pid_file.exists() or not pid_file.read_text():
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  threading.Thread(target=stop_when_started, daemon=True).start()
+  with pytest.raises(toolkit.PeerError, match="stopped by signal 15"):
+    systems.run_pinned([sys.executable, "-c", _SLEEPER, str(pid_file)],
+                       core="0", log=tmp_path / "log" / "train.log",
+                       what="training x")
+  child = int(pid_file.read_text())
+  with pytest.raises(ProcessLookupError):
+    os.kill(child, 0)
+  assert (tmp_path / "log" / "train.log").read_text().startswith(
+      "$ taskset -c 0 ")
+
+
+def test_a_failing_candidate_names_its_log(tmp_path):
+  with pytest.raises(toolkit.PeerError, match=r"training x failed \(exit 3\)"
+                     ".*train.log"):
+    systems.run_pinned([sys.executable, "-c", "raise SystemExit(3)"],
+                       core="0", log=tmp_path / "train.log", what="training x")

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import subprocess
 import sys
 from typing import Any, Sequence
 
@@ -24,6 +23,7 @@ from m4moe.eval import evaluate as evaluate_lib
 from m4moe.eval import examples as examples_lib
 from m4moe.eval import results
 from m4moe.eval import testsets as testsets_lib
+from m4moe.pipeline import supervisor
 
 BEAM_SIZE, ALPHA, MAX_LENGTH, DECODE_BATCH = 4, 0.6, 64, 32
 PEER_NAME = "OpenNMT-tf 2.32.0"
@@ -112,19 +112,31 @@ def run_pinned(command: Sequence[str], *, core: str, log: pathlib.Path,
                what: str) -> None:
   """Runs ``command`` pinned to ``core``, output to ``log``.
 
+  The child runs under :class:`supervisor.StageProcesses`, as m4moe-run's
+  stages do: a SIGTERM or SIGINT to this process is forwarded to it (a
+  training run saves and stops) and it gets SIGTERM if this process dies,
+  so stopping a selection never leaves a candidate training on, unseen,
+  beside the next one.
+
   Raises:
-    toolkit.PeerError: the command failed (names the log).
+    toolkit.PeerError: the command failed or was stopped by a signal
+      (names the log).
   """
   log.parent.mkdir(parents=True, exist_ok=True)
+  pinned = ["taskset", "-c", core, *command]
   with open(log, "w", encoding="utf-8") as out:
-    out.write("$ taskset -c " + core + " " + " ".join(command) + "\n")
+    out.write("$ " + " ".join(pinned) + "\n")
     out.flush()
-    done = subprocess.run(["taskset", "-c", core, *command], stdout=out,
-                          stderr=subprocess.STDOUT, env=_pinned_env(),
-                          check=False)
-  if done.returncode != 0:
-    raise toolkit.PeerError(f"{what} failed (exit {done.returncode}); see "
-                            f"{log}")
+    with supervisor.StageProcesses() as processes:
+      processes.start(pinned, env=_pinned_env(), stdout=out)
+      _, returncode = processes.wait_any()
+  if processes.interrupted_by is not None:
+    raise toolkit.PeerError(
+        f"{what} was stopped by signal {processes.interrupted_by}; see {log}."
+        " Re-run the same command: finished candidates are skipped and this "
+        "one starts again")
+  if returncode != 0:
+    raise toolkit.PeerError(f"{what} failed (exit {returncode}); see {log}")
 
 
 def train_m4moe(*, data: Data, root: pathlib.Path, config: str,

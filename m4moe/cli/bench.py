@@ -14,7 +14,7 @@ Usage:
   m4moe-bench dropout_step [--batch_size=64] [--sequence_length=64]
       [--vocab_size=8000] [--step_configs=tiny/dense,tiny/moe]
       [--clock=wall|cpu]
-  m4moe-bench recipe_step [--recipe=study3_screen]
+  m4moe-bench recipe_step [--step_recipe=study3_screen]
       [--recipe_models=dense,moe_E64k8_every,moe_E32_every] [--clock=wall|cpu]
       [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
@@ -153,12 +153,12 @@ _STEP_CONFIGS = flags.DEFINE_list(
     "train_step: the two zoo configs compared (first vs second); loss_step: "
     "the configs measured (default tiny/dense); dropout_step: the configs "
     "measured (default tiny/dense,tiny/moe).")
-_RECIPE = flags.DEFINE_string(
-    "recipe", "study3_screen", "recipe_step: packaged recipe name or .toml "
+_STEP_RECIPE = flags.DEFINE_string(
+    "step_recipe", "study3_screen", "recipe_step: packaged recipe name or .toml "
     "path whose models are timed.")
 _RECIPE_MODELS = flags.DEFINE_list(
     "recipe_models", ["dense", "moe_E64k8_every", "moe_E32_every"],
-    "recipe_step: models of --recipe, the reference first; NAME+--flag=v "
+    "recipe_step: models of --step_recipe, the reference first; NAME+--flag=v "
     "adds flags to a model.")
 _CORPUS_DIR = flags.DEFINE_string(
     "corpus_dir", None, "input_pipeline: built corpus (default: a synthetic "
@@ -326,7 +326,7 @@ def _recipe_step() -> None:
   from m4moe.benchmarks import train_step  # pylint: disable=g-import-not-at-top
   from m4moe.pipeline import recipes  # pylint: disable=g-import-not-at-top
   try:
-    recipe = recipes.load_recipe(_RECIPE.value)
+    recipe = recipes.load_recipe(_STEP_RECIPE.value)
     train_step.recipe_models(recipe, _RECIPE_MODELS.value)
   except (recipes.RecipeError, ValueError) as e:
     raise app.UsageError(str(e)) from None

@@ -152,7 +152,7 @@ def test_candidates_are_unique_valid_and_rates_keep_their_peak():
         c.settings):
       warmup = float(flags.get("--warmup_steps", 1000))
       peak = float(flags["--learning_rate"]) / math.sqrt(warmup)
-      assert any(abs(peak - p) / p < 1e-3 for p in (5e-4, 1e-3, 2e-3, 4e-3)), c
+      assert any(abs(peak - p) / p < 1e-3 for p in (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)), c
     if "--warmup_steps" in flags and c.batch_tokens != 4096:
       # The same schedule per training token as the centre.
       assert float(flags["--warmup_steps"]) * c.batch_tokens == 1000 * 4096

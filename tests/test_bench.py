@@ -351,3 +351,14 @@ def test_cli_peak_rss(capsys):
     bench.main(["m4moe-bench", "peak_rss", "/nonexistent/m4moe-x"])
   with pytest.raises(bench.app.UsageError, match="usage"):
     bench.main(["m4moe-bench", "train_step", "extra"])
+
+
+def test_recipe_step_names_its_own_flag_for_an_unknown_recipe():
+  flag_values = bench.flags.FLAGS
+  flag_values(["m4moe-bench", "--step_recipe=nope"])
+  try:
+    with pytest.raises(bench.app.UsageError,
+                       match=r"^--step_recipe=nope: no such recipe"):
+      bench.main(["m4moe-bench", "recipe_step"])
+  finally:
+    flag_values["step_recipe"].unparse()

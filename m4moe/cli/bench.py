@@ -329,7 +329,9 @@ def _recipe_step() -> None:
     recipe = recipes.load_recipe(_STEP_RECIPE.value)
     train_step.recipe_models(recipe, _RECIPE_MODELS.value)
   except (recipes.RecipeError, ValueError) as e:
-    raise app.UsageError(str(e)) from None
+    # The loader speaks of m4moe-run's --recipe; here the flag is another.
+    raise app.UsageError(
+        str(e).replace("--recipe=", "--step_recipe=", 1)) from None
   for record in train_step.run_recipe(
       recipe, specs=_RECIPE_MODELS.value, reps=_REPS.value,
       warmup=_WARMUP.value, clock=_CLOCK.value):

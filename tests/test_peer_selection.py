@@ -158,6 +158,23 @@ def test_candidates_are_unique_valid_and_rates_keep_their_peak():
       assert float(flags["--warmup_steps"]) * c.batch_tokens == 1000 * 4096
 
 
+def test_round_two_candidates_change_one_thing_of_a_same_system_base():
+  known = {c.name: c for c in selection.CANDIDATES}
+  for c in selection.CANDIDATES:
+    base = known[selection.base_of(c.name, c.system)]
+    assert base.system == c.system, c
+    if c.base is None:
+      continue
+    # The base is a round-1 rate; the candidate keeps that peak rate.
+    assert c.base in ("m4moe_peak4e-3", "peer_lr2e-3")
+    if c.system == selection.SYSTEM_PEER:
+      assert "learning_rate=0.002" in c.settings
+  assert selection.base_of("m4moe_p4_ls0", "m4moe") == "m4moe_peak4e-3"
+  assert selection.base_of("not_a_candidate", "opennmt-tf") == "peer_ours"
+  p4 = known["m4moe_p4_warmup300"].settings
+  assert p4 == ("--learning_rate=0.069282", "--warmup_steps=300")
+
+
 def test_peer_candidates_map_onto_its_recipe():
   original = selection.candidates_by_name(["peer_original"])[0]
   recipe, model = select._peer_objects(original)  # pylint: disable=protected-access
@@ -307,9 +324,10 @@ def test_finished_candidates_are_skipped_and_changes_refused(
   assert record["selected_on"] == "dev" and record["budget_steps"] == 5
   assert record["train"]["steps"] == 7 and record["dev"]["ce"] == 4.5
   # An interrupted run restarts; its directory is kept aside.
-  (run_dir / "work" / "m4moe_batch2048_s0").mkdir(parents=True)
-  _select_once(corpus, run_dir, monkeypatch, calls, fake, ["m4moe_batch2048"])
-  assert (run_dir / "work" / "m4moe_batch2048_s0.abandoned-1").is_dir()
+  (run_dir / "work" / "m4moe_p4_batch2048_s0").mkdir(parents=True)
+  _select_once(corpus, run_dir, monkeypatch, calls, fake,
+               ["m4moe_p4_batch2048"])
+  assert (run_dir / "work" / "m4moe_p4_batch2048_s0.abandoned-1").is_dir()
   # Another budget in the same run directory is refused, not mixed in.
   manifest = json.loads((run_dir / "data" / "manifest.json").read_text(
       encoding="utf-8"))
@@ -496,10 +514,11 @@ def test_table_tests_each_candidate_against_its_centre_on_dev(tmp_path):
   select.write_table(tmp_path, tmp_path / "out")
   out = json.loads((tmp_path / "out" / "selection.json").read_text(
       encoding="utf-8"))
-  diff = out["bleu_minus_centre"]["m4moe_ls0"]
+  diff = out["bleu_minus_base"]["m4moe_ls0"]
+  assert diff["base"] == "m4moe_zoo"
   assert diff["score"] == pytest.approx(
       100.0 - sacrebleu.corpus_bleu(hyps["m4moe_zoo"], [refs]).score)
-  assert list(out["bleu_minus_centre"]) == ["m4moe_ls0"]
+  assert list(out["bleu_minus_base"]) == ["m4moe_ls0"]
   table = (tmp_path / "out" / "selection.md").read_text(encoding="utf-8")
   assert "| 1 | m4moe_ls0 |" in table and "(p=" in table
 

@@ -38,6 +38,7 @@ Nothing is written into the repository unless ``--output_dir`` points there.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import json
 import os
@@ -320,27 +321,27 @@ def _dev_resamples(run_dir: pathlib.Path, ranked: selection.Ranked, *,
 def dev_differences(run_dir: pathlib.Path,
                     ranking: dict[str, list[selection.Ranked]], *,
                     language: str) -> dict[str, dict[str, Any]]:
-  """Each candidate's dev BLEU minus its system's centre's, paired bootstrap.
+  """Each candidate's dev BLEU minus its base's (paired bootstrap).
 
-  Reads the selection dev set and the runs' dev hypotheses only.
+  The base is the candidate it changes (``selection.base_of``). Reads the
+  selection dev set and the runs' dev hypotheses only.
   """
   (dev,) = testsets_lib.load_testsets(
       run_dir / "data" / "selection_corpus", split="dev", langs=[language])
   refs, out = list(dev.references), {}
+  resamples = functools.cache(lambda r: _dev_resamples(
+      run_dir, r, references=refs, language=language))
   for system, items in ranking.items():
-    centre = next((r for r in items
-                   if r.candidate == selection.CENTRES[system]), None)
-    base = centre and _dev_resamples(run_dir, centre, references=refs,
-                                     language=language)
-    if base is None:
-      continue
+    by_name = {r.candidate: r for r in items}
     for r in items:
-      if r is centre:
+      base = by_name.get(selection.base_of(r.candidate, system))
+      if base is None or base is r:
         continue
-      mine = _dev_resamples(run_dir, r, references=refs, language=language)
-      if mine is not None:
-        out[r.candidate] = significance.paired_difference(mine,
-                                                          base).to_dict()
+      mine, theirs = resamples(r), resamples(base)
+      if mine is not None and theirs is not None:
+        out[r.candidate] = {
+            "base": base.candidate,
+            **significance.paired_difference(mine, theirs).to_dict()}
   return out
 
 
@@ -364,7 +365,7 @@ def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
       "dev": manifest["dev"], "carve": manifest["rule"],
       "ranking": {s: [r.to_dict() for r in items]
                   for s, items in ranking.items()},
-      "bleu_minus_centre": differences})
+      "bleu_minus_base": differences})
 
 
 def _seeds() -> list[int]:

@@ -156,6 +156,8 @@ class Candidate:
       ``tiny/dense`` (``--flag=value``); for the peer, ``field=value`` over
       :data:`PEER_CENTER` (fields of ``toolkit.PeerRecipe`` and ``dropout``).
     batch_tokens: training batch size in tokens.
+    base: the candidate this one changes, whose dev BLEU the table
+      subtracts (None: the system's centre, :data:`CENTRES`).
   """
 
   name: str
@@ -163,6 +165,7 @@ class Candidate:
   why: str
   settings: tuple[str, ...] = ()
   batch_tokens: int = 4096
+  base: str | None = None
 
   def __post_init__(self) -> None:
     if self.system not in SYSTEMS:
@@ -208,10 +211,13 @@ def _dropout(rate: str) -> tuple[str, str]:
   return (f"--dropout_rate={rate}", f"--attention_dropout_rate={rate}")
 
 
-# In screening order: the most informative first (each system's centre,
-# then dropout and learning rate of both, then warmup and batch size, then
-# the optimiser settings the earlier rounds found neutral).
-CANDIDATES: tuple[Candidate, ...] = (
+def _m4moe_rate(peak: float, *, warmup: int = 1000) -> str:
+  """m4moe-train's ``--learning_rate`` for ``peak`` held ``warmup`` steps."""
+  return f"--learning_rate={peak * math.sqrt(warmup):.6f}"
+
+
+# Round 1: each system's centre, dropout and the peak learning rate.
+_ROUND1: tuple[Candidate, ...] = (
     Candidate(name="m4moe_zoo", system=_M, why="the zoo's recipe (centre)"),
     Candidate(name="peer_ours", system=_P,
               why="our values: Adam 1e-3, warmup 1000, dropout 0 (centre)"),
@@ -219,63 +225,76 @@ CANDIDATES: tuple[Candidate, ...] = (
               settings=_dropout("0.1")),
     Candidate(name="peer_dropout0.1", system=_P, why="dropout 0.1",
               settings=("dropout=0.1",)),
-    Candidate(name="m4moe_peak2e-3", system=_M, why="peak 2e-3",
-              settings=("--learning_rate=0.063246",)),
-    Candidate(name="peer_lr2e-3", system=_P, why="peak 2e-3",
-              settings=("learning_rate=0.002",)),
-    Candidate(name="m4moe_peak4e-3", system=_M, why="peak 4e-3",
-              settings=("--learning_rate=0.126491",)),
-    Candidate(name="peer_lr4e-3", system=_P, why="peak 4e-3",
-              settings=("learning_rate=0.004",)),
-    Candidate(name="m4moe_peak8e-3", system=_M, why="peak 8e-3",
-              settings=("--learning_rate=0.252982",)),
-    Candidate(name="peer_lr8e-3", system=_P, why="peak 8e-3",
-              settings=("learning_rate=0.008",)),
+    *(Candidate(name=f"m4moe_peak{p}", system=_M, why=f"peak {p}",
+                settings=(_m4moe_rate(float(p)),))
+      for p in ("2e-3", "4e-3", "8e-3")),
+    *(Candidate(name=f"peer_lr{p}", system=_P, why=f"peak {p}",
+                settings=(f"learning_rate={float(p)}",))
+      for p in ("2e-3", "4e-3", "8e-3")),
     Candidate(name="peer_original", system=_P,
               why="its first recipe: 5e-4, warmup 300, dropout 0.1",
               settings=("learning_rate=0.0005", "warmup_steps=300",
                         "dropout=0.1")),
-    Candidate(name="m4moe_peak5e-4", system=_M, why="peak 5e-4",
-              settings=("--learning_rate=0.015811",)),
-    Candidate(name="peer_lr5e-4", system=_P, why="peak 5e-4",
-              settings=("learning_rate=0.0005",)),
-    Candidate(name="peer_warmup300", system=_P, why="warmup 300",
-              settings=("warmup_steps=300",)),
-    Candidate(name="m4moe_warmup300", system=_M, why="peak held 300 steps",
-              settings=("--warmup_steps=300", "--learning_rate=0.017321")),
-    Candidate(name="m4moe_batch2048", system=_M,
-              why="2048-token batches, warmup 2000 (same rate per token)",
-              settings=("--warmup_steps=2000", "--learning_rate=0.044721"),
-              batch_tokens=2048),
-    Candidate(name="peer_batch2048", system=_P, why="2048-token batches",
-              batch_tokens=2048),
-    Candidate(name="peer_lr2e-3_warmup300", system=_P,
-              why="peak 2e-3, warmup 300",
-              settings=("learning_rate=0.002", "warmup_steps=300")),
-    Candidate(name="m4moe_warmup100", system=_M, why="peak held 100 steps",
-              settings=("--warmup_steps=100", "--learning_rate=0.01")),
-    Candidate(name="m4moe_beta1_0", system=_M, why="no momentum (beta1 0)",
-              settings=("--beta1=0",)),
-    Candidate(name="m4moe_factored", system=_M,
-              why="factored second moments", settings=("--factored",)),
-    Candidate(name="m4moe_clip1", system=_M, why="update clipping 1.0",
-              settings=("--clipping_threshold=1.0",)),
-    Candidate(name="m4moe_ls0", system=_M, why="label smoothing 0",
-              settings=("--label_smoothing=0",)),
-    Candidate(name="peer_ls0", system=_P, why="label smoothing 0",
-              settings=("label_smoothing=0",)),
-    Candidate(name="m4moe_paramscale", system=_M,
-              why="parameter scaling (rate x10: relative step 1e-2)",
-              settings=("--multiply_by_parameter_scale",
-                        "--learning_rate=0.31623")),
-    Candidate(name="m4moe_batch8192", system=_M,
-              why="8192-token batches, warmup 500",
-              settings=("--warmup_steps=500", "--learning_rate=0.022361"),
-              batch_tokens=8192),
-    Candidate(name="peer_batch8192", system=_P, why="8192-token batches",
-              batch_tokens=8192),
 )
+
+# Round 2: one change at a time from each system's best peak on dev
+# (m4moe 4e-3, the peer 2e-3). Other batch sizes train on the same tokens
+# with the same warmup in tokens and the same peak rate.
+_M4 = "m4moe_peak4e-3"
+_P2 = "peer_lr2e-3"
+_M4_RATE = 4e-3
+_P2_RATE = ("learning_rate=0.002",)
+
+
+def _m4(name: str, why: str, *settings: str, warmup: int = 1000,
+        batch_tokens: int = 4096, rate: float = _M4_RATE) -> Candidate:
+  rate_flags = () if "--learning_rate" in "".join(settings) else (
+      _m4moe_rate(rate, warmup=warmup),)
+  warmup_flags = (f"--warmup_steps={warmup}",) if warmup != 1000 else ()
+  return Candidate(name=f"m4moe_p4_{name}", system=_M,
+                   why=f"peak 4e-3, {why}", base=_M4,
+                   settings=(*rate_flags, *warmup_flags, *settings),
+                   batch_tokens=batch_tokens)
+
+
+def _p2(name: str, why: str, *settings: str,
+        batch_tokens: int = 4096) -> Candidate:
+  return Candidate(name=f"peer_lr2e-3_{name}", system=_P,
+                   why=f"peak 2e-3, {why}", base=_P2,
+                   settings=(*_P2_RATE, *settings), batch_tokens=batch_tokens)
+
+
+_ROUND2: tuple[Candidate, ...] = (
+    _m4("warmup300", "held 300 steps", warmup=300),
+    _p2("warmup300", "warmup 300", "warmup_steps=300"),
+    _m4("batch8192", "8192-token batches (warmup 500)", warmup=500,
+        batch_tokens=8192),
+    _p2("batch8192", "8192-token batches (warmup 500)", "warmup_steps=500",
+        batch_tokens=8192),
+    _m4("ls0", "label smoothing 0", "--label_smoothing=0"),
+    _p2("ls0", "label smoothing 0", "label_smoothing=0"),
+    _m4("beta1_0", "no momentum (beta1 0)", "--beta1=0"),
+    _m4("factored", "factored second moments", "--factored"),
+    _m4("clip1", "update clipping 1.0", "--clipping_threshold=1.0"),
+    _m4("paramscale", "parameter scaling (relative step 4e-2)",
+        "--multiply_by_parameter_scale", _m4moe_rate(4e-2)),
+    _m4("batch2048", "2048-token batches (warmup 2000)", warmup=2000,
+        batch_tokens=2048),
+    _p2("batch2048", "2048-token batches (warmup 2000)", "warmup_steps=2000",
+        batch_tokens=2048),
+    _m4("warmup100", "held 100 steps", warmup=100),
+)
+
+# In screening order: round 1 (ran first), then round 2.
+CANDIDATES: tuple[Candidate, ...] = (*_ROUND1, *_ROUND2)
 CENTRES = {_M: "m4moe_zoo", _P: "peer_ours"}
+
+
+def base_of(name: str, system: str) -> str:
+  """The candidate ``name``'s dev BLEU is compared with in the table."""
+  known = {c.name: c for c in CANDIDATES}
+  base = known[name].base if name in known else None
+  return base or CENTRES[system]
 
 
 def candidates_by_name(names: Sequence[str] = ()) -> list[Candidate]:
@@ -442,15 +461,18 @@ def _budget_text(budgets: Sequence[Mapping[str, float]]) -> str:
   return " and ".join(parts) or "no runs yet"
 
 
-def _delta_text(r: Ranked, centre: Ranked | None,
+def _delta_text(r: Ranked, items: Sequence[Ranked],
                 differences: Mapping[str, Mapping[str, Any]]) -> str:
-  if centre is None or r is centre:
+  base_name = base_of(r.candidate, r.system)
+  base = next((b for b in items if b.candidate == base_name), None)
+  if base is None or r is base:
     return "–"
   d = differences.get(r.candidate)
   if d is None:
-    return f"{r.bleu_mean - centre.bleu_mean:+.1f}"
+    return f"{r.bleu_mean - base.bleu_mean:+.1f} vs {base_name}"
   star = "*" if d["significant"] else ""
-  return f"{d['score']:+.1f}{star} ±{d['ci']:.1f} (p={d['p_value']:.3f})"
+  return (f"{d['score']:+.1f}{star} ±{d['ci']:.1f} (p={d['p_value']:.3f}) "
+          f"vs {base_name}")
 
 
 def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
@@ -460,7 +482,7 @@ def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
                    ) -> str:
   """The dev-only selection table, one section per system.
 
-  ``differences``: per candidate, its dev BLEU minus its system's centre's
+  ``differences``: per candidate, its dev BLEU minus its base's
   with sacrebleu's paired bootstrap over the dev sentences (``Δ ±95%``,
   ``*`` for p < 0.05); without one, the plain difference of the means.
   """
@@ -470,22 +492,22 @@ def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
       f"sentences ({dev['from_dev_split']} of the dev split + "
       f"{dev['from_train_carve']} carved from train); training per run: "
       f"{_budget_text(budgets)}, on one core; beam 4. Ranked by mean dev "
-      "BLEU over seeds (ties: dev CE); Δ vs centre with sacrebleu's paired "
-      "bootstrap over the dev sentences (* p < 0.05). No test sentence is "
-      "read.", ""]
+      "BLEU over seeds (ties: dev CE); Δ: dev BLEU minus that of the "
+      "candidate it changes (round 1: the system's centre; round 2: the "
+      "system's best round-1 peak rate), with sacrebleu's paired bootstrap "
+      "over the dev sentences (* p < 0.05). No test sentence is read.", ""]
   for system in SYSTEMS:
     items = ranking.get(system, ())
     if not items:
       continue
-    centre = next((r for r in items if r.candidate == CENTRES[system]), None)
     lines += [f"### {system}", "",
               "| rank | candidate | change | seeds | steps | tokens/s | "
-              "dev CE | dev BLEU per seed | dev BLEU | Δ vs centre | "
+              "dev CE | dev BLEU per seed | dev BLEU | Δ | "
               "dev chrF++ | decode sent/s |",
               "| ---: | --- | --- | --- | ---: | ---: | ---: | --- | ---: | "
               "---: | ---: | ---: |"]
     for r in items:
-      delta = _delta_text(r, centre, differences or {})
+      delta = _delta_text(r, items, differences or {})
       lines.append(
           f"| {r.rank} | {r.candidate} | {r.why} | "
           f"{', '.join(map(str, r.seeds))} | {r.steps:.0f} | "

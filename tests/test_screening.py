@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from m4moe.eval import results
 from m4moe.eval import scoring
 from m4moe.pipeline import recipes as recipes_lib
@@ -77,8 +79,8 @@ def test_candidates_rank_by_best_dev_ce(tmp_path):
   _run(run_dir, "b_s1", [(10, 3.3), (20, 2.95), (30, 2.9)],
        bleu={"de": 12.0, "fr": 13.0}, fraction=(0.5, 0.75),
        cpu={10: 0.4, 20: 0.9, 30: 0.5})
-  rows = [screening.candidate(m, run, run_dir) for m in recipe.models
-          for run, _ in m.runs()]
+  rows = [screening.candidate(m, run, run_dir, ce_target=2.96)
+          for m in recipe.models for run, _ in m.runs()]
   by_name = {r.name: r for r in rows}
   assert (by_name["a"].best_dev_ce, by_name["a"].best_step) == (3.0, 20)
   assert by_name["a"].final_dev_ce == 3.1
@@ -90,9 +92,26 @@ def test_candidates_rank_by_best_dev_ce(tmp_path):
   assert by_name["b"].cpu_sec_per_step == 0.5
   assert by_name["a"].cpu_sec_per_step is None
   assert by_name["c"].status == "not started"
-  table = screening.markdown(recipe, rows)
+  # CE 2.96 is crossed by b between steps 10 (3.3) and 20 (2.95): step
+  # 10 + 10 * 0.34 / 0.35; a never reaches it.
+  assert by_name["b"].steps_to_target == pytest.approx(10 + 10 * 34 / 35)
+  assert by_name["b"].cpu_sec_to_target == pytest.approx(
+      0.5 * (10 + 10 * 34 / 35))
+  assert by_name["a"].steps_to_target is None
+  table = screening.markdown(recipe, rows, ce_target=2.96)
+  assert "steps to CE 2.96" in table
   lines = [l for l in table.splitlines() if l.startswith("| ")][1:]
   assert [l.split("|")[2].strip() for l in lines] == ["b", "a", "c"]
+
+
+def test_steps_to_reach_interpolates_the_first_crossing():
+  curve = [(100, 4.0), (200, 3.0), (300, 3.5), (400, 2.0)]
+  assert screening.steps_to_reach(curve, 3.5) == 150.0
+  assert screening.steps_to_reach(curve, 4.5) == 100.0
+  assert screening.steps_to_reach(curve, 2.5) == pytest.approx(
+      300 + 100 * 1.0 / 1.5)
+  assert screening.steps_to_reach(curve, 1.0) is None
+  assert screening.steps_to_reach([], 3.0) is None
 
 
 def test_the_tool_refuses_a_recipe_that_scores_test(tmp_path):

@@ -44,6 +44,10 @@ def _define_flags() -> None:
   flags.DEFINE_string("run_dir", None, "Where the recipe ran.")
   flags.DEFINE_string("output", None,
                       "Directory for screening.md and screening.json.")
+  flags.DEFINE_float(
+      "ce_target", 3.2,
+      "Dev CE whose cost the table compares: the steps and CPU seconds "
+      "each candidate needed to first reach it (the equal-compute view).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +67,39 @@ class Candidate:
   cpu_sec_per_step: float | None = None
   num_params: int | None = None
   flags: tuple[str, ...] = ()
+  steps_to_target: float | None = None
+
+  @property
+  def cpu_sec_to_target(self) -> float | None:
+    """CPU seconds to reach the target dev CE (steps x median CPU s/step)."""
+    if self.steps_to_target is None or self.cpu_sec_per_step is None:
+      return None
+    return self.steps_to_target * self.cpu_sec_per_step
 
 
 def _dev_curve(records: Sequence[dict]) -> list[tuple[int, float]]:
   return [(int(r["step"]), float(r["dev_ce_mean"])) for r in records
           if r.get("kind") == "eval"
           and isinstance(r.get("dev_ce_mean"), (int, float))]
+
+
+def steps_to_reach(curve: Sequence[tuple[int, float]],
+                   target: float) -> float | None:
+  """The step at which the dev CE curve first reaches ``target``.
+
+  Linear between the two evaluations around the crossing; the first
+  evaluation's step if it is already at or below ``target``; None if the
+  curve never reaches it.
+  """
+  previous = None
+  for step, ce in curve:
+    if ce <= target:
+      if previous is None or previous[1] == ce:
+        return float(step)
+      (s0, c0) = previous
+      return s0 + (step - s0) * (c0 - target) / (c0 - ce)
+    previous = (step, ce)
+  return None
 
 
 def _executed(records: Sequence[dict]) -> dict[str, float] | None:
@@ -104,7 +135,7 @@ def _dev_bleu(path: pathlib.Path) -> tuple[float | None, int]:
 
 
 def candidate(model: recipes_lib.ModelRun, run: str,
-              run_dir: pathlib.Path) -> Candidate:
+              run_dir: pathlib.Path, *, ce_target: float) -> Candidate:
   """The dev measurements of one run of ``model``."""
   metrics = run_dir / "models" / run / "metrics.jsonl"
   if not metrics.is_file():
@@ -127,14 +158,16 @@ def candidate(model: recipes_lib.ModelRun, run: str,
       steps_per_sec=cost.steps_per_sec,
       cpu_sec_per_step=_cpu_sec_per_step(records),
       num_params=start[0].get("num_params") if start else None,
-      flags=model.extra_flags)
+      flags=model.extra_flags, steps_to_target=steps_to_reach(curve,
+                                                              ce_target))
 
 
 def _cell(value: Any, fmt: str) -> str:
   return "-" if value is None else format(value, fmt)
 
 
-def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate]) -> str:
+def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
+             ce_target: float) -> str:
   """The ranked table (best dev CE first; unmeasured candidates last)."""
   lines = [f"# {recipe.name}: selection on dev", "",
            "Ranked by the best token-weighted dev cross-entropy over the "
@@ -145,13 +178,17 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate]) -> str:
            "expert FLOPs actually executed per token over the dense FFN's "
            "(encoder / decoder means). CPU s/step = the trainer's median "
            "CPU seconds per step (all threads; a shared core's other work "
-           "does not inflate it, unlike steps/s). Regenerate: `python3 -m "
+           "does not inflate it, unlike steps/s; it is the code of that run's "
+           f"time). To CE {ce_target:g}: the step at which dev CE first "
+           "reaches it (linear between evaluations) and that many steps' "
+           "CPU seconds: the equal-compute view. Regenerate: `python3 -m "
            "m4moe.pipeline.screening --recipe=RECIPE --run_dir=RUN_DIR "
-           "--output=DIR`.", "",
+           f"--output=DIR --ce_target={ce_target:g}`.", "",
            "| rank | candidate | status | steps | best dev CE (step) | final "
            "dev CE | dev BLEU (langs) | executed FFN enc / dec | steps/s | "
-           "CPU s/step | params |",
-           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           f"CPU s/step | steps to CE {ce_target:g} | CPU s to CE "
+           f"{ce_target:g} | params |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   ranked = sorted(rows, key=lambda c: (c.best_dev_ce is None,
                                        c.best_dev_ce or 0.0))
   for rank, c in enumerate(ranked, 1):
@@ -164,6 +201,8 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate]) -> str:
         f"| {_cell(c.final_dev_ce, '.3f')} | {_cell(c.dev_bleu, '.2f')} "
         f"({c.dev_languages}) | {executed} | {_cell(c.steps_per_sec, '.3f')} "
         f"| {_cell(c.cpu_sec_per_step, '.3f')} "
+        f"| {_cell(c.steps_to_target, '.0f')} "
+        f"| {_cell(c.cpu_sec_to_target, ',.0f')} "
         f"| {_cell(c.num_params, ',d')} |")
   return "\n".join(lines) + "\n"
 
@@ -186,16 +225,19 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"--run_dir={run_dir} holds no trained "
                          "candidate (no models/); run m4moe-run "
                          f"--recipe={values.recipe} there first")
-  rows = [candidate(model, run, run_dir) for model in recipe.models
-          for run, _ in model.runs()]
+  target = values.ce_target
+  rows = [candidate(model, run, run_dir, ce_target=target)
+          for model in recipe.models for run, _ in model.runs()]
   out = pathlib.Path(values.output)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "screening.md").write_text(markdown(recipe, rows), encoding="utf-8")
+  text = markdown(recipe, rows, ce_target=target)
+  (out / "screening.md").write_text(text, encoding="utf-8")
   (out / "screening.json").write_text(json.dumps(
-      {"recipe": recipe.name, "selected_on": "dev",
-       "candidates": [dataclasses.asdict(r) for r in rows]}, indent=1),
-      encoding="utf-8")
-  print(markdown(recipe, rows))
+      {"recipe": recipe.name, "selected_on": "dev", "ce_target": target,
+       "candidates": [{**dataclasses.asdict(r),
+                       "cpu_sec_to_target": r.cpu_sec_to_target}
+                      for r in rows]}, indent=1), encoding="utf-8")
+  print(text)
 
 
 if __name__ == "__main__":

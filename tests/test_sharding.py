@@ -72,13 +72,24 @@ def test_validate_mesh_model_axis_must_divide_the_split_widths(kwargs, flag):
   validate_mesh(MeshShape.parse("data:2"), **kwargs)  # No model axis.
 
 
+def test_validate_mesh_model_axis_must_divide_the_shared_experts_width():
+  mesh = MeshShape.parse("data:2,model:4")
+  with pytest.raises(MeshError, match=(
+      r"shared experts' hidden width 90 .*model:4 axis.*e.g. model:2")):
+    validate_mesh(mesh, shared_width=90)
+  validate_mesh(mesh, shared_width=96)
+
+
 def test_model_widths_skip_what_the_model_lacks():
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   from m4moe.parallel.mesh import model_widths  # pylint: disable=g-import-not-at-top
   moe = config_lib.load_model_config("tiny/moe")
   assert model_widths(moe) == {
       "num_experts": 8, "num_heads": moe.num_heads, "d_ff": moe.d_ff,
-      "expert_hidden_dim": 256}
+      "expert_hidden_dim": 256, "shared_width": None}
+  shared = config_lib.load_model_config("tiny/moe", (
+      "--num_shared_experts=2", "--shared_expert_hidden_dim=96"))
+  assert model_widths(shared)["shared_width"] == 192
   dense = config_lib.load_model_config("tiny/dense")
   assert model_widths(dense)["expert_hidden_dim"] is None
   assert model_widths(dense)["d_ff"] == dense.d_ff

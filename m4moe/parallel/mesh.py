@@ -154,7 +154,8 @@ def validate_mesh(mesh: MeshShape, *, num_devices: int | None = None,
                   batch_size: int | None = None,
                   num_heads: int | None = None,
                   d_ff: int | None = None,
-                  expert_hidden_dim: int | None = None) -> None:
+                  expert_hidden_dim: int | None = None,
+                  shared_width: int | None = None) -> None:
   """Checks a mesh against the devices, the model and the batch.
 
   Args:
@@ -169,6 +170,9 @@ def validate_mesh(mesh: MeshShape, *, num_devices: int | None = None,
       (attention heads, dense FFN hidden, expert hidden); each must be
       divisible by it. Pass None for a width the model lacks (d_ff of a model
       without dense FFN layers, H of a dense model).
+    shared_width: the shared experts' hidden width, ``--num_shared_experts``
+      x their hidden width (one FFN the ``model`` axis splits like d_ff);
+      None without shared experts.
 
   Raises:
     MeshError: naming the flag and the fix.
@@ -198,6 +202,14 @@ def validate_mesh(mesh: MeshShape, *, num_devices: int | None = None,
           f"axis (--mesh={mesh}); the model axis splits --num_heads, --d_ff "
           f"and --expert_hidden_dim, so use a model axis size that divides "
           f"{value} (e.g. model:{math.gcd(value, model)}) or change --{flag}")
+  if shared_width is not None and shared_width % model:
+    raise MeshError(
+        f"the shared experts' hidden width {shared_width} (--num_shared_"
+        "experts x --shared_expert_hidden_dim, or x --expert_hidden_dim if "
+        f"that is 0) is not divisible by the mesh's model:{model} axis "
+        f"(--mesh={mesh}), which splits it; use a model axis size that "
+        f"divides {shared_width} (e.g. model:{math.gcd(shared_width, model)})"
+        " or change --shared_expert_hidden_dim")
   data = mesh.axis_size("data")
   for value, what, flag in ((num_groups, "groups per step (G)", "group_size"),
                             (batch_size, "sentences per batch", "batch_size")):
@@ -211,15 +223,19 @@ def model_widths(config: "ModelConfig") -> dict[str, Any]:
   """:func:`validate_mesh`'s model arguments for ``config``.
 
   ``num_experts``, ``num_heads``, and ``d_ff`` only if some layer is a dense
-  FFN, ``expert_hidden_dim`` only if the model has experts.
+  FFN, ``expert_hidden_dim`` only if the model has experts, ``shared_width``
+  only if it has shared experts.
   """
+  moe = config.moe
+  shared = moe.num_shared_experts * moe.shared_hidden_dim
   layers = (config.num_encoder_layers, config.num_decoder_layers)
   dense = any(len(config.moe_layer_indices(n)) < n for n in layers)
   return {"num_experts": config.moe.num_experts,
           "num_heads": config.num_heads,
           "d_ff": config.d_ff if dense else None,
-          "expert_hidden_dim": (config.moe.expert_hidden_dim
-                                if config.moe.enabled else None)}
+          "expert_hidden_dim": (moe.expert_hidden_dim
+                                if moe.enabled else None),
+          "shared_width": shared if moe.enabled and shared else None}
 
 
 def check_divisible(shape: Sequence[int | None], spec: PartitionSpec,

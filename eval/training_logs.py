@@ -175,6 +175,62 @@ def tokens_to_reach(records: Sequence[dict],
   return out
 
 
+def dev_ce_curve(records: Sequence[dict]) -> list[tuple[int, float]]:
+  """(step, token-weighted dev CE over the languages) of each evaluation."""
+  return [(int(r["step"]), float(r["dev_ce_mean"])) for r in records
+          if r.get("kind") == "eval" and _num(r.get("dev_ce_mean")) is not None]
+
+
+def steps_to_reach(curve: Sequence[tuple[float, float]],
+                   target: float) -> float | None:
+  """Where a (x, dev CE) curve first reaches ``target``.
+
+  Linear between the two evaluations around the crossing; the first
+  evaluation's x if it is already at or below ``target``; None if the curve
+  never reaches it. x is a step or a cumulative cost (e.g.
+  :func:`cpu_seconds_at`).
+  """
+  previous = None
+  for x, ce in curve:
+    if ce <= target:
+      if previous is None or previous[1] == ce:
+        return float(x)
+      x0, c0 = previous
+      return x0 + (x - x0) * (c0 - target) / (c0 - ce)
+    previous = (x, ce)
+  return None
+
+
+def cpu_seconds_at(records: Sequence[dict]) -> dict[int, float] | None:
+  """Cumulative training CPU seconds at each logged training step.
+
+  Each logged interval's ``step_cpu_sec`` times its steps (evaluations and
+  checkpoints excluded, so this is the training compute). None if any
+  logged interval lacks ``step_cpu_sec`` (logs written before the trainer
+  measured it), so a partial sum is never mistaken for the total.
+  """
+  out, total, last = {}, 0.0, 0
+  for record in sorted(_train_records(records), key=lambda r: r["step"]):
+    cpu = _num(record.get("step_cpu_sec"))
+    if cpu is None:
+      return None
+    step = int(record["step"])
+    total += cpu * (step - last)
+    out[step], last = total, step
+  return out or None
+
+
+def interpolate(curve: Sequence[tuple[float, float]], x: float
+                ) -> float | None:
+  """The curve's y at ``x`` (linear; None outside its x range)."""
+  for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+    if x0 <= x <= x1:
+      return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+  if curve and curve[-1][0] == x:
+    return curve[-1][1]
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class RouterPoint:
   """Router statistics of one logged step, over the run's MoE layers.

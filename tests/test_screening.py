@@ -104,16 +104,6 @@ def test_candidates_rank_by_best_dev_ce(tmp_path):
   assert [l.split("|")[2].strip() for l in lines] == ["b", "a", "c"]
 
 
-def test_steps_to_reach_interpolates_the_first_crossing():
-  curve = [(100, 4.0), (200, 3.0), (300, 3.5), (400, 2.0)]
-  assert screening.steps_to_reach(curve, 3.5) == 150.0
-  assert screening.steps_to_reach(curve, 4.5) == 100.0
-  assert screening.steps_to_reach(curve, 2.5) == pytest.approx(
-      300 + 100 * 1.0 / 1.5)
-  assert screening.steps_to_reach(curve, 1.0) is None
-  assert screening.steps_to_reach([], 3.0) is None
-
-
 def test_the_tool_refuses_a_recipe_that_scores_test(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "m4moe.pipeline.screening", "--recipe=demo",

@@ -77,31 +77,6 @@ class Candidate:
     return self.steps_to_target * self.cpu_sec_per_step
 
 
-def _dev_curve(records: Sequence[dict]) -> list[tuple[int, float]]:
-  return [(int(r["step"]), float(r["dev_ce_mean"])) for r in records
-          if r.get("kind") == "eval"
-          and isinstance(r.get("dev_ce_mean"), (int, float))]
-
-
-def steps_to_reach(curve: Sequence[tuple[int, float]],
-                   target: float) -> float | None:
-  """The step at which the dev CE curve first reaches ``target``.
-
-  Linear between the two evaluations around the crossing; the first
-  evaluation's step if it is already at or below ``target``; None if the
-  curve never reaches it.
-  """
-  previous = None
-  for step, ce in curve:
-    if ce <= target:
-      if previous is None or previous[1] == ce:
-        return float(step)
-      (s0, c0) = previous
-      return s0 + (step - s0) * (c0 - target) / (c0 - ce)
-    previous = (step, ce)
-  return None
-
-
 def _executed(records: Sequence[dict]) -> dict[str, float] | None:
   """Per stack, the mean executed expert FLOPs / dense FFN FLOPs of the
   last logged quarter of training."""
@@ -142,7 +117,7 @@ def candidate(model: recipes_lib.ModelRun, run: str,
     return Candidate(name=model.name, run=run, status="not started",
                      flags=model.extra_flags)
   records = training_logs.read_records(metrics)
-  curve = _dev_curve(records)
+  curve = training_logs.dev_ce_curve(records)
   best = min(curve, key=lambda point: point[1]) if curve else (None, None)
   bleu, languages = _dev_bleu(run_dir / "eval_dev" / f"{run}.json")
   done = (run_dir / "stages" / f"train_{run}.json").is_file()
@@ -158,8 +133,8 @@ def candidate(model: recipes_lib.ModelRun, run: str,
       steps_per_sec=cost.steps_per_sec,
       cpu_sec_per_step=_cpu_sec_per_step(records),
       num_params=start[0].get("num_params") if start else None,
-      flags=model.extra_flags, steps_to_target=steps_to_reach(curve,
-                                                              ce_target))
+      flags=model.extra_flags, steps_to_target=training_logs.steps_to_reach(
+          curve, ce_target))
 
 
 def _cell(value: Any, fmt: str) -> str:

@@ -1,0 +1,198 @@
+r"""Dev CE curves of runs against a reference, at equal steps and CPU time.
+
+A sparse model can lead a dense one at equal steps and still lose at equal
+compute when its step costs more. This tool puts both views side by side
+for runs of one run directory (``<run_dir>/models/<run>/metrics.jsonl``):
+
+* **equal steps**: each run's dev CE (token-weighted over the languages) at
+  every evaluation, and its gap to the reference's at the same step;
+* **equal CPU time**: each evaluation's cumulative training CPU seconds
+  (the trainer's ``step_cpu_sec`` times the steps of each logged interval),
+  and the gap to the reference's dev CE interpolated at the same CPU
+  seconds. Runs logged before the trainer measured CPU time get no
+  equal-CPU column rather than a partial one.
+
+Gaps are run minus reference (negative: the run is ahead). The runs must
+have been trained by the same code for CPU seconds to compare; the table
+header says which runs lack them.
+
+  python3 -m m4moe.pipeline.curves --run_dir=runs/study3 \
+      --runs=dense_lr4x_s1,moe_E64k8_every_lr4x_s1 \
+      --reference=dense_lr4x_s1 --output=results/study/v3/curves/lr4x
+
+writes ``curves.md``, ``curves.json`` and ``curves.png`` under ``--output``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, Sequence
+
+from absl import app
+from absl import flags
+
+from m4moe import cli
+from m4moe.eval import training_logs
+
+
+def _define_flags() -> None:
+  """Defined only when the tool runs (other CLIs share these names)."""
+  flags.DEFINE_string("run_dir", None, "Where the recipe ran (models/).")
+  flags.DEFINE_list("runs", [], "Runs to compare (model directory names, "
+                    "e.g. dense_s1), reference included.")
+  flags.DEFINE_string("reference", None, "The run the gaps are taken to.")
+  flags.DEFINE_string("output", None,
+                      "Directory for curves.md, curves.json, curves.png.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+  """One run's dev CE per evaluation.
+
+  Attributes:
+    run: the model directory name.
+    points: (step, dev CE) per evaluation, in step order.
+    cpu_seconds: cumulative training CPU seconds at each evaluation's step
+      (None: the log lacks CPU times).
+  """
+
+  run: str
+  points: tuple[tuple[int, float], ...]
+  cpu_seconds: tuple[float, ...] | None
+
+  def cpu_curve(self) -> list[tuple[float, float]] | None:
+    if self.cpu_seconds is None:
+      return None
+    return [(c, ce) for c, (_, ce) in zip(self.cpu_seconds, self.points)]
+
+
+def read_curve(run_dir: pathlib.Path, run: str) -> Curve:
+  """The run's curve from its metrics log.
+
+  Raises:
+    FileNotFoundError: the run has no ``metrics.jsonl``, naming the path.
+  """
+  path = run_dir / "models" / run / "metrics.jsonl"
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} does not exist: is {run!r} a run of "
+                            f"{run_dir} (its models/ directory names)?")
+  records = training_logs.read_records(path)
+  points = training_logs.dev_ce_curve(records)
+  cpu = training_logs.cpu_seconds_at(records)
+  cpu_at_evals = None
+  if cpu is not None:
+    train_steps = sorted(cpu)
+    cpu_curve = [(float(s), cpu[s]) for s in train_steps]
+    values = [training_logs.interpolate(cpu_curve, float(step))
+              for step, _ in points]
+    cpu_at_evals = None if None in values else tuple(values)
+  return Curve(run=run, points=tuple(points), cpu_seconds=cpu_at_evals)
+
+
+def _gap(value: float | None, reference: float | None) -> float | None:
+  return None if value is None or reference is None else value - reference
+
+
+def compare(curves: Sequence[Curve], reference: Curve) -> dict[str, Any]:
+  """Per run and evaluation: dev CE, gap at equal steps and at equal CPU."""
+  ref_steps = [(float(s), ce) for s, ce in reference.points]
+  ref_cpu = reference.cpu_curve()
+  out: dict[str, Any] = {"reference": reference.run, "runs": {}}
+  for curve in curves:
+    rows = []
+    for i, (step, ce) in enumerate(curve.points):
+      cpu = curve.cpu_seconds[i] if curve.cpu_seconds else None
+      ref_at_cpu = (training_logs.interpolate(ref_cpu, cpu)
+                    if ref_cpu is not None and cpu is not None else None)
+      rows.append({
+          "step": step, "dev_ce": ce, "cpu_seconds": cpu,
+          "gap_equal_steps": _gap(
+              ce, training_logs.interpolate(ref_steps, float(step))),
+          "gap_equal_cpu": _gap(ce, ref_at_cpu)})
+    out["runs"][curve.run] = rows
+  return out
+
+
+def _fmt(value: float | None, spec: str) -> str:
+  return "-" if value is None else format(value, spec)
+
+
+def markdown(comparison: dict[str, Any]) -> str:
+  """One table per run: step, CPU s, dev CE, the two gaps."""
+  ref = comparison["reference"]
+  lines = [f"# Dev CE against {ref}: equal steps and equal CPU time", "",
+           "Gap = run minus reference (negative: the run is ahead); at "
+           "equal CPU time the reference's dev CE is interpolated at the "
+           "run's cumulative training CPU seconds ('-': outside the "
+           "reference's range, or no CPU times logged). Regenerate: "
+           "`python3 -m m4moe.pipeline.curves --run_dir=RUN_DIR "
+           f"--runs=... --reference={ref} --output=DIR`.", ""]
+  for run, rows in comparison["runs"].items():
+    if run == ref:
+      continue
+    lines += [f"## {run}", "",
+              "| step | CPU s | dev CE | gap at equal steps | gap at equal "
+              "CPU |", "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+      lines.append(
+          f"| {r['step']} | {_fmt(r['cpu_seconds'], ',.0f')} | "
+          f"{r['dev_ce']:.3f} | {_fmt(r['gap_equal_steps'], '+.3f')} | "
+          f"{_fmt(r['gap_equal_cpu'], '+.3f')} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def save_figure(curves: Sequence[Curve], path: pathlib.Path) -> None:
+  """Two panels: dev CE against steps and against CPU seconds."""
+  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  figure = Figure(figsize=(10, 4))
+  FigureCanvasAgg(figure)
+  by_steps, by_cpu = figure.subplots(1, 2, sharey=True)
+  for curve in curves:
+    by_steps.plot([s for s, _ in curve.points],
+                  [ce for _, ce in curve.points], marker=".", label=curve.run)
+    cpu = curve.cpu_curve()
+    if cpu is not None:
+      by_cpu.plot([c for c, _ in cpu], [ce for _, ce in cpu], marker=".",
+                  label=curve.run)
+  by_steps.set(xlabel="training steps", ylabel="dev CE (nats/token)")
+  by_cpu.set(xlabel="training CPU seconds")
+  by_steps.legend(fontsize="small")
+  figure.tight_layout()
+  figure.savefig(str(path), format="png", dpi=110)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  values = flags.FLAGS
+  if not (values.run_dir and values.runs and values.reference
+          and values.output):
+    raise app.UsageError("give --run_dir, --runs, --reference and --output")
+  if values.reference not in values.runs:
+    raise app.UsageError(f"--reference={values.reference} is not one of "
+                         f"--runs={','.join(values.runs)}: list it there too")
+  run_dir = pathlib.Path(values.run_dir)
+  try:
+    curves = [read_curve(run_dir, run) for run in values.runs]
+  except FileNotFoundError as e:
+    raise app.UsageError(str(e)) from None
+  reference = curves[values.runs.index(values.reference)]
+  comparison = compare(curves, reference)
+  out = pathlib.Path(values.output)
+  out.mkdir(parents=True, exist_ok=True)
+  text = markdown(comparison)
+  (out / "curves.md").write_text(text + "\n", encoding="utf-8")
+  (out / "curves.json").write_text(json.dumps(comparison, indent=1) + "\n",
+                                   encoding="utf-8")
+  save_figure(curves, out / "curves.png")
+  print(text)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  cli.run_tool(main, module=__name__)

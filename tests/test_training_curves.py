@@ -1,0 +1,92 @@
+"""Dev CE curves at equal steps and equal CPU time (m4moe.pipeline.curves)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from m4moe.eval import training_logs
+from m4moe.pipeline import curves
+
+
+def test_steps_to_reach_interpolates_the_first_crossing():
+  curve = [(100, 4.0), (200, 3.0), (300, 3.5), (400, 2.0)]
+  assert training_logs.steps_to_reach(curve, 3.5) == 150.0
+  assert training_logs.steps_to_reach(curve, 4.5) == 100.0
+  assert training_logs.steps_to_reach(curve, 2.5) == pytest.approx(
+      300 + 100 * 1.0 / 1.5)
+  assert training_logs.steps_to_reach(curve, 1.0) is None
+  assert training_logs.steps_to_reach([], 3.0) is None
+
+
+def test_cpu_seconds_add_each_interval_and_refuse_partial_logs():
+  records = [{"kind": "start", "step": 0},
+             {"kind": "train", "step": 50, "step_cpu_sec": 2.0},
+             {"kind": "eval", "step": 50, "dev_ce_mean": 5.0},
+             {"kind": "train", "step": 100, "step_cpu_sec": 1.0},
+             {"kind": "train", "step": 120, "step_cpu_sec": 0.5}]
+  # 50 x 2.0, then 50 x 1.0, then 20 x 0.5.
+  assert training_logs.cpu_seconds_at(records) == {50: 100.0, 100: 150.0,
+                                                   120: 160.0}
+  del records[1]["step_cpu_sec"]
+  assert training_logs.cpu_seconds_at(records) is None
+
+
+def test_interpolate_inside_and_outside_the_range():
+  curve = [(0.0, 4.0), (10.0, 2.0), (20.0, 1.0)]
+  assert training_logs.interpolate(curve, 5.0) == 3.0
+  assert training_logs.interpolate(curve, 20.0) == 1.0
+  assert training_logs.interpolate(curve, 25.0) is None
+  assert training_logs.interpolate([(3.0, 1.5)], 3.0) == 1.5
+
+
+def _write_run(run_dir, run, *, cpu_per_step, ces):
+  model = run_dir / "models" / run
+  model.mkdir(parents=True)
+  records = []
+  for i, ce in enumerate(ces, 1):
+    records.append({"kind": "train", "step": 100 * i,
+                    "step_cpu_sec": cpu_per_step})
+    records.append({"kind": "eval", "step": 100 * i, "dev_ce_mean": ce})
+  (model / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def test_gaps_at_equal_steps_and_at_equal_cpu(tmp_path):
+  # The dense run costs 1 CPU s/step, the sparse one 2; the sparse run is
+  # 0.5 nats ahead at equal steps but behind at equal CPU time.
+  _write_run(tmp_path, "dense", cpu_per_step=1.0, ces=[4.0, 3.0, 2.5, 2.0])
+  _write_run(tmp_path, "moe", cpu_per_step=2.0, ces=[3.5, 2.5, 2.0, 1.5])
+  dense = curves.read_curve(tmp_path, "dense")
+  moe = curves.read_curve(tmp_path, "moe")
+  assert moe.cpu_seconds == (200.0, 400.0, 600.0, 800.0)
+  out = curves.compare([dense, moe], dense)
+  rows = out["runs"]["moe"]
+  assert [r["gap_equal_steps"] for r in rows] == [-0.5, -0.5, -0.5, -0.5]
+  # At 200 CPU s the dense run is at step 200 (3.0); at 400 at step 400
+  # (2.0); past 400 CPU s the dense run has no evaluation.
+  assert [r["gap_equal_cpu"] for r in rows] == [0.5, 0.5, None, None]
+  table = curves.markdown(out)
+  assert "| 200 | 400 | 2.500 | -0.500 | +0.500 |" in table
+
+
+def test_the_tool_writes_the_table_and_refuses_a_missing_reference(tmp_path):
+  _write_run(tmp_path, "a", cpu_per_step=1.0, ces=[4.0, 3.0])
+  _write_run(tmp_path, "b", cpu_per_step=1.5, ces=[3.8, 2.9])
+  base = [sys.executable, "-m", "m4moe.pipeline.curves",
+          f"--run_dir={tmp_path}", f"--output={tmp_path / 'out'}"]
+  bad = subprocess.run(base + ["--runs=a,b", "--reference=c"],
+                       capture_output=True, text=True, check=False)
+  assert bad.returncode != 0 and "--reference=c is not one of" in bad.stderr
+  missing = subprocess.run(base + ["--runs=a,zz", "--reference=a"],
+                           capture_output=True, text=True, check=False)
+  assert missing.returncode != 0 and "models/zz/metrics.jsonl" in (
+      missing.stderr)
+  assert not (tmp_path / "out").exists()
+  done = subprocess.run(base + ["--runs=a,b", "--reference=a"],
+                        capture_output=True, text=True, check=True)
+  assert "## b" in done.stdout
+  assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
+  saved = json.loads((tmp_path / "out" / "curves.json").read_text())
+  assert saved["reference"] == "a" and len(saved["runs"]["b"]) == 2

@@ -556,6 +556,31 @@ def load_model_config(name_or_path: str | os.PathLike[str],
   return model_config_from_flags(flag_values, **overrides)
 
 
+def peek_model_config(name_or_path: str | os.PathLike[str],
+                      extra_flags: Sequence[str] = ()) -> ModelConfig:
+  """The model a zoo entry (or flagfile) with ``extra_flags`` builds, read
+  without TensorFlow.
+
+  Only the model flags are parsed; every other flag (the entry's optimiser
+  recipe, training flags among ``extra_flags``) is skipped unchecked, so
+  this is for looking at a model before training it (``m4moe-run``
+  validating a recipe), not for checking a command line:
+  :func:`load_model_config` is.
+
+  Raises:
+    ConfigError: the file is missing or a model flag has a bad value.
+  """
+  path = resolve_config_path(name_or_path)
+  flag_values = flags.FlagValues()
+  define_model_flags(flag_values)
+  try:
+    flag_values(["m4moe", f"--flagfile={path}", *extra_flags],
+                known_only=True)
+  except flags.Error as e:
+    raise ConfigError(f"{path}: {e}") from e
+  return model_config_from_flags(flag_values)
+
+
 def load_optimizer_config(name_or_path: str | os.PathLike[str],
                           extra_flags: Sequence[str] = ()
                           ) -> optimizer_lib.AdafactorConfig:

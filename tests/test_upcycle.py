@@ -313,3 +313,42 @@ def test_prepare_checks_flags_before_training(tmp_path):
       dense_dir=str(run), copy_optimizer=True,
       **{**common, "model_dir": str(run)})
   assert warm is None and problems == [] and "is ignored" in notice
+
+
+@pytest.mark.parametrize("copy_optimizer", [True, False])
+def test_the_warm_start_returns_its_start_record(tmp_path, copy_optimizer):
+  """What m4moe-train logs as the ``start`` record's ``warm_start``: where
+  the schedule starts (the dense updates only with the optimiser state)."""
+  dense_config, moe_config = _configs()
+  opt_config = optimizer_lib.AdafactorConfig(factored=True)
+  _, _, run = _trained_dense_run(tmp_path, dense_config, opt_config)
+  checkpointing.write_run_config(run, model_config=dense_config, sections={
+      "train": {"optimizer": {"factored": True, "beta1": 0.0}}})
+  warm, problems, _ = upcycle.prepare(
+      dense_dir=str(run), model_dir=str(tmp_path / "new"),
+      copy_optimizer=copy_optimizer, config=moe_config, optimizer=opt_config,
+      mesh=False)
+  assert problems == []
+  moe = model_lib.Transformer(config=moe_config)
+  optimizer = optimizer_lib.Adafactor(opt_config)
+  optimizer.build(moe.trainable_variables)
+  record = warm(moe, optimizer)
+  assert record == {
+      "kind": "upcycled", "init_from_dense": str(run),
+      "checkpoint": str(run / "ckpt-2"),
+      "dense_step": None,  # this stand-in checkpoint has no step counter
+      "optimizer_iterations": 2 if copy_optimizer else 0,
+      "steps": "counted from the upcycling (dense_step not included)"}
+  json.dumps(record)  # it goes into metrics.jsonl
+
+
+def test_the_start_record_reads_the_dense_runs_step(tmp_path):
+  run = tmp_path / "dense"
+  tf.train.CheckpointManager(
+      tf.train.Checkpoint(step=tf.Variable(20, dtype=tf.int64)), str(run),
+      max_to_keep=1).save(checkpoint_number=20)
+  report = upcycle.UpcycleReport(checkpoint=str(run / "ckpt-20"), copied={},
+                                 expanded={}, fresh=())
+  record = upcycle.start_record(report=report, dense_dir=run,
+                                optimizer_iterations=0)
+  assert record["dense_step"] == 20

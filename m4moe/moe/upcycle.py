@@ -47,6 +47,7 @@ import tensorflow as tf
 from absl import logging
 
 from m4moe import config as config_lib
+from m4moe.moe.upcycle_checks import config_problems
 from m4moe.training import rundir
 
 _SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -109,38 +110,6 @@ def dense_checkpoint(dense_dir: str | pathlib.Path) -> str:
         f"--init_from_dense={dense_dir} is an MoE run (--num_experts="
         f"{config.moe.num_experts}); pass a dense run (--num_experts=0)")
   return path
-
-
-# Model flags that shape variables and must equal the dense run's.
-_SHAPE_FLAGS = ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads",
-                "d_kv", "d_ff", "num_encoder_layers", "num_decoder_layers")
-
-
-def config_problems(*, config: config_lib.ModelConfig,
-                    dense: config_lib.ModelConfig) -> list[str]:
-  """Why ``config`` (MoE) cannot be upcycled from ``dense`` (empty: fine).
-
-  Checked before training starts, so a wrong flag fails before the run
-  directory is written; :func:`plan` checks every variable again.
-  """
-  problems = []
-  if not config.moe.enabled:
-    problems.append("--init_from_dense needs an MoE model: set "
-                    "--num_experts (and --expert_hidden_dim)")
-  if dense.moe.enabled:
-    problems.append(f"the --init_from_dense run is an MoE run (--num_experts="
-                    f"{dense.moe.num_experts}); pass a dense run")
-  for name in _SHAPE_FLAGS:
-    mine, theirs = getattr(config, name), getattr(dense, name)
-    if mine != theirs:
-      problems.append(f"--{name}={mine} differs from the dense run's "
-                      f"{theirs}: set --{name}={theirs}")
-  if config.moe.enabled and config.moe.expert_hidden_dim != dense.d_ff:
-    problems.append(
-        f"--expert_hidden_dim={config.moe.expert_hidden_dim} differs from "
-        f"the dense run's --d_ff={dense.d_ff}: each expert starts as a copy "
-        f"of the dense FFN, set --expert_hidden_dim={dense.d_ff}")
-  return problems
 
 
 def _expert_source(path: str) -> str | None:
@@ -421,10 +390,33 @@ def prepare(*, dense_dir: str, model_dir: str, copy_optimizer: bool,
   if copy_optimizer:
     problems += _optimizer_problems(dense_dir, optimizer)
 
-  def warm_start(model: tf.Module, optimizer_: Any) -> None:
+  def warm_start(model: tf.Module, optimizer_: Any) -> dict[str, Any]:
     report = upcycle_from_dense(model=model, dense_dir=dense_dir)
     if copy_optimizer:
       upcycle_optimizer(optimizer=optimizer_, model=model, report=report,
                         dense_dir=dense_dir)
+    return start_record(report=report, dense_dir=dense_dir,
+                        optimizer_iterations=int(
+                            optimizer_.iterations.numpy()))
 
   return warm_start, problems, None
+
+
+def start_record(*, report: UpcycleReport, dense_dir: str | pathlib.Path,
+                 optimizer_iterations: int) -> dict[str, Any]:
+  """The ``warm_start`` of an upcycled run's ``start`` metrics record.
+
+  The run's own step counter (``--train_steps``, ``--eval_every``, the
+  metrics' ``step``) starts at 0 at the upcycling: ``dense_step`` is how
+  many steps the dense run had trained before, and ``optimizer_iterations``
+  where the learning-rate schedule starts (the dense run's updates with
+  ``--init_from_dense_optimizer``, else 0).
+  """
+  reader = tf.train.load_checkpoint(report.checkpoint)
+  key = "step" + _SUFFIX
+  dense_step = (int(reader.get_tensor(key))
+                if key in reader.get_variable_to_shape_map() else None)
+  return {"kind": "upcycled", "init_from_dense": str(dense_dir),
+          "checkpoint": report.checkpoint, "dense_step": dense_step,
+          "optimizer_iterations": optimizer_iterations,
+          "steps": "counted from the upcycling (dense_step not included)"}

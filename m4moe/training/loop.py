@@ -506,7 +506,9 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
     after_step: test hook called with the step number after every step.
     warm_start: ``warm_start(model, optimizer)`` before the first step of a
       fresh run, e.g. dense -> MoE upcycling (:mod:`m4moe.moe.upcycle`); a
-      resumed run ignores it (logged).
+      resumed run ignores it (logged). A mapping it returns (JSON values)
+      is the ``warm_start`` of the metrics log's ``start`` record, so the
+      run says where it started from.
     token_loss: replaces the label-smoothed cross-entropy
       (:class:`m4moe.training.step.StepRunner`), e.g. distillation
       (:mod:`m4moe.training.distill`); a function of the batch and the
@@ -591,7 +593,8 @@ def _restore_or_warm_start(model_fn, *, train_dataset: tf.data.Dataset,
                            token_loss, latest: str | None):
   """Builds the model and optimiser and restores the latest checkpoint, or
   warm-starts a fresh run; returns (keeper, resumed path, iterator, model,
-  counters, runner).
+  counters, runner, warm start record: what ``warm_start`` returned if it
+  ran and returned a mapping, else None).
 
   A DTensor checkpoint cannot hold the (host) iterator state; on a mesh a
   resumed run skips the consumed batches instead (as
@@ -612,13 +615,15 @@ def _restore_or_warm_start(model_fn, *, train_dataset: tf.data.Dataset,
       **trackables)
   resumed, iterator = _restore(keeper, config=config, dataset=train_dataset,
                                counters=counters, iterator=iterator)
+  started = None
   if warm_start is not None and resumed is None:
-    warm_start(model, optimizer)
+    started = warm_start(model, optimizer)
   elif warm_start is not None:
     logging.warning("Resuming from %s: the warm start (--init_from_dense "
                     "or the distillation student's init) is ignored",
                     resumed)
-  return keeper, resumed, iterator, model, counters, runner
+  record = dict(started) if isinstance(started, Mapping) else None
+  return keeper, resumed, iterator, model, counters, runner, record
 
 
 def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
@@ -631,7 +636,8 @@ def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
   checkpoints were moved aside, so the metrics log explains a resume.
   """
   model_dir = pathlib.Path(config.model_dir)
-  keeper, resumed, iterator, model, counters, runner = _restore_or_warm_start(
+  (keeper, resumed, iterator, model, counters, runner,
+   warm_record) = _restore_or_warm_start(
       model_fn, train_dataset=train_dataset, config=config,
       strategy=strategy, sharding=sharding, warm_start=warm_start,
       token_loss=token_loss, latest=recovery.latest)
@@ -651,6 +657,9 @@ def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
              "num_params": int(sum(np.prod(v.shape)
                                    for v in runner.variables)),
              "resumed_from": resumed,
+             # What a fresh run's warm start did (e.g. upcycling: the
+             # dense run and step it started from); None on a resume.
+             "warm_start": warm_record,
              "damaged_checkpoints": [
                  {"path": d.path, "reason": d.reason,
                   "moved_to": d.moved_to} for d in recovery.damaged]})

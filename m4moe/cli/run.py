@@ -164,6 +164,24 @@ def _matching(stages: list[main_job.Stage],
   return chosen
 
 
+def _check_needed(stages: list[main_job.Stage],
+                  run_dir: pathlib.Path) -> None:
+  """Refuses --only without a stage that a chosen one waits for.
+
+  An upcycled run's training reads its source run (:attr:`Stage.after`):
+  started without it, it would fail only after building its inputs.
+  """
+  chosen = {s.name for s in stages}
+  for stage in stages:
+    if not _marker(run_dir, stage).exists():
+      missing = [name for name in stage.after if name not in chosen and
+                 not (run_dir / "stages" / f"{name}.json").exists()]
+      if missing:
+        raise app.UsageError(
+            f"--only: stage {stage.name!r} needs {', '.join(missing)} (its "
+            "init_from source), which has not finished; add it to --only")
+
+
 def _training_finished(stage: main_job.Stage) -> bool:
   """Whether a train stage's run ended with reason "done".
 
@@ -294,9 +312,11 @@ class _Job:
 
     A failed stage stops the other lanes' running stages with SIGTERM
     (training saves a checkpoint, so the re-run resumes them) and ends the
-    job with its error.
+    job with its error. A lane whose next stage waits for stages of other
+    lanes (:attr:`Stage.after`) idles until they have finished.
     """
     queues = [[s for s in lane if self.pending(s)] for lane in lanes]
+    waiting = {s.name for queue in queues for s in queue}  # not yet finished
     log_dir = self.run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     running: dict[subprocess.Popen, _LaneStage] = {}
@@ -304,15 +324,19 @@ class _Job:
     interrupted = []
     with supervisor.StageProcesses() as processes:
 
-      def launch(index: int) -> None:
-        lane_stage = self._launch_in_lane(
-            processes, stage=queues[index].pop(0), index=index,
-            num_lanes=len(lanes), cpus=shares[index], log_dir=log_dir)
-        running[lane_stage.child] = lane_stage
+      def launch_ready() -> None:
+        """Starts the next stage of every idle lane whose stage may start."""
+        busy = {lane_stage.index for lane_stage in running.values()}
+        for index, queue in enumerate(queues):
+          if (index in busy or not queue or
+              any(name in waiting for name in queue[0].after)):
+            continue
+          lane_stage = self._launch_in_lane(
+              processes, stage=queue.pop(0), index=index,
+              num_lanes=len(lanes), cpus=shares[index], log_dir=log_dir)
+          running[lane_stage.child] = lane_stage
 
-      for index, queue in enumerate(queues):
-        if queue:
-          launch(index)
+      launch_ready()
       while running:
         child, returncode = processes.wait_any()
         done = running.pop(child)
@@ -329,15 +353,17 @@ class _Job:
           continue
         seconds = time.monotonic() - done.start
         self.finished(done.stage, seconds)
+        waiting.discard(done.stage.name)
         print(f"  {done.stage.name} finished in {seconds:.0f} s "
               f"(lane {done.index + 1})", flush=True)
-        if queues[done.index]:
-          launch(done.index)
+        launch_ready()
     if processes.interrupted_by is not None:
       _stopped("the lanes' stages", processes.interrupted_by,
                "; ".join(interrupted))
-    if failure:
-      raise SystemExit(failure)
+    stuck = [s.name for queue in queues for s in queue]
+    if failure or stuck:
+      raise SystemExit(failure or f"m4moe-run: stages {stuck} wait for "
+                       "stages after them in the plan (a planning bug)")
 
   def _launch_in_lane(self, processes: supervisor.StageProcesses, *,
                       stage: main_job.Stage, index: int, num_lanes: int,
@@ -444,6 +470,7 @@ def _run_plan(*, recipe: recipes_lib.Recipe, run_dir: pathlib.Path,
     stages = _through(stages, _STOP_AFTER.value)
   if _ONLY.value:
     stages = _matching(stages, _ONLY.value)
+    _check_needed(stages, run_dir)
   job = _Job(recipe=recipe, run_dir=run_dir, stages=stages)
   for block in _blocks(stages, lanes=_LANES.value):
     _run_block(job, block)
@@ -487,14 +514,16 @@ def _run_block(job: _Job, block: list[list[main_job.Stage]]) -> None:
       for stage in lane:
         where = (f" (lane {index + 1} of {len(block)}, core(s) "
                  f"{','.join(map(str, shares[index]))})" if shares else "")
+        if stage.after:
+          where += f" (after {', '.join(stage.after)})"
         print(f"{job.header(stage)}{where}\n  {' '.join(stage.command())}",
               flush=True)
   elif shares:
     job.run_lanes(block, shares)
-  else:
-    for lane in block:
-      for stage in lane:
-        job.run_alone(stage)
+  else:  # in plan order, not lane by lane: a stage may wait for another
+    for stage in sorted((s for lane in block for s in lane),
+                        key=lambda s: job.number[s.name]):
+      job.run_alone(stage)
 
 
 def run() -> None:

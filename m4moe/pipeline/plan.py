@@ -43,6 +43,10 @@ class Stage:
 
   ``lane``: the :attr:`ModelRun.lane` of the model a train/eval stage
   belongs to (None: the stage runs alone).
+  ``after``: names of earlier stages whose outputs it reads beyond what
+  the plan order and its lane already guarantee: an upcycled run's
+  training waits for its source run's (:attr:`ModelRun.init_from`), which
+  may train in another lane of the same block.
   """
 
   name: str
@@ -50,6 +54,7 @@ class Stage:
   tool: str
   args: tuple[str, ...]
   lane: int | None = None
+  after: tuple[str, ...] = ()
 
   def command(self) -> list[str]:
     """The command line: the tool's module run by this Python."""
@@ -95,15 +100,16 @@ class _EvalJsons:
 def _train_stage(recipe: Recipe, model: ModelRun, *, run: str,
                  seed: int | None, run_dir: pathlib.Path,
                  languages: Sequence[str], continuation: Sequence[str],
-                 note: str) -> Stage:
+                 note: str, after: tuple[str, ...] = ()) -> Stage:
   """``m4moe-train`` of one run (one seed) of ``model``."""
   every = max(1, model.train_steps // 5)
   model_dir = run_dir / "models" / run
+  steps = f"{model.train_steps} steps" + (
+      " after upcycling" if model.init_from else "")
   return Stage(
       name=f"train_{run}",
-      description=f"train {run} ({model.config}, "
-                  f"{model.train_steps} steps{note})",
-      tool="train", lane=model.lane,
+      description=f"train {run} ({model.config}, {steps}{note})",
+      tool="train", lane=model.lane, after=after,
       args=(f"--config={model.config}", f"--corpus_dir={run_dir / 'corpus'}",
             f"--vocab_dir={run_dir / 'vocab'}", f"--model_dir={model_dir}",
             *languages, f"--train_steps={model.train_steps}",
@@ -159,19 +165,27 @@ def _model_stages(recipe: Recipe, model: ModelRun, *, run_dir: pathlib.Path,
   """Train and eval stages of every run (seed) of ``model``."""
   languages = ([f"--languages={','.join(model.languages)}"]
                if model.languages else _languages_flag(recipe))
-  # A continued run copies its source model's run of the same seed (the
-  # Recipe checks that both have the same seeds).
-  source_run = ({seed: run for run, seed in sources[model.continue_from].runs()}
-                if model.continue_from else {})
+  # A continued run copies, an upcycled one starts from, its source model's
+  # run of the same seed (the Recipe checks that the source has them).
+  source = model.continue_from or model.init_from
+  source_run = ({seed: run for run, seed in sources[source].runs()}
+                if source else {})
   stages = []
   for run, seed in model.runs():
     note, continuation = "" if seed is None else f", seed {seed}", []
+    after: tuple[str, ...] = ()
     if model.continue_from:
       note += f", continuing {source_run[seed]}"
       continuation = [f"--continue_from={run_dir / 'models' / source_run[seed]}"]
+    elif model.init_from:
+      note += f", from {source_run[seed]}"
+      continuation = [
+          f"--init_from_dense={run_dir / 'models' / source_run[seed]}"]
+      after = (f"train_{source_run[seed]}",)
     stages.append(_train_stage(recipe, model, run=run, seed=seed,
                                run_dir=run_dir, languages=languages,
-                               continuation=continuation, note=note))
+                               continuation=continuation, note=note,
+                               after=after))
     for split, out in _splits(recipe):
       target = jsons[split]
       (target.baselines if model.bilingual else target.models).append(
@@ -215,6 +229,24 @@ def _report_stages(recipe: Recipe, *, run_dir: pathlib.Path,
   return stages
 
 
+def _model_order(recipe: Recipe) -> tuple[tuple[ModelRun, ...],
+                                          tuple[ModelRun, ...]]:
+  """(models planned before the baselines, models planned after them).
+
+  Continuations train after the baselines: the baselines complete the
+  comparison at the first budget before any run is extended. A model
+  upcycled from a continuation follows it there; other upcycled models
+  keep their place (their sources are listed before them). Both keep the
+  recipe's order.
+  """
+  late: set[str] = set()
+  for model in recipe.models:
+    if model.continue_from or model.init_from in late:
+      late.add(model.name)
+  return (tuple(m for m in recipe.models if m.name not in late),
+          tuple(m for m in recipe.models if m.name in late))
+
+
 def plan(recipe: Recipe, *, run_dir: pathlib.Path,
          cache_dir: pathlib.Path) -> list[Stage]:
   """The ordered stages of ``recipe`` writing under ``run_dir``."""
@@ -230,12 +262,9 @@ def plan(recipe: Recipe, *, run_dir: pathlib.Path,
                   *recipe.vocab_flags)),
   ]
   jsons = {split: _EvalJsons() for split, _ in _splits(recipe)}
-  # Continuations train after the baselines: the baselines complete the
-  # comparison at the first budget before any run is extended.
-  fresh = tuple(m for m in recipe.models if not m.continue_from)
-  continued = tuple(m for m in recipe.models if m.continue_from)
+  fresh, late = _model_order(recipe)
   sources = {m.name: m for m in recipe.models}
-  for model in fresh + recipe.baselines() + continued:
+  for model in fresh + recipe.baselines() + late:
     stages += _model_stages(recipe, model, run_dir=run_dir, sources=sources,
                             jsons=jsons)
   return stages + _report_stages(recipe, run_dir=run_dir, jsons=jsons)
@@ -249,7 +278,9 @@ def parallel_blocks(stages: Sequence[Stage]) -> list[list[list[Stage]]]:
   their original order; the lanes of a block run concurrently. A stage
   without a lane is a block of one lane holding just it. Since a model's
   eval stage follows its train stage in the same lane, and the report has
-  no lane, every stage still runs after the stages whose outputs it reads.
+  no lane, every stage still runs after the stages whose outputs it reads,
+  except a stage's :attr:`Stage.after` in another lane of its block: the
+  runner starts it only when those have finished.
   """
   blocks: list[list[list[Stage]]] = []
   pending: dict[int, list[Stage]] = {}

@@ -15,6 +15,12 @@ Form of a recipe file (keys are the :class:`Recipe` attributes):
   name = "moe"
   config = "tiny/moe"
   train_steps = 5200
+  [[models]]                    # sparse upcycling of an earlier dense model
+  name = "moe_upcycled"
+  config = "tiny/moe"
+  init_from = "dense"           # each seed from that model's run of it
+  train_steps = 1500            # steps after the upcycling
+  extra_flags = ["--expert_hidden_dim=512"]  # = the dense --d_ff
   [baseline]                    # the bilingual baselines' template
   ...
   [baselines.kk]                # per-language overrides of the template:
@@ -24,6 +30,16 @@ Form of a recipe file (keys are the :class:`Recipe` attributes):
 Built recipes are validated as a whole (:class:`Recipe`); any unknown key,
 wrong type or inconsistency is a :class:`RecipeError` naming the file, the
 key and the fix.
+
+Upcycling (:attr:`ModelRun.init_from`): the MoE model's run of each seed
+starts from the named dense model's run of that seed (``m4moe-train
+--init_from_dense``) and waits for it even in another lane; only the
+weights are carried unless ``extra_flags`` adds
+``--init_from_dense_optimizer``; ``train_steps`` counts the steps after
+the upcycling. Checked at load time (without TensorFlow): the source is an
+earlier dense model of the recipe, not itself upcycled, with every seed of
+this model, and this model's flags fit it (``--expert_hidden_dim`` = the
+source's ``--d_ff``, the same ``--d_model``, heads and layers).
 """
 
 from __future__ import annotations
@@ -72,6 +88,22 @@ class ModelRun:
       (``m4moe-train --continue_from``) and trains on to ``train_steps``,
       so the report shows both budgets of the same runs. Planned after the
       baselines. Empty: trained from scratch.
+    init_from: the name of a dense model of the recipe (without
+      ``init_from`` itself, with every seed of this model): each run of this
+      (MoE) model starts as a sparse upcycling of that model's finished run
+      of the same seed (``m4moe-train --init_from_dense``: every expert a
+      copy of the dense FFN it replaces, so ``--expert_hidden_dim`` must be
+      the source's ``--d_ff``; routers fresh), and waits for it, whatever
+      the lanes. Only the weights: add ``--init_from_dense_optimizer`` to
+      ``extra_flags`` to carry the source's Adafactor state and step count
+      too (the learning-rate schedule then goes on from the source's last
+      step). ``train_steps`` (and ``eval_every``) count the steps after the
+      upcycling: the run's total training is the source's steps plus these,
+      and its metrics log's ``start`` record names the source run and its
+      step (``warm_start``). A killed upcycled run resumes from its own
+      checkpoint, never from the source again (to re-upcycle from a
+      retrained source, delete the run's model directory). Empty: the
+      model's own initialisation.
     max_train_seconds: a wall-clock cap on the training loop
       (``m4moe-train --max_train_seconds``, summed over resumes), so that a
       job sized in steps on one CPU still ends in time on a slower one; the
@@ -89,6 +121,7 @@ class ModelRun:
   lane: int | None = None
   seeds: tuple[int, ...] = ()
   continue_from: str = ""
+  init_from: str = ""
   max_train_seconds: float = 0.0
 
   def __post_init__(self) -> None:
@@ -211,10 +244,17 @@ class Recipe:
     if self.baseline is not None and not self.languages:
       raise RecipeError(f"recipe {self.name!r}: bilingual baselines need an "
                        "explicit language list")
+    if self.baseline is not None and self.baseline.init_from:
+      raise RecipeError(f"recipe {self.name!r}: the [baseline] template sets "
+                        "init_from; baselines train from scratch, drop it")
     earlier: dict[str, ModelRun] = {}
     for model in self.models:
+      _check_upcycling_flags(self.name, model)
       if model.continue_from:
         self._check_continuation(model, earlier.get(model.continue_from))
+      if model.init_from:
+        _check_upcycling(self.name, model, source=earlier.get(
+            model.init_from), names=names)
       earlier[model.name] = model
 
   def _check_continuation(self, model: ModelRun,
@@ -253,6 +293,76 @@ class Recipe:
             lane=lanes.get(lang, self.baseline.lane),
             extra_flags=(*self.baseline.extra_flags, *extra.get(lang, ())))
         for lang in self.languages)
+
+
+def _check_upcycling_flags(recipe: str, model: ModelRun) -> None:
+  """``extra_flags`` that only ``init_from`` may imply."""
+  where = f"recipe {recipe!r}: model {model.name!r}"
+  for flag in model.extra_flags:
+    name = flag.lstrip("-").partition("=")[0]
+    if name == "init_from_dense":
+      raise RecipeError(
+          f"{where}: extra_flags has {flag}; name the dense model of the "
+          "recipe with init_from = \"NAME\" instead (its run of each seed "
+          "is then trained first)")
+    if name == "init_from_dense_optimizer" and not model.init_from:
+      raise RecipeError(
+          f"{where}: extra_flags has {flag} but the model has no init_from; "
+          "set init_from = \"NAME\" of a dense model or drop the flag")
+  if model.init_from and model.continue_from:
+    raise RecipeError(
+        f"{where} sets both init_from and continue_from; a continued run "
+        "already has its weights (its source was upcycled): drop init_from")
+
+
+def _check_upcycling(recipe: str, model: ModelRun, *,
+                     source: ModelRun | None, names: list[str]) -> None:
+  """``model.init_from`` names an earlier dense model it can start from.
+
+  The models' configs are read without TensorFlow
+  (:func:`m4moe.config.peek_model_config`), so a wrong expert width fails
+  when the recipe is loaded, not when the upcycled run starts.
+  """
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.moe import upcycle_checks  # pylint: disable=g-import-not-at-top
+  where = (f"recipe {recipe!r}: model {model.name!r} has init_from = "
+           f"{model.init_from!r}")
+  if model.init_from == model.name:
+    raise RecipeError(f"{where}, itself; name the dense model it starts from")
+  if source is None and model.init_from in names:
+    raise RecipeError(f"{where}, which is listed after it; list "
+                      f"{model.init_from!r} first (it trains first)")
+  if source is None:
+    raise RecipeError(
+        f"{where}, which is not a model of the recipe; name one of "
+        f"{[n for n in names if n != model.name]}")
+  if source.init_from:
+    raise RecipeError(
+        f"{where}, which is itself upcycled (init_from = "
+        f"{source.init_from!r}); name a model trained from scratch, e.g. "
+        f"{source.init_from!r}")
+  try:
+    mine = config_lib.peek_model_config(model.config, model.extra_flags)
+    dense = config_lib.peek_model_config(source.config, source.extra_flags)
+  except config_lib.ConfigError as e:
+    raise RecipeError(f"{where}: {e}") from None
+  if dense.moe.enabled:
+    raise RecipeError(
+        f"{where}, an MoE model (--num_experts={dense.moe.num_experts}); "
+        "upcycling starts from a dense model (--num_experts=0)")
+  missing = sorted(set(model.seeds) - set(source.seeds))
+  if missing or bool(model.seeds) != bool(source.seeds):
+    runs = (f"seeds {list(source.seeds)}" if source.seeds
+            else "one run at the trainer's default seed (no seeds)")
+    fix = (f"seeds = {list(source.seeds)} or a subset" if source.seeds
+           else "no seeds")
+    raise RecipeError(
+        f"{where}, which has {runs}, not a run of each seed of this model "
+        f"({list(model.seeds) or 'no seeds'}); give this model {fix}")
+  problems = upcycle_checks.config_problems(config=mine, dense=dense)
+  if problems:
+    raise RecipeError(f"{where}, but: " + "; ".join(problems) +
+                      " (in this model's extra_flags)")
 
 
 # Per-language overrides of the baseline template: the file's key -> the

@@ -220,6 +220,23 @@ def cpu_seconds_at(records: Sequence[dict]) -> dict[int, float] | None:
   return out or None
 
 
+def upcycled_from(records: Sequence[dict]) -> tuple[str, int] | None:
+  """(source model directory name, its step) of an upcycled run, else None.
+
+  From the ``warm_start`` of the run's first ``start`` record (a sparse
+  upcycling: :func:`m4moe.moe.upcycle.start_record`), whose steps count
+  from the upcycling.
+  """
+  starts = [r for r in records if r.get("kind") == "start"]
+  warm = starts[0].get("warm_start") if starts else None
+  if not isinstance(warm, dict) or warm.get("kind") != "upcycled":
+    return None
+  step = _num(warm.get("dense_step"))
+  if step is None or not warm.get("init_from_dense"):
+    return None
+  return pathlib.PurePath(str(warm["init_from_dense"])).name, int(step)
+
+
 def interpolate(curve: Sequence[tuple[float, float]], x: float
                 ) -> float | None:
   """The curve's y at ``x`` (linear; None outside its x range)."""

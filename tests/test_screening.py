@@ -95,8 +95,8 @@ def test_candidates_rank_by_best_dev_ce(tmp_path):
   # CE 2.96 is crossed by b between steps 10 (3.3) and 20 (2.95): step
   # 10 + 10 * 0.34 / 0.35; a never reaches it.
   assert by_name["b"].steps_to_target == pytest.approx(10 + 10 * 34 / 35)
-  assert by_name["b"].cpu_sec_to_target == pytest.approx(
-      0.5 * (10 + 10 * 34 / 35))
+  # Cumulative CPU: 10 x 0.4 = 4 s at step 10, 4 + 10 x 0.9 = 13 s at 20.
+  assert by_name["b"].cpu_sec_to_target == pytest.approx(4 + 9 * 34 / 35)
   assert by_name["a"].steps_to_target is None
   table = screening.markdown(recipe, rows, ce_target=2.96)
   assert "steps to CE 2.96" in table

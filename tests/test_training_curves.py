@@ -90,3 +90,23 @@ def test_the_tool_writes_the_table_and_refuses_a_missing_reference(tmp_path):
   assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
   saved = json.loads((tmp_path / "out" / "curves.json").read_text())
   assert saved["reference"] == "a" and len(saved["runs"]["b"]) == 2
+
+
+def test_an_upcycled_run_continues_its_source_in_steps_and_cpu(tmp_path):
+  _write_run(tmp_path, "dense_h", cpu_per_step=1.0, ces=[4.0, 3.5, 3.2])
+  _write_run(tmp_path, "up", cpu_per_step=2.0, ces=[3.3, 3.0])
+  log = tmp_path / "models" / "up" / "metrics.jsonl"
+  start = {"kind": "start", "step": 0, "warm_start": {
+      "kind": "upcycled", "init_from_dense": "/elsewhere/models/dense_h",
+      "dense_step": 200, "optimizer_iterations": 200}}
+  log.write_text(json.dumps(start) + "\n" + log.read_text())
+  records = training_logs.read_records(log)
+  assert training_logs.upcycled_from(records) == ("dense_h", 200)
+  curve = curves.read_curve(tmp_path, "up")
+  # The source's evaluations up to its step 200, then the upcycled run's
+  # 100 and 200 steps as steps 300 and 400.
+  assert curve.points == ((100, 4.0), (200, 3.5), (300, 3.3), (400, 3.0))
+  assert curve.cpu_seconds == (100.0, 200.0, 400.0, 600.0)
+  assert training_logs.upcycled_from(
+      training_logs.read_records(tmp_path / "models" / "dense_h" /
+                                 "metrics.jsonl")) is None

@@ -68,27 +68,56 @@ class Curve:
     return [(c, ce) for c, (_, ce) in zip(self.cpu_seconds, self.points)]
 
 
+def _own_curve(path: pathlib.Path
+               ) -> tuple[list[tuple[int, float]], list[float] | None,
+                          list[dict]]:
+  """(dev CE points, cumulative CPU seconds at them, records) of one log."""
+  records = training_logs.read_records(path)
+  points = training_logs.dev_ce_curve(records)
+  cpu = training_logs.cpu_seconds_at(records)
+  if cpu is None:
+    return points, None, records
+  cpu_curve = [(0.0, 0.0)] + [(float(s), cpu[s]) for s in sorted(cpu)]
+  values = [training_logs.interpolate(cpu_curve, float(step))
+            for step, _ in points]
+  return points, (None if None in values else values), records
+
+
 def read_curve(run_dir: pathlib.Path, run: str) -> Curve:
   """The run's curve from its metrics log.
 
+  An upcycled run (:func:`training_logs.upcycled_from`) counts its steps
+  from the upcycling; its curve is continued from its source run's up to
+  the upcycled step, with steps and CPU seconds counted from the source's
+  start, so it compares with runs trained from scratch.
+
   Raises:
-    FileNotFoundError: the run has no ``metrics.jsonl``, naming the path.
+    FileNotFoundError: the run (or an upcycled run's source) has no
+      ``metrics.jsonl``, naming the path.
   """
   path = run_dir / "models" / run / "metrics.jsonl"
   if not path.is_file():
     raise FileNotFoundError(f"{path} does not exist: is {run!r} a run of "
                             f"{run_dir} (its models/ directory names)?")
-  records = training_logs.read_records(path)
-  points = training_logs.dev_ce_curve(records)
-  cpu = training_logs.cpu_seconds_at(records)
-  cpu_at_evals = None
-  if cpu is not None:
-    train_steps = sorted(cpu)
-    cpu_curve = [(float(s), cpu[s]) for s in train_steps]
-    values = [training_logs.interpolate(cpu_curve, float(step))
-              for step, _ in points]
-    cpu_at_evals = None if None in values else tuple(values)
-  return Curve(run=run, points=tuple(points), cpu_seconds=cpu_at_evals)
+  points, cpu, records = _own_curve(path)
+  source = training_logs.upcycled_from(records)
+  if source is None:
+    return Curve(run=run, points=tuple(points),
+                 cpu_seconds=None if cpu is None else tuple(cpu))
+  before = read_curve(run_dir, source[0])
+  offset = source[1]
+  head = [(s, ce) for s, ce in before.points if s <= offset]
+  joined_cpu = None
+  if before.cpu_seconds is not None and cpu is not None:
+    source_cpu = [(0.0, 0.0)] + [(float(s), c) for (s, _), c in
+                                 zip(before.points, before.cpu_seconds)]
+    cpu_offset = training_logs.interpolate(source_cpu, float(offset))
+    if cpu_offset is not None:
+      joined_cpu = tuple(list(before.cpu_seconds[:len(head)]) +
+                         [c + cpu_offset for c in cpu])
+  return Curve(run=run,
+               points=tuple(head + [(s + offset, ce) for s, ce in points]),
+               cpu_seconds=joined_cpu)
 
 
 def _gap(value: float | None, reference: float | None) -> float | None:

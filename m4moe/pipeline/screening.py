@@ -29,6 +29,7 @@ from absl import flags
 from m4moe import cli
 from m4moe.eval import results as results_lib
 from m4moe.eval import training_logs
+from m4moe.pipeline import curves as curves_lib
 from m4moe.pipeline import recipes as recipes_lib
 
 
@@ -68,13 +69,7 @@ class Candidate:
   num_params: int | None = None
   flags: tuple[str, ...] = ()
   steps_to_target: float | None = None
-
-  @property
-  def cpu_sec_to_target(self) -> float | None:
-    """CPU seconds to reach the target dev CE (steps x median CPU s/step)."""
-    if self.steps_to_target is None or self.cpu_sec_per_step is None:
-      return None
-    return self.steps_to_target * self.cpu_sec_per_step
+  cpu_sec_to_target: float | None = None
 
 
 def _executed(records: Sequence[dict]) -> dict[str, float] | None:
@@ -117,24 +112,45 @@ def candidate(model: recipes_lib.ModelRun, run: str,
     return Candidate(name=model.name, run=run, status="not started",
                      flags=model.extra_flags)
   records = training_logs.read_records(metrics)
-  curve = training_logs.dev_ce_curve(records)
-  best = min(curve, key=lambda point: point[1]) if curve else (None, None)
+  # Steps and CPU seconds from the start of training (an upcycled run's
+  # include its source's).
+  curve = curves_lib.read_curve(run_dir, run)
+  points = list(curve.points)
+  best = min(points, key=lambda point: point[1]) if points else (None, None)
   bleu, languages = _dev_bleu(run_dir / "eval_dev" / f"{run}.json")
   done = (run_dir / "stages" / f"train_{run}.json").is_file()
   start = [r for r in records if r.get("kind") == "start"]
   cost = training_logs.training_cost(records)
+  source = training_logs.upcycled_from(records)
+  cpu_per_step = _cpu_sec_per_step(records)
   return Candidate(
       name=model.name, run=run,
       status="scored" if bleu is not None else (
           "trained" if done else "training"),
-      steps=cost.steps, best_dev_ce=best[1], best_step=best[0],
-      final_dev_ce=curve[-1][1] if curve else None, dev_bleu=bleu,
+      steps=None if cost.steps is None else cost.steps + (
+          source[1] if source else 0),
+      best_dev_ce=best[1], best_step=best[0],
+      final_dev_ce=points[-1][1] if points else None, dev_bleu=bleu,
       dev_languages=languages, executed_ffn_fraction=_executed(records),
-      steps_per_sec=cost.steps_per_sec,
-      cpu_sec_per_step=_cpu_sec_per_step(records),
+      steps_per_sec=cost.steps_per_sec, cpu_sec_per_step=cpu_per_step,
       num_params=start[0].get("num_params") if start else None,
-      flags=model.extra_flags, steps_to_target=training_logs.steps_to_reach(
-          curve, ce_target))
+      flags=model.extra_flags,
+      **_to_target(curve, ce_target, cpu_per_step=cpu_per_step))
+
+
+def _to_target(curve: curves_lib.Curve, target: float, *,
+               cpu_per_step: float | None) -> dict[str, float | None]:
+  """Steps and CPU seconds to first reach ``target``: the cumulative CPU
+  curve where the log has one, else the steps times the median CPU s/step
+  (logs with CPU times for part of the run)."""
+  steps = training_logs.steps_to_reach(curve.points, target)
+  cpu_curve = curve.cpu_curve()
+  if cpu_curve is not None:
+    cpu = training_logs.steps_to_reach(cpu_curve, target)
+  else:
+    cpu = (steps * cpu_per_step
+           if steps is not None and cpu_per_step is not None else None)
+  return {"steps_to_target": steps, "cpu_sec_to_target": cpu}
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -154,9 +170,12 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
            "(encoder / decoder means). CPU s/step = the trainer's median "
            "CPU seconds per step (all threads; a shared core's other work "
            "does not inflate it, unlike steps/s; it is the code of that run's "
-           f"time). To CE {ce_target:g}: the step at which dev CE first "
-           "reaches it (linear between evaluations) and that many steps' "
-           "CPU seconds: the equal-compute view. Regenerate: `python3 -m "
+           f"time). To CE {ce_target:g}: the step and the training CPU "
+           "seconds (summed over the logged intervals; for runs with CPU "
+           "times for part of training, the steps times the median) at "
+           "which dev CE first reaches it, linear between evaluations: the "
+           "equal-compute view. Steps and CPU seconds of an upcycled run "
+           "include its source run's. Regenerate: `python3 -m "
            "m4moe.pipeline.screening --recipe=RECIPE --run_dir=RUN_DIR "
            f"--output=DIR --ce_target={ce_target:g}`.", "",
            "| rank | candidate | status | steps | best dev CE (step) | final "
@@ -209,9 +228,8 @@ def main(argv: list[str]) -> None:
   (out / "screening.md").write_text(text, encoding="utf-8")
   (out / "screening.json").write_text(json.dumps(
       {"recipe": recipe.name, "selected_on": "dev", "ce_target": target,
-       "candidates": [{**dataclasses.asdict(r),
-                       "cpu_sec_to_target": r.cpu_sec_to_target}
-                      for r in rows]}, indent=1), encoding="utf-8")
+       "candidates": [dataclasses.asdict(r) for r in rows]}, indent=1),
+      encoding="utf-8")
   print(text)
 
 

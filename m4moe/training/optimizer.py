@@ -220,9 +220,10 @@ class Adafactor(tf.Module):
       config: the hyper-parameters.
       name: module name.
       compile_updates: update each plain (one-device) variable with one XLA
-        computation (:func:`_compiled_update`); False keeps the op-by-op
-        update everywhere. Mesh and replicated variables always take the
-        op-by-op update.
+        computation (:func:`_compiled_update`) where that is faster
+        (:func:`_compiling_pays`); False keeps the op-by-op update
+        everywhere. Mesh and replicated variables always take the op-by-op
+        update.
     """
     super().__init__(name=name)
     self.config = config
@@ -280,7 +281,8 @@ class Adafactor(tf.Module):
 
   def _update_one(self, grad: tf.Tensor, var: tf.Variable, slots: _Slots, *,
                   lr: tf.Tensor, beta2: tf.Tensor) -> None:
-    if self.compile_updates and _compilable(var, slots):
+    if (self.compile_updates and _compiling_pays(self.config) and
+        _compilable(var, slots)):
       _compiled_update(self.config)(grad, var, slots.v, slots.vr, slots.vc,
                                     slots.m, lr, beta2)
       return
@@ -346,6 +348,22 @@ def _updated_values(config: AdafactorConfig, grad: tf.Tensor,
   return value - step_size * update, (v, vr, vc, m)
 
 
+def _compiling_pays(config: AdafactorConfig) -> bool:
+  """Whether :func:`_compiled_update` is faster than the op-by-op update.
+
+  Without a reduction over the whole variable, it is: the zoo's small-model
+  recipe (unfactored, ``beta1``, no clipping or parameter scale) 2.5x,
+  factored second moments alone 1.6x (their reductions are over rows and
+  columns). The update clipping's and the parameter scale's RMS over the
+  whole variable make XLA:CPU slower than TensorFlow's reduction kernels
+  (the paper's setting 0.85x, unfactored with both 0.8x; one core, expert-
+  and embedding-sized weights, ``results/benchmarks/moe-step-overhead-
+  round2.md``), so those configs keep the op-by-op update.
+  """
+  return (config.clipping_threshold == 0 and
+          not config.multiply_by_parameter_scale)
+
+
 def _compilable(var: tf.Variable, slots: _Slots) -> bool:
   """Whether the update of ``var`` may run as one XLA computation.
 
@@ -367,7 +385,8 @@ def _compiled_update(config: AdafactorConfig) -> Callable[..., None]:
   momentum: square, add, scale, ..., assign), so the update is bound by
   memory traffic, which grows with the parameter count -- 2.6x to 7.6x
   the dense model's for the MoE candidates. XLA fuses the passes into one
-  loop: ~2.7x faster updates of expert-sized weights on one core
+  loop: ~2.5x faster updates of expert-sized weights on one core, for the
+  configs of :func:`_compiling_pays`
   (``results/benchmarks/moe-step-overhead-round2.md``). Same formulas as
   :func:`_updated_values` (XLA may round differently, within a few ulps).
   One function per config, traced once per variable shape.

@@ -352,13 +352,13 @@ def _compiling_pays(config: AdafactorConfig) -> bool:
   """Whether :func:`_compiled_update` is faster than the op-by-op update.
 
   Without a reduction over the whole variable, it is: the zoo's small-model
-  recipe (unfactored, ``beta1``, no clipping or parameter scale) 2.5x,
-  factored second moments alone 1.6x (their reductions are over rows and
+  recipe (unfactored, ``beta1``, no clipping or parameter scale) 2.3-2.6x,
+  factored second moments alone 1.7x (their reductions are over rows and
   columns). The update clipping's and the parameter scale's RMS over the
   whole variable make XLA:CPU slower than TensorFlow's reduction kernels
-  (the paper's setting 0.85x, unfactored with both 0.8x; one core, expert-
-  and embedding-sized weights, ``results/benchmarks/moe-step-overhead-
-  round2.md``), so those configs keep the op-by-op update.
+  (the paper's setting 0.97x, unfactored with both 0.76x), so those configs
+  keep the op-by-op update. One core, expert- and embedding-sized weights:
+  ``results/benchmarks/adafactor_update_probe.py``.
   """
   return (config.clipping_threshold == 0 and
           not config.multiply_by_parameter_scale)
@@ -385,9 +385,9 @@ def _compiled_update(config: AdafactorConfig) -> Callable[..., None]:
   momentum: square, add, scale, ..., assign), so the update is bound by
   memory traffic, which grows with the parameter count -- 2.6x to 7.6x
   the dense model's for the MoE candidates. XLA fuses the passes into one
-  loop: ~2.5x faster updates of expert-sized weights on one core, for the
-  configs of :func:`_compiling_pays`
-  (``results/benchmarks/moe-step-overhead-round2.md``). Same formulas as
+  loop: 2.3-2.6x faster updates on one core for the small-model recipe
+  (:func:`_compiling_pays` says for which configs it pays;
+  ``results/benchmarks/moe-step-overhead-round2.md``). Same formulas as
   :func:`_updated_values` (XLA may round differently, within a few ulps).
   One function per config, traced once per variable shape.
   """

@@ -362,3 +362,13 @@ def test_recipe_step_names_its_own_flag_for_an_unknown_recipe():
       bench.main(["m4moe-bench", "recipe_step"])
   finally:
     flag_values["step_recipe"].unparse()
+
+
+def test_recipe_step_default_models_are_in_the_default_recipe():
+  # The recipe's model names change as the study moves on; the default
+  # command must keep naming models it has.
+  from m4moe.pipeline import recipes  # pylint: disable=g-import-not-at-top
+  recipe = recipes.load_recipe(bench.flags.FLAGS["step_recipe"].default)
+  models = train_step.recipe_models(
+      recipe, bench.flags.FLAGS["recipe_models"].default)
+  assert list(models) == ["dense", "moe_E64k8_every", "moe_E32_every_lr4x"]

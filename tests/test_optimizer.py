@@ -123,6 +123,84 @@ def test_beta1_momentum_slot():
   np.testing.assert_allclose(optimizer.slots[0].m.numpy(), [0.75, -0.75])
 
 
+def _numpy_small_model_recipe(values, grads_per_step, *, lr, beta1):
+  """NumPy reference of the unfactored update with momentum, constant rate."""
+  values = [v.astype(np.float64) for v in values]
+  v_slots = [np.zeros_like(v) for v in values]
+  m_slots = [np.zeros_like(v) for v in values]
+  for t, grads in enumerate(grads_per_step, start=1):
+    beta2 = 1.0 - t ** -0.8
+    for i, g in enumerate(grads):
+      g = g.astype(np.float64)
+      v_slots[i] = beta2 * v_slots[i] + (1 - beta2) * (g * g + 1e-30)
+      m_slots[i] = beta1 * m_slots[i] + (1 - beta1) * g / np.sqrt(v_slots[i])
+      values[i] = values[i] - lr * m_slots[i]
+  return values, v_slots, m_slots
+
+
+def test_small_model_recipe_matches_numpy():
+  # The zoo's small-model recipe (unfactored, beta1, no clipping or scale),
+  # which the Keras oracle above does not cover.
+  config = opt_lib.AdafactorConfig(
+      schedule="constant", learning_rate=0.01, beta1=0.9, factored=False,
+      clipping_threshold=0.0, multiply_by_parameter_scale=False)
+  variables = [tf.Variable(v) for v in _init_values(6)]
+  optimizer = opt_lib.Adafactor(config)
+  optimizer.build(variables)
+  rng = np.random.default_rng(7)
+  steps = [_grads(rng) for _ in range(5)]
+  for grads in steps:
+    optimizer.apply_gradients([tf.constant(g) for g in grads], variables)
+  values, v_slots, m_slots = _numpy_small_model_recipe(
+      _init_values(6), steps, lr=0.01, beta1=0.9)
+  for i, var in enumerate(variables):
+    np.testing.assert_allclose(var.numpy(), values[i], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(optimizer.slots[i].v.numpy(), v_slots[i],
+                               rtol=1e-5)
+    np.testing.assert_allclose(optimizer.slots[i].m.numpy(), m_slots[i],
+                               rtol=1e-4, atol=1e-6)
+
+
+def _steps(config, *, compiled):
+  """Variables and optimiser after 4 updates in a tf.function."""
+  variables = [tf.Variable(v) for v in _init_values(8)]
+  optimizer = opt_lib.Adafactor(config, compile_updates=compiled)
+  optimizer.build(variables)
+  apply = tf.function(lambda g: optimizer.apply_gradients(g, variables))
+  rng = np.random.default_rng(9)
+  for _ in range(4):
+    apply([tf.constant(g) for g in _grads(rng)])
+  return variables, optimizer
+
+
+@pytest.mark.parametrize("factored,beta1", [
+    (True, 0.0), (True, 0.9), (False, 0.0), (False, 0.9)])
+def test_compiled_update_equals_op_by_op(factored, beta1):
+  config = opt_lib.AdafactorConfig(
+      warmup_steps=2, factored=factored, beta1=beta1, clipping_threshold=0.0,
+      multiply_by_parameter_scale=False)
+  ours, opt_c = _steps(config, compiled=True)
+  # The compiled path really ran (one trace per variable shape).
+  assert opt_lib._compiled_update(config).experimental_get_tracing_count() > 0
+  ref, opt_r = _steps(config, compiled=False)
+  for a, b in zip(ours, ref):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+  for s_c, s_r in zip(opt_c.slots, opt_r.slots):
+    for name in ("v", "vr", "vc", "m"):
+      if getattr(s_r, name) is not None:
+        np.testing.assert_allclose(getattr(s_c, name).numpy(),
+                                   getattr(s_r, name).numpy(), rtol=1e-5,
+                                   atol=1e-7, err_msg=name)
+
+
+def test_whole_variable_rms_keeps_the_op_by_op_update():
+  # Clipping and the parameter scale reduce over whole variables, which
+  # XLA:CPU runs slower than the op-by-op update: not compiled.
+  config = opt_lib.AdafactorConfig(warmup_steps=2)
+  _steps(config, compiled=True)
+  assert opt_lib._compiled_update(config).experimental_get_tracing_count() == 0
+
+
 def test_schedule_values():
   config = opt_lib.AdafactorConfig(learning_rate=2.0, warmup_steps=100)
   rates = [float(config.learning_rate_at(t)) for t in (1, 100, 400)]

@@ -12,6 +12,7 @@ import tensorflow as tf
 from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import rundir
 from m4moe.training import loop as train_lib
+from m4moe.training import step as step_lib
 from m4moe.training import synthetic
 import toy_model
 from m4moe.training import metrics as metrics_lib
@@ -186,6 +187,29 @@ def test_nan_step_is_skipped_counted_and_training_continues(tmp_path):
   records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl",
                                      "train")
   assert records[-1]["nonfinite_skipped"] == 1
+
+
+@pytest.mark.parametrize("bad", [None, "nan", "inf", "overflow"])
+def test_finite_and_global_norm_match_the_elementwise_check(bad):
+  rng = np.random.default_rng(0)
+  grads = [rng.normal(size=s).astype(np.float32) for s in [(3, 4), (5,), ()]]
+  if bad == "nan":
+    grads[1][2] = np.nan
+  elif bad == "inf":
+    grads[0][1, 1] = -np.inf
+  elif bad == "overflow":  # finite, but the sum of squares overflows
+    grads[0][0, 0] = 3e19
+  finite, norm = tf.function(step_lib.finite_and_global_norm)(
+      [tf.constant(g) for g in grads])
+  np.testing.assert_array_equal(finite.numpy(),
+                                [np.isfinite(g).all() for g in grads])
+  # The same value as tf.linalg.global_norm (the step's metric before).
+  np.testing.assert_array_equal(norm.numpy(),
+                                tf.linalg.global_norm(grads).numpy())
+  if bad is None:
+    np.testing.assert_allclose(
+        norm.numpy(), np.sqrt(sum((g.astype(np.float64) ** 2).sum()
+                                  for g in grads)), rtol=1e-6)
 
 
 def test_consecutive_nan_steps_stop_with_error_and_keep_checkpoint(tmp_path):

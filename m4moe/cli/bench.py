@@ -15,7 +15,7 @@ Usage:
       [--vocab_size=8000] [--step_configs=tiny/dense,tiny/moe]
       [--clock=wall|cpu]
   m4moe-bench recipe_step [--step_recipe=study3_screen]
-      [--recipe_models=dense,moe_E64k8_every,moe_E32_every] [--clock=wall|cpu]
+      [--recipe_models=dense,moe_E64k8_every,moe_E32_every_lr4x] [--clock=wall|cpu]
       [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench decode [--batch_size=32] [--beam_size=4]
       [--max_decode_length=64] [--source_length=16] [--vocab_size=8000]
@@ -157,7 +157,7 @@ _STEP_RECIPE = flags.DEFINE_string(
     "step_recipe", "study3_screen", "recipe_step: packaged recipe name or .toml "
     "path whose models are timed.")
 _RECIPE_MODELS = flags.DEFINE_list(
-    "recipe_models", ["dense", "moe_E64k8_every", "moe_E32_every"],
+    "recipe_models", ["dense", "moe_E64k8_every", "moe_E32_every_lr4x"],
     "recipe_step: models of --step_recipe, the reference first; NAME+--flag=v "
     "adds flags to a model.")
 _CORPUS_DIR = flags.DEFINE_string(

@@ -752,12 +752,6 @@ def _selection_counts(choices: tf.Tensor, mask: tf.Tensor, *,
                        * tf.expand_dims(real, -1), axis=[0, 1, 2])
 
 
-def _gather_expert(values: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
-  """values <[G, S, E]> at index <int32>[G, S] -> <[G, S]>."""
-  return tf.reduce_sum(values * tf.one_hot(index, values.shape[-1],
-                                           dtype=values.dtype), axis=-1)
-
-
 class Top2Router(TokenChoiceRouter):
   """GShard Algorithm 1 (top-2 gating), vectorised over groups and tokens.
 
@@ -833,7 +827,9 @@ class Top2Router(TokenChoiceRouter):
               seed, 0), minval=1e-9, maxval=1.0))
       without_e1 -= tf.math.log(-tf.math.log(u))  # Gumbel-max sample
     e2 = tf.argmax(without_e1, axis=-1, output_type=tf.int32)
-    g1, g2 = _gather_expert(gates, e1), _gather_expert(gates, e2)
+    choices = tf.stack([e1, e2], axis=-1)
+    g1, g2 = tf.unstack(_choice_values(
+        gates, choices, one_device=not self.sharding.enabled), axis=-1)
     normaliser = g1 + g2
     keep_second = tf.ones_like(g1, dtype=tf.bool)
     if policy == "random":
@@ -844,7 +840,7 @@ class Top2Router(TokenChoiceRouter):
       keep_second = 2.0 * g2 / normaliser > uniform_draws
     return _Selection(
         logits=logits, scores=gates, normaliser=normaliser,
-        choices=tf.stack([e1, e2], axis=-1),
+        choices=choices,
         policy_keep=tf.stack([tf.ones_like(keep_second), keep_second], -1),
         reroute_key=key, aux_loss=balance_loss(gates, e1, mask))
 

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 from absl import flags
+from tensorflow.python.ops import resource_variable_ops
 
 from m4moe import errors
 from m4moe import flagutil
@@ -212,9 +213,21 @@ class Adafactor(tf.Module):
   """
 
   def __init__(self, config: AdafactorConfig = AdafactorConfig(), *,
-               name: str = "adafactor"):
+               name: str = "adafactor", compile_updates: bool = True):
+    """Creates the optimiser (slots come with :meth:`build`).
+
+    Args:
+      config: the hyper-parameters.
+      name: module name.
+      compile_updates: update each plain (one-device) variable with one XLA
+        computation (:func:`_compiled_update`) where that is faster
+        (:func:`_compiling_pays`); False keeps the op-by-op update
+        everywhere. Mesh and replicated variables always take the op-by-op
+        update.
+    """
     super().__init__(name=name)
     self.config = config
+    self.compile_updates = compile_updates
     self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False,
                                   name="iterations")
     self.slots: list[_Slots] = []
@@ -266,34 +279,126 @@ class Adafactor(tf.Module):
     self.iterations.assign_add(1)
     return lr
 
-  def _preconditioned(self, grad: tf.Tensor, slots: _Slots, *,
-                      beta2: tf.Tensor) -> tf.Tensor:
-    """Updates the second-moment slots and returns ``g / sqrt(v_hat)``."""
-    grad_sq = tf.square(grad) + self.config.epsilon1
-    if slots.factored:
-      vr = _store(slots.vr, beta2 * slots.vr + (1 - beta2) *
-                  tf.reduce_mean(grad_sq, axis=-1))
-      vc = _store(slots.vc, beta2 * slots.vc + (1 - beta2) *
-                  tf.reduce_mean(grad_sq, axis=-2))
-      row = tf.math.rsqrt(vr / tf.reduce_mean(vr, axis=-1, keepdims=True))
-      col = tf.math.rsqrt(vc)
-      return grad * row[..., :, tf.newaxis] * col[..., tf.newaxis, :]
-    v = _store(slots.v, beta2 * slots.v + (1 - beta2) * grad_sq)
-    return grad / tf.sqrt(v)
-
   def _update_one(self, grad: tf.Tensor, var: tf.Variable, slots: _Slots, *,
                   lr: tf.Tensor, beta2: tf.Tensor) -> None:
-    config = self.config
-    grad = tf.cast(grad, tf.float32)
-    value = tf.cast(var, tf.float32)
-    update = self._preconditioned(grad, slots, beta2=beta2)
-    if config.clipping_threshold > 0:
-      update /= tf.maximum(1.0, _rms(update) / config.clipping_threshold)
-    if slots.m is not None:
-      update = _store(slots.m, config.beta1 * slots.m +
-                      (1 - config.beta1) * update)
-    step_size = lr
-    if config.multiply_by_parameter_scale:
-      step_size = lr * tf.maximum(config.epsilon2, _rms(value))
-    var.assign(tf.cast(value - step_size * update, var.dtype),
-               read_value=False)
+    if (self.compile_updates and _compiling_pays(self.config) and
+        _compilable(var, slots)):
+      _compiled_update(self.config)(grad, var, slots.v, slots.vr, slots.vc,
+                                    slots.m, lr, beta2)
+      return
+    value, new_slots = _updated_values(
+        self.config, grad, tf.cast(var, tf.float32), slots=_slot_values(slots),
+        lr=lr, beta2=beta2)
+    for slot, new in zip(_slot_list(slots), new_slots):
+      if slot is not None:
+        _store(slot, new)
+    var.assign(tf.cast(value, var.dtype), read_value=False)
+
+
+def _slot_list(slots: _Slots) -> tuple[tf.Variable | None, ...]:
+  """(v, vr, vc, m), None for the slots this variable does not have."""
+  return slots.v, slots.vr, slots.vc, slots.m
+
+
+def _slot_values(slots: _Slots) -> tuple[tf.Tensor | None, ...]:
+  """The current values of :func:`_slot_list`'s slots, read once."""
+  return tuple(None if s is None else tf.convert_to_tensor(s)
+               for s in _slot_list(slots))
+
+
+def _updated_values(config: AdafactorConfig, grad: tf.Tensor,
+                    value: tf.Tensor, *, slots: tuple[tf.Tensor | None, ...],
+                    lr: tf.Tensor, beta2: tf.Tensor,
+                    ) -> tuple[tf.Tensor, tuple[tf.Tensor | None, ...]]:
+  """One variable's update as a function of tensors: no variable is touched.
+
+  Every slot is read before any is written and each new value is the
+  computed tensor (the rule of :func:`_store`), so the op-by-op path and
+  the compiled path (:func:`_compiled_update`) run this same function.
+
+  Args:
+    config: the hyper-parameters.
+    grad: <dtype>[...] the gradient; value: <float32>[...] the variable.
+    slots: (v, vr, vc, m) current slot values (<float32>, None if absent).
+    lr: <float32>[] the rate; beta2: <float32>[] the second-moment decay.
+
+  Returns:
+    (<float32>[...] the new variable value, the new (v, vr, vc, m)).
+  """
+  v, vr, vc, m = slots
+  grad = tf.cast(grad, tf.float32)
+  grad_sq = tf.square(grad) + config.epsilon1
+  if vr is not None:
+    vr = beta2 * vr + (1 - beta2) * tf.reduce_mean(grad_sq, axis=-1)
+    vc = beta2 * vc + (1 - beta2) * tf.reduce_mean(grad_sq, axis=-2)
+    row = tf.math.rsqrt(vr / tf.reduce_mean(vr, axis=-1, keepdims=True))
+    col = tf.math.rsqrt(vc)
+    update = grad * row[..., :, tf.newaxis] * col[..., tf.newaxis, :]
+  else:
+    v = beta2 * v + (1 - beta2) * grad_sq
+    update = grad / tf.sqrt(v)
+  if config.clipping_threshold > 0:
+    update /= tf.maximum(1.0, _rms(update) / config.clipping_threshold)
+  if m is not None:
+    m = config.beta1 * m + (1 - config.beta1) * update
+    update = m
+  step_size = lr
+  if config.multiply_by_parameter_scale:
+    step_size = lr * tf.maximum(config.epsilon2, _rms(value))
+  return value - step_size * update, (v, vr, vc, m)
+
+
+def _compiling_pays(config: AdafactorConfig) -> bool:
+  """Whether :func:`_compiled_update` is faster than the op-by-op update.
+
+  Without a reduction over the whole variable, it is: the zoo's small-model
+  recipe (unfactored, ``beta1``, no clipping or parameter scale) 2.3-2.6x,
+  factored second moments alone 1.7x (their reductions are over rows and
+  columns). The update clipping's and the parameter scale's RMS over the
+  whole variable make XLA:CPU slower than TensorFlow's reduction kernels
+  (the paper's setting 0.97x, unfactored with both 0.76x), so those configs
+  keep the op-by-op update. One core, expert- and embedding-sized weights:
+  ``results/benchmarks/adafactor_update_probe.py``.
+  """
+  return (config.clipping_threshold == 0 and
+          not config.multiply_by_parameter_scale)
+
+
+def _compilable(var: tf.Variable, slots: _Slots) -> bool:
+  """Whether the update of ``var`` may run as one XLA computation.
+
+  Plain resource variables only: a DTensor ``DVariable`` (a mesh) or a
+  ``tf.distribute`` variable (one copy per replica) keeps the op-by-op
+  update, whose layouts and replica semantics those types define.
+  """
+  plain = resource_variable_ops.ResourceVariable
+  return all(type(v) is plain for v in (var,) + _slot_list(slots)
+             if v is not None)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_update(config: AdafactorConfig) -> Callable[..., None]:
+  """The update of one variable and its slots, compiled with XLA, in place.
+
+  Why: TensorFlow runs each elementwise op of the update as its own pass
+  over the variable (about a dozen for the unfactored recipe with
+  momentum: square, add, scale, ..., assign), so the update is bound by
+  memory traffic, which grows with the parameter count -- 2.6x to 7.6x
+  the dense model's for the MoE candidates. XLA fuses the passes into one
+  loop: 2.3-2.6x faster updates on one core for the small-model recipe
+  (:func:`_compiling_pays` says for which configs it pays;
+  ``results/benchmarks/moe-step-overhead-round2.md``). Same formulas as
+  :func:`_updated_values` (XLA may round differently, within a few ulps).
+  One function per config, traced once per variable shape.
+  """
+  def update(grad, var, v, vr, vc, m, lr, beta2):
+    slots = (v, vr, vc, m)
+    value, new_slots = _updated_values(
+        config, grad, tf.cast(var, tf.float32),
+        slots=tuple(None if s is None else tf.convert_to_tensor(s)
+                    for s in slots), lr=lr, beta2=beta2)
+    for slot, new in zip(slots, new_slots):
+      if slot is not None:
+        slot.assign(new, read_value=False)
+    var.assign(tf.cast(value, var.dtype), read_value=False)
+  return tf.function(update, jit_compile=True, autograph=False)

@@ -37,10 +37,13 @@ _OPENED: list[str] = []
 _RECORDING = [False]
 
 
-def _audit(event, args):
-  if _RECORDING[0] and event == "open" and args and isinstance(
-      args[0], (str, bytes, pathlib.Path)):
-    _OPENED.append(str(args[0]))
+def _audit(event, args, recording=_RECORDING, opened=_OPENED,
+           path_types=(str, bytes, pathlib.Path)):
+  # Bound as defaults: the hook outlives the module's globals, which the
+  # interpreter clears at exit while opening files still calls it.
+  if recording[0] and event == "open" and args and isinstance(
+      args[0], path_types):
+    opened.append(str(args[0]))
 
 
 sys.addaudithook(_audit)

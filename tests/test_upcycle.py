@@ -100,6 +100,32 @@ def test_upcycled_top2_model_equals_dense_model_at_init(tmp_path):
   assert np.count_nonzero(load) >= 2
 
 
+def test_shared_experts_start_silent_so_the_upcycled_model_equals_dense(
+    tmp_path):
+  dense_config, moe_config = _configs(num_shared_experts=1,
+                                      shared_expert_hidden_dim=8)
+  dense, run = _dense_run(tmp_path, dense_config)
+  tf.random.set_seed(2)
+  moe = model_lib.Transformer(config=moe_config)
+  paths = upcycle.variable_paths(moe)
+  shared = sorted(p for p in paths if "shared_experts" in p)
+  assert shared and any(p.endswith("/wi") for p in shared)
+  wi_before = {p: paths[p].numpy() for p in shared if p.endswith("/wi")}
+  report = upcycle.upcycle_from_dense(model=moe, dense_dir=run)
+  assert sorted(report.zeroed) == [p for p in shared if p.endswith("/wo")]
+  assert set(shared) <= set(report.fresh)
+  for path in report.zeroed:
+    assert not np.any(paths[path].numpy())
+  for path, value in wi_before.items():  # wi keeps its initialisation
+    np.testing.assert_array_equal(paths[path].numpy(), value)
+    assert np.any(value)
+  batch = _batch()
+  real = batch["targets"].numpy() > 0
+  np.testing.assert_allclose(
+      moe(batch, training=False).logits.numpy()[real],
+      dense(batch, training=False).logits.numpy()[real], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("factored", [True, False])
 def test_optimizer_state_is_copied_by_path(tmp_path, factored):
   dense_config, moe_config = _configs()

@@ -8,6 +8,12 @@ A fresh MoE run starts from a trained dense run instead of a random init:
   ``--d_ff`` = F;
 * the routers (``ffn/router/wg``, and ``w_noise`` of ``noisy_topk``) keep
   their fresh initialisation;
+* shared experts (``--num_shared_experts``; ``ffn/shared_experts/ffn/wi``
+  and ``wo``), which the dense model has no counterpart of, keep their
+  fresh ``wi`` and start with ``wo`` = 0: they add nothing at first, so
+  the upcycled model still starts at the dense model's function, and the
+  first update moves ``wo`` (its gradient is the nonzero hidden activation
+  times the output's);
 * every other variable is copied unchanged.
 
 The mapping is by variable path: the model's attribute path (e.g.
@@ -52,8 +58,9 @@ from m4moe.training import rundir
 
 _SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _PREFIX = "model/"
-# Variables of a MoE layer that keep their fresh initialisation.
-_FRESH = ("router",)
+# Variables of a MoE layer that keep their fresh initialisation: the
+# routers, and the shared experts (whose output weights start at zero).
+_FRESH = ("router", "shared_experts")
 
 
 class UpcycleError(ValueError):
@@ -68,13 +75,16 @@ class UpcycleReport:
     checkpoint: the dense checkpoint read.
     copied: model variable path -> dense path, copied unchanged.
     expanded: expert variable path -> dense FFN path it holds E copies of.
-    fresh: router variable paths left at their initialisation.
+    fresh: router and shared-expert variable paths left at their
+      initialisation (but see ``zeroed``).
+    zeroed: the shared experts' output weights, set to zero.
   """
 
   checkpoint: str
   copied: Mapping[str, str]
   expanded: Mapping[str, str]
   fresh: tuple[str, ...]
+  zeroed: tuple[str, ...] = ()
 
 
 def variable_paths(module: tf.Module) -> dict[str, tf.Variable]:
@@ -125,6 +135,11 @@ def _is_fresh(path: str) -> bool:
   return any(a == "ffn" and b in _FRESH for a, b in zip(parts, parts[1:]))
 
 
+def _is_shared_output(path: str) -> bool:
+  """A shared expert's output weight (``.../shared_experts/ffn/wo``)."""
+  return "/shared_experts/" in f"/{path}" and path.endswith("/wo")
+
+
 def plan(model_variables: dict[str, tuple[int, ...]],
          dense_variables: dict[str, tuple[int, ...]]
          ) -> tuple[dict[str, str], dict[str, str], list[str]]:
@@ -137,7 +152,7 @@ def plan(model_variables: dict[str, tuple[int, ...]],
 
   Returns:
     (copied: path -> dense path, expanded: expert path -> dense FFN path,
-    fresh: router paths).
+    fresh: router and shared-expert paths).
 
   Raises:
     UpcycleError: listing every model variable without a usable dense
@@ -219,6 +234,9 @@ def upcycle_from_dense(*, model: tf.Module,
     value = reader.get_tensor(_PREFIX + source + _SUFFIX)
     num_experts = variables[path].shape[0]
     variables[path].assign(np.broadcast_to(value, (num_experts, *value.shape)))
+  zeroed = tuple(p for p in fresh if _is_shared_output(p))
+  for path in zeroed:
+    variables[path].assign(tf.zeros_like(variables[path]))
   config = getattr(model, "config", None)
   if config is not None and (
       config.moe.router in ("top1", "expert_choice") or
@@ -228,10 +246,11 @@ def upcycle_from_dense(*, model: tf.Module,
         "upcycled model starts near, not at, the dense model's function",
         config.moe.router)
   logging.info("Upcycled from %s: %d variables copied, %d expert weights "
-               "from dense FFNs, %d router variables fresh", checkpoint,
-               len(copied), len(expanded), len(fresh))
+               "from dense FFNs, %d router and shared-expert variables fresh "
+               "(%d shared-expert outputs zeroed)", checkpoint, len(copied),
+               len(expanded), len(fresh), len(zeroed))
   return UpcycleReport(checkpoint=checkpoint, copied=copied,
-                       expanded=expanded, fresh=tuple(fresh))
+                       expanded=expanded, fresh=tuple(fresh), zeroed=zeroed)
 
 
 _SLOT_NAMES = ("vr", "vc", "v", "m")
@@ -309,7 +328,7 @@ def _slot_plans(optimizer: Any, *, paths: Mapping[str, tf.Variable],
   plans, problems = [], []
   for i, path in enumerate(paths):
     if path not in sources:
-      continue  # a fresh router: its slots stay at zero
+      continue  # a fresh router or shared expert: its slots stay at zero
     j = position.get(sources[path])
     if j is None:
       problems.append(f"{path}: {sources[path]} is not a variable of the "

@@ -132,3 +132,41 @@ def test_full_language_routed_export_routes_each_row(run_dir, tmp_path):
       source_lang=tf.constant(["de"] * 3 + ["fr"] * 3))
   got = [t.decode() for t in out["translations"].numpy()]
   assert got == expected["de"] + expected["fr"]
+
+
+def test_shared_experts_are_kept_whole_by_the_extraction():
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_model_config(
+      "tiny/moe", src_vocab_size=50, tgt_vocab_size=40, d_model=16,
+      num_heads=2, d_kv=8, d_ff=32, num_encoder_layers=2,
+      num_decoder_layers=2, dropout_rate=0.0, attention_dropout_rate=0.0,
+      max_length=24, num_experts=4, expert_hidden_dim=8, group_size=16,
+      num_shared_experts=1, shared_expert_hidden_dim=12, route_by="language",
+      routing_languages=fixtures.TRAINED_LANGUAGES)
+  tf.random.set_seed(3)
+  full = model_lib.Transformer(config=config)
+  rng = np.random.default_rng(1)
+  inputs = tf.constant(rng.integers(3, 50, size=(2, 7)), tf.int32)
+  targets = tf.constant(rng.integers(3, 40, size=(2, 5)), tf.int32)
+  language = fixtures.TRAINED_LANGUAGES[1]
+  index = config.moe.language_index(language)
+  want = full({"inputs": inputs, "targets": targets,
+               "inputs_languages": tf.fill(tf.shape(inputs), index),
+               "targets_languages": tf.fill(tf.shape(targets), index)},
+              training=False, per_sentence_routing=True).logits.numpy()
+  small = model_lib.Transformer(config=config)
+  small({"inputs": inputs, "targets": targets,
+         "inputs_languages": tf.fill(tf.shape(inputs), index),
+         "targets_languages": tf.fill(tf.shape(targets), index)},
+        training=False, per_sentence_routing=True)  # builds the variables
+  for mine, theirs in zip(small.variables, full.variables):
+    mine.assign(theirs)
+  report = extraction.extract_language(small, language=language)
+  got = small({"inputs": inputs, "targets": targets}, training=False,
+              per_sentence_routing=True).logits.numpy()
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  # The shared experts' weights stay (2 x M x Hs per MoE layer).
+  kept = sum(int(v.shape.num_elements()) for v in small.variables
+             if "shared" in v.name)
+  assert kept == len(report.routes) * 2 * 16 * 12

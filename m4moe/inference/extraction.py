@@ -90,26 +90,34 @@ class Extraction:
 class LanguageExperts(tf.Module):
   """The experts one language uses in one MoE layer, as one dense block.
 
-  ``y = sum_k weights[k] * wo_k . ReLU(wi_k . x)`` for every position.
+  ``y = sum_k weights[k] * wo_k . ReLU(wi_k . x)`` for every position, plus
+  the layer's shared experts' output if it has any (they serve every
+  token, so every language keeps them whole).
 
   Weights: ``wi <float32>[K, M, H]``, ``wo <float32>[K, H, M]`` (copies of
-  the chosen experts), ``weights <float32>[K]`` (non-trainable).
+  the chosen experts), ``weights <float32>[K]`` (non-trainable); ``shared``
+  the layer's shared-expert FFN (None without shared experts).
   """
 
   def __init__(self, *, wi: tf.Tensor, wo: tf.Tensor, weights: tf.Tensor,
+               shared: tf.Module | None = None,
                name: str = "language_experts"):
     super().__init__(name=name)
     with self.name_scope:
       self.wi = tf.Variable(wi, name="wi")
       self.wo = tf.Variable(wo, name="wo")
       self.weights = tf.Variable(weights, trainable=False, name="weights")
+    self.shared = shared
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
     """<dtype>[B, L, M] -> <dtype>[B, L, M]."""
     dtype = x.dtype
     h = tf.nn.relu(tf.einsum("BLM,KMH->BLKH", x, tf.cast(self.wi, dtype)))
     out = tf.einsum("BLKH,KHM->BLKM", h, tf.cast(self.wo, dtype))
-    return tf.einsum("BLKM,K->BLM", out, tf.cast(self.weights, dtype))
+    routed = tf.einsum("BLKM,K->BLM", out, tf.cast(self.weights, dtype))
+    if self.shared is None:
+      return routed
+    return routed + self.shared(x)
 
 
 def language_route(layer: MoeLayer, *, index: int) -> tuple[list[int],
@@ -158,8 +166,8 @@ def extract_language(model: Any, *, language: str) -> Extraction:
 
   Raises:
     ExtractionError: a token-routed model (extraction is only exact when
-      routing depends on the language alone), a model with shared experts,
-      a model without MoE layers, or a language without a gate row.
+      routing depends on the language alone), a model without MoE layers,
+      or a language without a gate row.
   """
   moe = model.config.moe
   if moe.route_by != "language":
@@ -169,11 +177,6 @@ def extract_language(model: Any, *, language: str) -> Extraction:
         "experts and no subset reproduces its translations; extraction needs "
         "a model trained with --route_by=language (export without "
         "--language to keep every expert)")
-  if moe.num_shared_experts:
-    raise ExtractionError(
-        f"--language={language}: the model has shared experts "
-        f"(--num_shared_experts={moe.num_shared_experts}), which the "
-        "per-language export does not carry yet; export without --language")
   layers = _moe_layers(model)
   if not layers:
     raise ExtractionError("the model has no MoE layers (--num_experts=0): "
@@ -191,7 +194,8 @@ def extract_language(model: Any, *, language: str) -> Extraction:
     with layer.name_scope:
       layer.ffn = LanguageExperts(
           wi=tf.gather(ffn.wi, experts), wo=tf.gather(ffn.wo, experts),
-          weights=tf.constant(weights, tf.float32))
+          weights=tf.constant(weights, tf.float32),
+          shared=layer.ffn.shared_experts)
     routes.append(LayerRoute(layer=name, experts=tuple(experts),
                              weights=tuple(weights)))
   return Extraction(language=language, routes=tuple(routes),

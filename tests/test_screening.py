@@ -114,6 +114,16 @@ def test_the_tool_refuses_a_recipe_that_scores_test(tmp_path):
   assert not (tmp_path / "out").exists()
 
 
+def test_the_tool_refuses_a_target_that_is_not_a_cross_entropy(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.screening",
+       f"--run_dir={tmp_path}", f"--output={tmp_path / 'out'}",
+       "--ce_target=-1"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode != 0 and "--ce_target=-1.0" in proc.stderr
+  assert not (tmp_path / "out").exists()
+
+
 def test_the_tool_refuses_a_run_dir_without_candidates(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "m4moe.pipeline.screening",

@@ -69,6 +69,12 @@ def test_gaps_at_equal_steps_and_at_equal_cpu(tmp_path):
   assert [r["gap_equal_cpu"] for r in rows] == [0.5, 0.5, None, None]
   table = curves.markdown(out)
   assert "| 200 | 400 | 2.500 | -0.500 | +0.500 |" in table
+  assert "Without CPU times" not in table
+  # A run logged before CPU times were measured is named, not guessed.
+  bare = curves.Curve(run="old", points=((100, 3.9),), cpu_seconds=None)
+  table = curves.markdown(curves.compare([dense, moe, bare], dense))
+  assert "Without CPU times (logged before" in table and ": old." in table
+  assert "| 100 | - | 3.900 | -0.100 | - |" in table
 
 
 def test_the_tool_writes_the_table_and_refuses_a_missing_reference(tmp_path):

@@ -14,7 +14,7 @@ for runs of one run directory (``<run_dir>/models/<run>/metrics.jsonl``):
 
 Gaps are run minus reference (negative: the run is ahead). The runs must
 have been trained by the same code for CPU seconds to compare; the table
-header says which runs lack them.
+names the runs without CPU times.
 
   python3 -m m4moe.pipeline.curves --run_dir=runs/study3 \
       --runs=dense_lr4x_s1,moe_E64k8_every_lr4x_s1 \
@@ -158,6 +158,11 @@ def markdown(comparison: dict[str, Any]) -> str:
            "reference's range, or no CPU times logged). Regenerate: "
            "`python3 -m m4moe.pipeline.curves --run_dir=RUN_DIR "
            f"--runs=... --reference={ref} --output=DIR`.", ""]
+  without = [run for run, rows in comparison["runs"].items()
+             if rows and all(r["cpu_seconds"] is None for r in rows)]
+  if without:
+    lines += [f"Without CPU times (logged before the trainer measured them, "
+              f"or only for part of training): {', '.join(without)}.", ""]
   for run, rows in comparison["runs"].items():
     if run == ref:
       continue

@@ -214,6 +214,9 @@ def main(argv: list[str]) -> None:
   if recipe.eval_split != "dev":
     raise app.UsageError(f"--recipe={values.recipe} scores {recipe.eval_split}"
                          "; a selection table reads dev-only recipes")
+  if values.ce_target <= 0:
+    raise app.UsageError(f"--ce_target={values.ce_target}: give a dev "
+                         "cross-entropy in nats, e.g. 3.2")
   run_dir = pathlib.Path(values.run_dir)
   if not (run_dir / "models").is_dir():
     raise app.UsageError(f"--run_dir={run_dir} holds no trained "

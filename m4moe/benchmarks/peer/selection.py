@@ -247,9 +247,11 @@ _P2_RATE = ("learning_rate=0.002",)
 
 
 def _m4(name: str, why: str, *settings: str, warmup: int = 1000,
-        batch_tokens: int = 4096, rate: float = _M4_RATE) -> Candidate:
-  rate_flags = () if "--learning_rate" in "".join(settings) else (
-      _m4moe_rate(rate, warmup=warmup),)
+        batch_tokens: int = 4096) -> Candidate:
+  """A change to ``m4moe_peak4e-3``: the peak stays 4e-3 unless
+  ``settings`` give their own ``--learning_rate``."""
+  rate_flags = () if any(f.startswith("--learning_rate=") for f in settings
+                         ) else (_m4moe_rate(_M4_RATE, warmup=warmup),)
   warmup_flags = (f"--warmup_steps={warmup}",) if warmup != 1000 else ()
   return Candidate(name=f"m4moe_p4_{name}", system=_M,
                    why=f"peak 4e-3, {why}", base=_M4,

@@ -9,6 +9,7 @@ the job that is finally allowed is the real CLI's smoke corpus stage.
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -129,3 +130,43 @@ def test_a_held_run_lock_refuses_the_real_cli_before_any_stage(tmp_path):
   assert not (run_dir / "corpus").exists()
   assert dry.returncode == 0, dry.stderr[-2000:]
   assert "[stage 1/" in dry.stdout
+
+
+HOLDER = r'''
+import fcntl, json, os, socket, sys, time
+f = open(sys.argv[1], "a+", encoding="utf-8")
+fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("LOCKED", flush=True)
+time.sleep(float(sys.argv[2]))  # the window between the lock and the record
+f.seek(0)
+f.truncate()
+json.dump({"pid": os.getpid(), "host": socket.gethostname()}, f)
+f.flush()
+print("WROTE", flush=True)
+time.sleep(600)
+'''
+
+
+@pytest.mark.parametrize("previous", [None, "dead"])
+def test_refused_process_waits_for_the_holders_record(tmp_path, started,
+                                                      previous):
+  """Refused between the holder's flock and its record: the message still
+  names the holder, not "another process" or the previous, dead holder."""
+  lock = tmp_path / run_lock.RUN.filename
+  if previous == "dead":  # a finished holder's record stays in the file
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    lock.write_text(f'{{"pid": {dead.stdout.strip()}, "host": '
+                    f'"{socket.gethostname()}"}}\n')
+  script = tmp_path / "holder.py"
+  script.write_text(HOLDER)
+  holder = subprocess.Popen([sys.executable, str(script), str(lock), "0.5"],
+                            stdout=subprocess.PIPE, text=True)
+  started.append(holder.pid)
+  assert holder.stdout.readline().strip() == "LOCKED"
+  with pytest.raises(run_lock.RunLockedError,
+                     match=rf"in use by pid {holder.pid} on "):
+    with run_lock.RunLock(tmp_path, role=run_lock.RUN):
+      pass
+  assert holder.stdout.readline().strip() == "WROTE"

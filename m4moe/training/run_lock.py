@@ -28,9 +28,12 @@ import os
 import pathlib
 import socket
 import sys
+import time
 from typing import Any
 
 LOCK_FILENAME = "train.lock"
+# How long a refused process waits for the holder's record (see _read_owner).
+OWNER_WAIT_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,6 +93,40 @@ def _describe(owner: dict[str, Any]) -> str:
   return f"pid {owner['pid']}{where}{since}{command}"
 
 
+def _alive(pid: Any) -> bool:
+  try:
+    os.kill(int(pid), 0)
+  except PermissionError:
+    return True
+  except (OSError, ValueError, TypeError):
+    return False
+  return True
+
+
+def _read_owner(path: pathlib.Path) -> dict[str, Any]:
+  """The lock holder's record, waiting briefly for a holder still writing it.
+
+  A holder writes its record just after it takes the lock, so a refused
+  process can read the file in between: empty (a new file) or the previous,
+  dead holder's record (the file is rewritten, not removed). Either way the
+  record is re-read for up to :data:`OWNER_WAIT_SECONDS` until it names a
+  live process of this host; what is read last is described otherwise.
+  """
+  deadline = time.monotonic() + OWNER_WAIT_SECONDS
+  while True:
+    try:
+      owner = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+      owner = {}
+    if not isinstance(owner, dict):
+      owner = {}
+    settled = owner.get("pid") and (
+        owner.get("host") != socket.gethostname() or _alive(owner["pid"]))
+    if settled or time.monotonic() >= deadline:
+      return owner
+    time.sleep(0.02)
+
+
 class RunLock:
   """Context manager holding the exclusive lock of a run directory.
 
@@ -120,12 +157,8 @@ class RunLock:
     try:
       fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      f.seek(0)
-      try:
-        owner = json.loads(f.read() or "{}")
-      except ValueError:
-        owner = {}
       f.close()
+      owner = _read_owner(self.path)
       raise RunLockedError(
           f"{self.subject} is in use by {_describe(owner)}, which holds "
           f"{self.path}: {self.role.rule}. {self.role.advice}") from None

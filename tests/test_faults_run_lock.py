@@ -156,7 +156,7 @@ def test_refused_process_waits_for_the_holders_record(tmp_path, started,
   if previous == "dead":  # a finished holder's record stays in the file
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+        capture_output=True, text=True, check=True)
     lock.write_text(f'{{"pid": {dead.stdout.strip()}, "host": '
                     f'"{socket.gethostname()}"}}\n')
   script = tmp_path / "holder.py"

@@ -559,3 +559,29 @@ def test_a_failing_candidate_names_its_log(tmp_path):
                      ".*train.log"):
     systems.run_pinned([sys.executable, "-c", "raise SystemExit(3)"],
                        core="0", log=tmp_path / "train.log", what="training x")
+
+
+def test_m4moe_candidates_start_from_the_rate_the_selection_began_with(
+    monkeypatch, tmp_path):
+  """A candidate's settings follow the pinned base rate (the flags parser
+  keeps the last value), so a candidate means the same after the zoo's
+  rate changes: the zoo's centre trains 1e-3 held 1000 steps, and the
+  held-300 candidate 4e-3 held 300 steps."""
+  seen = {}
+
+  def fake_train(**kwargs):
+    seen["flags"] = kwargs["flags"]
+    return {"steps": 0}
+
+  monkeypatch.setattr(systems, "train_m4moe", fake_train)
+  for name, rate, warmup in (("m4moe_zoo", 1e-3, 1000),
+                             ("m4moe_p4_warmup300", 4e-3, 300)):
+    (candidate,) = selection.candidates_by_name([name])
+    select.train_and_decode(candidate=candidate, data=None, root=tmp_path,
+                            splits=(), budget=None, seed=0, core="0",
+                            peer_python=None)
+    values = dict(f.lstrip("-").split("=", 1) for f in seen["flags"])
+    assert seen["flags"][:2] == selection.M4MOE_BASE
+    assert float(values["learning_rate"]) / math.sqrt(
+        float(values["warmup_steps"])) == pytest.approx(rate, rel=1e-5)
+    assert int(values["warmup_steps"]) == warmup

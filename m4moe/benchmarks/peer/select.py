@@ -221,7 +221,8 @@ def train_and_decode(*, candidate: selection.Candidate, data: systems.Data,
   decoded = {}
   if candidate.system == selection.SYSTEM_M4MOE:
     train = systems.train_m4moe(
-        data=data, root=root, config="tiny/dense", flags=candidate.settings,
+        data=data, root=root, config="tiny/dense",
+        flags=(*selection.M4MOE_BASE, *candidate.settings),
         batch_tokens=candidate.batch_tokens, budget=budget,
         seed=seed, core=core)
     for split in splits:

@@ -203,6 +203,10 @@ PEER_CENTER = {"learning_rate": 1e-3, "warmup_steps": 1000.0, "dropout": 0.0,
 
 # m4moe's rate flag is peak * sqrt(warmup) (rsqrt decay after a constant
 # warmup): 1e-3 held 1000 steps is 0.031623.
+# Every m4moe candidate starts from ``tiny/dense`` with the rate it had
+# when the selection began (1e-3 held 1000 steps), then its settings: the
+# candidates keep their meaning after the selection changes the zoo's rate.
+M4MOE_BASE = ("--learning_rate=0.031623", "--warmup_steps=1000")
 _M = SYSTEM_M4MOE
 _P = SYSTEM_PEER
 

@@ -26,7 +26,7 @@ train_steps = 3
 
 def test_packaged_recipes_are_the_documented_ones():
   assert recipes_lib.packaged_names() == ["demo", "smoke", "study",
-                                          "study3_screen"]
+                                          "study3_baselines", "study3_screen"]
 
 
 def test_demo_recipe_values_come_from_its_file():
@@ -108,4 +108,34 @@ def test_a_dev_only_recipe_refuses_the_ood_test(tmp_path):
   ).replace("use_packaged_corpus_recipe = false",
             "use_packaged_corpus_recipe = true"))
   with pytest.raises(recipes_lib.RecipeError, match="reads no test split"):
+    recipes_lib.load_recipe(str(path))
+
+
+def test_ood_holdout_builds_the_ood_test_corpus_without_decoding_it(tmp_path):
+  """A dev-only recipe with ood_holdout trains on the data of a recipe with
+  ood_test (the same corpus command) and still reads no test split."""
+  packaged = _MINIMAL.replace("use_packaged_corpus_recipe = false",
+                              "use_packaged_corpus_recipe = true")
+  commands = {}
+  for name, extra in (("held", 'eval_split = "dev"\nood_holdout = true\n'),
+                      ("report", "ood_test = true\n")):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(packaged.replace("beam_size = 2\n",
+                                     f"beam_size = 2\n{extra}"))
+    stages = plan_lib.plan(recipes_lib.load_recipe(str(path)),
+                           run_dir=tmp_path / "r", cache_dir=tmp_path)
+    commands[name] = stages
+  assert commands["held"][0].args == commands["report"][0].args
+  assert "--ood_packages=packaged" in commands["held"][0].args
+  held = [s for s in commands["held"] if s.tool == "eval"]
+  assert [s.name for s in held] == ["eval_dev_m"]
+  assert "eval_ood_m" in [s.name for s in commands["report"]]
+
+
+def test_ood_holdout_needs_the_packaged_corpus(tmp_path):
+  path = tmp_path / "fixture.toml"
+  path.write_text(_MINIMAL.replace("beam_size = 2\n",
+                                   "beam_size = 2\nood_holdout = true\n"))
+  with pytest.raises(recipes_lib.RecipeError,
+                     match="ood_holdout needs the packaged corpus recipe"):
     recipes_lib.load_recipe(str(path))

@@ -79,7 +79,7 @@ def _corpus_stage(recipe: Recipe, run_dir: pathlib.Path,
           *_languages_flag(recipe)]
   if recipe.use_packaged_corpus_recipe:
     description = "build the offline corpus from the packaged recipe"
-    if recipe.ood_test:
+    if recipe.ood_test or recipe.ood_holdout:
       args.append("--ood_packages=packaged")
       description += " (out-of-domain packages held out as test_ood)"
   else:

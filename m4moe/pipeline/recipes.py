@@ -182,6 +182,10 @@ class Recipe:
       (``m4moe-build-corpus --ood_packages=packaged``), decode their
       ``test_ood`` split with every run too and write a second report,
       ``report_ood/``, beside the in-domain ``report/``.
+    ood_holdout: hold the out-of-domain packages out of the corpus as
+      ``ood_test`` does, without decoding them: a dev-only recipe then
+      trains and selects on the data of the recipe that reports on
+      ``test_ood`` (``ood_test`` implies it).
     ood_eval_max_sentences: ``test_ood`` sentences per language (0: all;
       the held-out packages give up to ~16k per language, in a fixed
       shuffled order).
@@ -210,6 +214,7 @@ class Recipe:
   report_flags: tuple[str, ...] = ()
   vocab_flags: tuple[str, ...] = ()
   ood_test: bool = False
+  ood_holdout: bool = False
   ood_eval_max_sentences: int = 1000
   eval_split: str = "test"
 
@@ -220,7 +225,8 @@ class Recipe:
     if self.eval_split == "dev" and self.ood_test:
       raise RecipeError(f"recipe {self.name!r}: a dev-only recipe "
                         "(eval_split = 'dev') reads no test split; drop "
-                        "ood_test")
+                        "ood_test (ood_holdout = true keeps the "
+                        "out-of-domain packages out of its training data)")
     for field in ("baseline_steps", "baseline_seconds", "baseline_lanes",
                   "baseline_flags"):
       unknown = {lang for lang, _ in getattr(self, field)} - set(
@@ -237,10 +243,11 @@ class Recipe:
     if len(set(runs)) != len(runs):
       raise RecipeError(f"recipe {self.name!r}: two runs share a directory "
                        f"name: {runs}; rename a model")
-    if self.ood_test and not self.use_packaged_corpus_recipe:
-      raise RecipeError(f"recipe {self.name!r}: ood_test needs the packaged "
-                       "corpus recipe (the out-of-domain packages are "
-                       "recipe pins)")
+    for field in ("ood_test", "ood_holdout"):
+      if getattr(self, field) and not self.use_packaged_corpus_recipe:
+        raise RecipeError(f"recipe {self.name!r}: {field} needs the packaged "
+                          "corpus recipe (the out-of-domain packages are "
+                          "recipe pins)")
     if self.baseline is not None and not self.languages:
       raise RecipeError(f"recipe {self.name!r}: bilingual baselines need an "
                        "explicit language list")

@@ -161,17 +161,32 @@ def test_candidates_are_unique_valid_and_rates_keep_their_peak():
       assert float(flags["--warmup_steps"]) * c.batch_tokens == 1000 * 4096
 
 
-def test_round_two_candidates_change_one_thing_of_a_same_system_base():
+def _peak(c):
+  """A candidate's peak rate (m4moe: the flag over sqrt(warmup))."""
+  if c.system == selection.SYSTEM_PEER:
+    return c.peer_settings()["learning_rate"]
+  values = dict(f.lstrip("-").split("=", 1)
+                for f in (*selection.M4MOE_BASE, *c.settings) if "=" in f)
+  return float(values["learning_rate"]) / math.sqrt(
+      float(values["warmup_steps"]))
+
+
+def test_later_rounds_change_one_thing_of_a_same_system_base():
   known = {c.name: c for c in selection.CANDIDATES}
   for c in selection.CANDIDATES:
     base = known[selection.base_of(c.name, c.system)]
     assert base.system == c.system, c
     if c.base is None:
       continue
-    # The base is a round-1 rate; the candidate keeps that peak rate.
-    assert c.base in ("m4moe_peak4e-3", "peer_lr2e-3")
-    if c.system == selection.SYSTEM_PEER:
-      assert "learning_rate=0.002" in c.settings
+    if c.base in ("m4moe_peak4e-3", "peer_lr2e-3"):
+      # Round 2: the base is a round-1 rate, which the candidate keeps
+      # unless the change is parameter scaling (a relative step instead).
+      if "--multiply_by_parameter_scale" not in c.settings:
+        assert _peak(c) == pytest.approx(_peak(base), rel=1e-5), c
+    else:
+      # Round 3: the rate again, at its base's batch size and warmup.
+      assert c.batch_tokens == base.batch_tokens, c
+      assert _peak(c) != pytest.approx(_peak(base), rel=1e-3), c
   assert selection.base_of("m4moe_p4_ls0", "m4moe") == "m4moe_peak4e-3"
   assert selection.base_of("not_a_candidate", "opennmt-tf") == "peer_ours"
   p4 = known["m4moe_p4_warmup300"].settings

@@ -291,8 +291,23 @@ _ROUND2: tuple[Candidate, ...] = (
     _m4("warmup100", "held 100 steps", warmup=100),
 )
 
-# In screening order: round 1 (ran first), then round 2.
-CANDIDATES: tuple[Candidate, ...] = (*_ROUND1, *_ROUND2)
+# Round 3: the peak rate again at the batch size round 2 chose for both
+# systems (2048 tokens): smaller batches may want a lower peak.
+_ROUND3: tuple[Candidate, ...] = (
+    Candidate(name="peer_b2048_lr1e-3", system=_P,
+              why="peak 1e-3, 2048-token batches (warmup 2000)",
+              base="peer_lr2e-3_batch2048",
+              settings=("learning_rate=0.001", "warmup_steps=2000"),
+              batch_tokens=2048),
+    Candidate(name="m4moe_b2048_p2e-3", system=_M,
+              why="peak 2e-3, 2048-token batches (warmup 2000)",
+              base="m4moe_p4_batch2048",
+              settings=(_m4moe_rate(2e-3, warmup=2000), "--warmup_steps=2000"),
+              batch_tokens=2048),
+)
+
+# In screening order: round 1 (ran first), round 2, round 3.
+CANDIDATES: tuple[Candidate, ...] = (*_ROUND1, *_ROUND2, *_ROUND3)
 CENTRES = {_M: "m4moe_zoo", _P: "peer_ours"}
 
 

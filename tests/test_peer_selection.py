@@ -186,6 +186,8 @@ def test_later_rounds_change_one_thing_of_a_same_system_base():
     else:
       # Round 3: the rate again, at its base's batch size and warmup.
       assert c.batch_tokens == base.batch_tokens, c
+      assert [f for f in c.settings if "warmup" in f] == [
+          f for f in base.settings if "warmup" in f], c
       assert _peak(c) != pytest.approx(_peak(base), rel=1e-3), c
   assert selection.base_of("m4moe_p4_ls0", "m4moe") == "m4moe_peak4e-3"
   assert selection.base_of("not_a_candidate", "opennmt-tf") == "peer_ours"

@@ -291,19 +291,19 @@ _ROUND2: tuple[Candidate, ...] = (
     _m4("warmup100", "held 100 steps", warmup=100),
 )
 
-# Round 3: the peak rate again at the batch size round 2 chose for both
-# systems (2048 tokens): smaller batches may want a lower peak.
+# Round 3: the peak rate again beside each system's round-2 winner on dev:
+# the peer's 2048-token batches at half its peak (smaller batches may want
+# a lower one), our peak held 300 steps at twice its peak (the rate decays
+# from step 300 instead of 1000).
 _ROUND3: tuple[Candidate, ...] = (
     Candidate(name="peer_b2048_lr1e-3", system=_P,
               why="peak 1e-3, 2048-token batches (warmup 2000)",
               base="peer_lr2e-3_batch2048",
               settings=("learning_rate=0.001", "warmup_steps=2000"),
               batch_tokens=2048),
-    Candidate(name="m4moe_b2048_p2e-3", system=_M,
-              why="peak 2e-3, 2048-token batches (warmup 2000)",
-              base="m4moe_p4_batch2048",
-              settings=(_m4moe_rate(2e-3, warmup=2000), "--warmup_steps=2000"),
-              batch_tokens=2048),
+    Candidate(name="m4moe_w300_p8e-3", system=_M,
+              why="peak 8e-3 held 300 steps", base="m4moe_p4_warmup300",
+              settings=(_m4moe_rate(8e-3, warmup=300), "--warmup_steps=300")),
 )
 
 # In screening order: round 1 (ran first), round 2, round 3.

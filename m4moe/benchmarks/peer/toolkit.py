@@ -475,7 +475,7 @@ _SECTION_TEXT = f"""{PEER_SECTION}
 Equal wall-clock training on the demo's pt->en pair, then beam-4 decoding of
 the same test sentences; each system pinned to its own core. Written by
 `python -m m4moe.benchmarks.peer.run` (m4moe/benchmarks/peer/README.md);
-scores in `results/peer/peer.json`.
+scores under `results/peer/`.
 
 ```
 ```

@@ -288,7 +288,6 @@ _ROUND2: tuple[Candidate, ...] = (
         batch_tokens=2048),
     _p2("batch2048", "2048-token batches (warmup 2000)", "warmup_steps=2000",
         batch_tokens=2048),
-    _m4("warmup100", "held 100 steps", warmup=100),
 )
 
 # Round 3: the peak rate again beside each system's round-2 winner on dev:

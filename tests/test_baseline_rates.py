@@ -93,3 +93,10 @@ def test_cli_refuses_runs_on_another_corpus(tmp_path):
   assert done.returncode != 0
   assert "differ from" in done.stderr and "corpus/dev/kk.tsv" in done.stderr
   assert not (tmp_path / "out").exists()
+
+
+def test_cli_names_a_missing_run_directory(tmp_path):
+  reference, _ = _study(tmp_path)
+  done = _cli(reference, tmp_path / "elsewhere", tmp_path / "out")
+  assert done.returncode != 0
+  assert "elsewhere/corpus does not exist" in done.stderr

@@ -137,6 +137,9 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("give --run_dir, --reference and --output")
   run_dir, reference = (pathlib.Path(values.run_dir),
                         pathlib.Path(values.reference))
+  if not (run_dir / "corpus").is_dir():
+    raise app.UsageError(f"{run_dir / 'corpus'} does not exist: give the "
+                         "run directory of the baselines' recipe")
   bad = restore.check_inputs(reference, run_dir)
   if bad:
     raise app.UsageError(

@@ -6,22 +6,9 @@ import pytest
 
 from m4moe.pipeline import plan as plan_lib
 from m4moe.pipeline import recipes as recipes_lib
+import recipe_fixtures
 
-_MINIMAL = '''
-name = "mini"
-description = "one model"
-use_packaged_corpus_recipe = false
-source_vocab_size = 400
-target_vocab_size = 320
-batch_tokens = 512
-sequence_length = 32
-eval_max_sentences = 8
-beam_size = 2
-[[models]]
-name = "m"
-config = "tiny/moe"
-train_steps = 3
-'''
+_MINIMAL = recipe_fixtures.MINIMAL
 
 
 def test_packaged_recipes_are_the_documented_ones():

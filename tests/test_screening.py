@@ -10,18 +10,9 @@ from m4moe.eval import results
 from m4moe.eval import scoring
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.pipeline import screening
+import recipe_fixtures
 
-_RECIPE = '''
-name = "screen"
-description = "two candidates"
-use_packaged_corpus_recipe = false
-source_vocab_size = 400
-target_vocab_size = 320
-batch_tokens = 512
-sequence_length = 32
-eval_max_sentences = 8
-eval_split = "dev"
-beam_size = 2
+_RECIPE = recipe_fixtures.HEADER + '''eval_split = "dev"
 [[models]]
 name = "a"
 config = "tiny/dense"
@@ -40,7 +31,8 @@ seeds = [1]
 '''
 
 
-def _run(run_dir, run, curve, *, bleu=None, fraction=None, cpu=None):
+def _run(run_dir, run, curve, *, bleu=None, fraction=None, cpu=None,
+         per_language=None, sizes=None):
   model = run_dir / "models" / run
   model.mkdir(parents=True)
   records = [{"kind": "start", "step": 0, "num_params": 1000}]
@@ -53,7 +45,10 @@ def _run(run_dir, run, curve, *, bleu=None, fraction=None, cpu=None):
       train["expert_compute"] = {
           "decoder": {"expert_flops_dense_fraction": fraction[1]},
           "encoder": {"expert_flops_dense_fraction": fraction[0]}}
-    records += [train, {"kind": "eval", "step": step, "dev_ce_mean": ce}]
+    evaluation = {"kind": "eval", "step": step, "dev_ce_mean": ce}
+    if per_language is not None:
+      evaluation["dev_ce"], evaluation["dev_tokens"] = per_language[step]
+    records += [train, evaluation]
   (model / "metrics.jsonl").write_text(
       "\n".join(json.dumps(r) for r in records) + "\n")
   if bleu is not None:
@@ -61,7 +56,8 @@ def _run(run_dir, run, curve, *, bleu=None, fraction=None, cpu=None):
     (run_dir / "stages" / f"train_{run}.json").write_text("{}")
     languages = {lang: scoring.LanguageScore(
         language=lang, source_lang=lang, target_lang="en", num_segments=5,
-        bleu=value, chrf=value, bleu_signature="s", chrf_signature="s")
+        bleu=value, chrf=value, bleu_signature="s", chrf_signature="s",
+        train_size=(sizes or {}).get(lang))
                  for lang, value in bleu.items()}
     results.write_eval_json(results.EvalResult(
         model=run, kind="multilingual", metadata={}, languages=languages),
@@ -131,3 +127,36 @@ def test_the_tool_refuses_a_run_dir_without_candidates(tmp_path):
       capture_output=True, text=True, timeout=120, check=False)
   assert proc.returncode != 0 and "holds no trained candidate" in proc.stderr
   assert not (tmp_path / "out").exists()
+
+
+def test_dev_ce_per_resource_third_at_the_best_checkpoint(tmp_path):
+  path = tmp_path / "screen.toml"
+  path.write_text(_RECIPE)
+  recipe = recipes_lib.load_recipe(str(path))
+  run_dir = tmp_path / "run"
+  # Six languages by training pairs: de, fr high; ru, ja mid; si, az low.
+  sizes = {"de": 900, "fr": 800, "ru": 500, "ja": 400, "si": 90, "az": 80}
+  tokens = {"de": 300, "fr": 100, "ru": 50, "ja": 50, "si": 10, "az": 30}
+  best = {"de": 2.0, "fr": 3.0, "ru": 3.0, "ja": 4.0, "si": 5.0, "az": 3.0}
+  later = {lang: ce + 1 for lang, ce in best.items()}
+  _run(run_dir, "a_s1", [(10, 3.2), (20, 2.5), (30, 3.6)],
+       bleu={lang: 10.0 for lang in sizes}, sizes=sizes,
+       per_language={10: (later, tokens), 20: (best, tokens),
+                     30: (later, tokens)})
+  buckets = screening.resource_buckets(run_dir, ["b_s1", "a_s1"])
+  assert buckets == {"de": "high", "fr": "high", "ru": "mid", "ja": "mid",
+                     "si": "low", "az": "low"}
+  row = screening.candidate(recipe.models[0], "a_s1", run_dir,
+                            ce_target=3.0, buckets=buckets)
+  # At step 20 (the best): high (2*300 + 3*100) / 400, mid (3*50 + 4*50)
+  # / 100, low (5*10 + 3*30) / 40.
+  assert row.bucket_dev_ce == pytest.approx(
+      {"high": 2.25, "mid": 3.5, "low": 3.5})
+  table = screening.markdown(recipe, [row], ce_target=3.0, buckets=buckets)
+  assert "| 2.250 / 3.500 / 3.500 |" in table
+  assert "high: de, fr; mid: ru, ja; low: si, az" in table
+  # A log without per-language records has no bucket column values.
+  _run(run_dir, "b_s1", [(10, 3.0)], bleu={"de": 1.0})
+  plain = screening.candidate(recipe.models[1], "b_s1", run_dir,
+                              ce_target=3.0, buckets=buckets)
+  assert plain.bucket_dev_ce is None

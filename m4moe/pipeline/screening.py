@@ -27,10 +27,14 @@ from absl import app
 from absl import flags
 
 from m4moe import cli
+from m4moe.eval import comparison
 from m4moe.eval import results as results_lib
 from m4moe.eval import training_logs
 from m4moe.pipeline import curves as curves_lib
 from m4moe.pipeline import recipes as recipes_lib
+
+# The resource thirds of the languages, high to low (the study's buckets).
+_BUCKETS = tuple(b for b in comparison.BUCKETS if b != "all")
 
 
 def _define_flags() -> None:
@@ -70,6 +74,7 @@ class Candidate:
   flags: tuple[str, ...] = ()
   steps_to_target: float | None = None
   cpu_sec_to_target: float | None = None
+  bucket_dev_ce: dict[str, float] | None = None
 
 
 def _executed(records: Sequence[dict]) -> dict[str, float] | None:
@@ -104,9 +109,52 @@ def _dev_bleu(path: pathlib.Path) -> tuple[float | None, int]:
   return (statistics.fmean(scored) if scored else None), len(scored)
 
 
+def resource_buckets(run_dir: pathlib.Path, runs: Sequence[str]
+                     ) -> dict[str, str]:
+  """Language -> ``high``/``mid``/``low``: terciles of the training pairs
+  (:func:`m4moe.eval.comparison.tercile_bounds`, as the study reports
+  bucket languages), read from the first of ``runs`` with a dev eval JSON
+  that records them; {} while none has."""
+  for run in runs:
+    path = run_dir / "eval_dev" / f"{run}.json"
+    if not path.is_file():
+      continue
+    sizes = {lang: score.train_size for lang, score in
+             results_lib.read_eval_json(path).languages.items()
+             if score.train_size is not None}
+    if sizes:
+      ordered = comparison.order_languages(sizes)
+      bounds = comparison.tercile_bounds([sizes[l] for l in ordered])
+      return {lang: bounds.bucket(sizes[lang]) for lang in ordered}
+  return {}
+
+
+def _bucket_dev_ce(records: Sequence[dict], step: int | None,
+                   buckets: dict[str, str]) -> dict[str, float] | None:
+  """Token-weighted dev CE per bucket at the evaluation of ``step`` (the
+  best checkpoint's), from its per-language ``dev_ce`` and ``dev_tokens``;
+  None where the log has no per-language record there."""
+  record = next((r for r in records if r.get("kind") == "eval"
+                 and r.get("step") == step and isinstance(r.get("dev_ce"), dict)
+                 and isinstance(r.get("dev_tokens"), dict)), None)
+  if record is None or not buckets:
+    return None
+  out = {}
+  for bucket in _BUCKETS:
+    langs = [l for l, b in buckets.items() if b == bucket
+             and l in record["dev_ce"] and record["dev_tokens"].get(l)]
+    tokens = sum(float(record["dev_tokens"][l]) for l in langs)
+    if tokens:
+      out[bucket] = sum(float(record["dev_ce"][l]) *
+                        float(record["dev_tokens"][l]) for l in langs) / tokens
+  return out or None
+
+
 def candidate(model: recipes_lib.ModelRun, run: str,
-              run_dir: pathlib.Path, *, ce_target: float) -> Candidate:
-  """The dev measurements of one run of ``model``."""
+              run_dir: pathlib.Path, *, ce_target: float,
+              buckets: dict[str, str] | None = None) -> Candidate:
+  """The dev measurements of one run of ``model``; ``buckets`` (from
+  :func:`resource_buckets`) adds the dev CE per bucket."""
   metrics = run_dir / "models" / run / "metrics.jsonl"
   if not metrics.is_file():
     return Candidate(name=model.name, run=run, status="not started",
@@ -135,7 +183,18 @@ def candidate(model: recipes_lib.ModelRun, run: str,
       steps_per_sec=cost.steps_per_sec, cpu_sec_per_step=cpu_per_step,
       num_params=start[0].get("num_params") if start else None,
       flags=model.extra_flags,
+      bucket_dev_ce=_bucket_dev_ce(
+          records, _own_step(best[0], source), buckets or {}),
       **_to_target(curve, ce_target, cpu_per_step=cpu_per_step))
+
+
+def _own_step(step: int | None, source: tuple[str, int] | None
+              ) -> int | None:
+  """The run's own log step of a curve step (an upcycled run's curve
+  counts from its source's start; None for a step of the source's)."""
+  if step is None or source is None:
+    return step
+  return step - source[1] if step > source[1] else None
 
 
 def _to_target(curve: curves_lib.Curve, target: float, *,
@@ -157,8 +216,18 @@ def _cell(value: Any, fmt: str) -> str:
   return "-" if value is None else format(value, fmt)
 
 
+def _buckets_text(buckets: dict[str, str]) -> str:
+  if not buckets:
+    return ""
+  parts = [f"{b}: {', '.join(l for l, x in buckets.items() if x == b)}"
+           for b in _BUCKETS]
+  return (" Dev CE high / mid / low: token-weighted over each third of the "
+          "languages by training pairs, at the best checkpoint ("
+          + "; ".join(parts) + ").")
+
+
 def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
-             ce_target: float) -> str:
+             ce_target: float, buckets: dict[str, str] | None = None) -> str:
   """The ranked table (best dev CE first; unmeasured candidates last)."""
   lines = [f"# {recipe.name}: selection on dev", "",
            "Ranked by the best token-weighted dev cross-entropy over the "
@@ -177,12 +246,15 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
            "equal-compute view. Steps and CPU seconds of an upcycled run "
            "include its source run's. Regenerate: `python3 -m "
            "m4moe.pipeline.screening --recipe=RECIPE --run_dir=RUN_DIR "
-           f"--output=DIR --ce_target={ce_target:g}`.", "",
+           f"--output=DIR --ce_target={ce_target:g}`."
+           + _buckets_text(buckets or {}), "",
            "| rank | candidate | status | steps | best dev CE (step) | final "
-           "dev CE | dev BLEU (langs) | executed FFN enc / dec | steps/s | "
+           "dev CE | dev CE high / mid / low | dev BLEU (langs) | executed "
+           "FFN enc / dec | steps/s | "
            f"CPU s/step | steps to CE {ce_target:g} | CPU s to CE "
            f"{ce_target:g} | params |",
-           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+           "---:|"]
   ranked = sorted(rows, key=lambda c: (c.best_dev_ce is None,
                                        c.best_dev_ce or 0.0))
   for rank, c in enumerate(ranked, 1):
@@ -190,9 +262,12 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
         f"{v:.2f}" for v in c.executed_ffn_fraction.values()))
     best = ("-" if c.best_dev_ce is None
             else f"{c.best_dev_ce:.3f} ({c.best_step})")
+    by_bucket = ("-" if not c.bucket_dev_ce else " / ".join(
+        _cell(c.bucket_dev_ce.get(b), ".3f") for b in _BUCKETS))
     lines.append(
         f"| {rank} | {c.name} | {c.status} | {_cell(c.steps, 'd')} | {best} "
-        f"| {_cell(c.final_dev_ce, '.3f')} | {_cell(c.dev_bleu, '.2f')} "
+        f"| {_cell(c.final_dev_ce, '.3f')} | {by_bucket} "
+        f"| {_cell(c.dev_bleu, '.2f')} "
         f"({c.dev_languages}) | {executed} | {_cell(c.steps_per_sec, '.3f')} "
         f"| {_cell(c.cpu_sec_per_step, '.3f')} "
         f"| {_cell(c.steps_to_target, '.0f')} "
@@ -223,14 +298,17 @@ def main(argv: list[str]) -> None:
                          "candidate (no models/); run m4moe-run "
                          f"--recipe={values.recipe} there first")
   target = values.ce_target
-  rows = [candidate(model, run, run_dir, ce_target=target)
-          for model in recipe.models for run, _ in model.runs()]
+  runs = [(model, run) for model in recipe.models for run, _ in model.runs()]
+  buckets = resource_buckets(run_dir, [run for _, run in runs])
+  rows = [candidate(model, run, run_dir, ce_target=target, buckets=buckets)
+          for model, run in runs]
   out = pathlib.Path(values.output)
   out.mkdir(parents=True, exist_ok=True)
-  text = markdown(recipe, rows, ce_target=target)
+  text = markdown(recipe, rows, ce_target=target, buckets=buckets)
   (out / "screening.md").write_text(text, encoding="utf-8")
   (out / "screening.json").write_text(json.dumps(
       {"recipe": recipe.name, "selected_on": "dev", "ce_target": target,
+       "buckets": buckets,
        "candidates": [dataclasses.asdict(r) for r in rows]}, indent=1),
       encoding="utf-8")
   print(text)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from m4moe.pipeline import restore as restore_lib
+import recipe_fixtures
 
 _STUDY = pathlib.Path(__file__).parents[1] / "results" / "study"
 _COMMAND = [sys.executable, "-m", "m4moe.pipeline.restore"]
@@ -152,3 +153,116 @@ def test_regenerate_copy_only_refuses_a_run_dir_without_stages(tmp_path):
   assert "copied" not in result.stdout
   after = sorted(p.name for p in v2.iterdir()) if v2.exists() else []
   assert after == before
+
+
+
+def _inputs(root: pathlib.Path, vocab: str = "spm") -> None:
+  for name, text in {"corpus/train/pt.tsv": "o\tx\n",
+                     "vocab/source.vocab": vocab}.items():
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    (root / name).write_text(text)
+
+
+def _trained(source: pathlib.Path, run: str, command: list[str]) -> None:
+  """A finished run of ``source``: model directory and stage record."""
+  model = source / "models" / run
+  (model / "best").mkdir(parents=True)
+  (model / "checkpoint").write_text('model_checkpoint_path: "ckpt-30"\n')
+  (model / "ckpt-30.data-00000-of-00001").write_bytes(bytes(range(256)))
+  (model / "best" / "ckpt-30.index").write_bytes(b"\x00\x01index")
+  (model / "config.json").write_text(json.dumps(
+      {"corpus_dir": f"{source}/corpus", "model_dir": str(model)}))
+  (model / "metrics.jsonl").write_text('{"kind": "end"}\n')
+  (model / "train.lock").write_text('{"pid": 1, "host": "elsewhere"}')
+  (source / "stages").mkdir(parents=True, exist_ok=True)
+  (source / "stages" / f"train_{run}.json").write_text(json.dumps(
+      {"stage": f"train_{run}", "command": command, "seconds": 1.0}))
+
+
+def test_finished_runs_of_a_run_dir_are_copied_with_paths_rewritten(
+    tmp_path):
+  source, run_dir = tmp_path / "old", tmp_path / "new"
+  _inputs(source)
+  _inputs(run_dir)
+  assert restore_lib.differing_inputs(source, run_dir) == []
+  _trained(source, "a", ["py", f"--model_dir={source}/models/a"])
+  _trained(source, "c", ["py", f"--model_dir={source}/models/c"])
+  (source / "models" / "b").mkdir()  # started, never finished: no record
+  assert restore_lib.finished_runs(source) == ["a", "c"]
+  assert restore_lib.import_runs(source, run_dir, patterns=["a*"]) == ["a"]
+  model = run_dir / "models" / "a"
+  assert json.loads((model / "config.json").read_text()) == {
+      "corpus_dir": f"{run_dir}/corpus", "model_dir": str(model)}
+  assert (model / "ckpt-30.data-00000-of-00001").read_bytes() == bytes(
+      range(256))
+  assert (model / "best" / "ckpt-30.index").read_bytes() == b"\x00\x01index"
+  assert not (model / "train.lock").exists()
+  assert not list(run_dir.rglob("*.restoring"))
+  record = json.loads((run_dir / "stages" / "train_a.json").read_text())
+  assert record["command"] == ["py", f"--model_dir={run_dir}/models/a"]
+  assert not (run_dir / "models" / "c").exists()
+  # Runs this directory has already are left alone.
+  assert restore_lib.import_runs(source, run_dir) == ["c"]
+  assert restore_lib.import_runs(source, run_dir) == []
+
+
+def test_runs_the_recipe_would_train_otherwise_are_refused(tmp_path):
+  source, run_dir = tmp_path / "old", tmp_path / "new"
+  _trained(source, "a", ["py", f"--model_dir={source}/models/a", "--lr=2"])
+  _trained(source, "x", ["py", "--other"])
+  with pytest.raises(ValueError) as error:
+    restore_lib.import_runs(source, run_dir, expected={
+        "train_a": ["python3", f"--model_dir={run_dir}/models/a", "--lr=1"]})
+  assert "2 run(s)" in str(error.value)
+  assert "--lr=2" in str(error.value) and "--lr=1" in str(error.value)
+  assert "x (the recipe has no such run)" in str(error.value)
+  assert not run_dir.exists()
+  # The same command (rewritten to this directory, any Python): copied.
+  assert restore_lib.import_runs(source, run_dir, patterns=["a"], expected={
+      "train_a": ["python3", f"--model_dir={run_dir}/models/a",
+                  "--lr=2"]}) == ["a"]
+
+
+def test_the_tool_checks_inputs_and_the_recipes_commands(tmp_path):
+  from m4moe.pipeline import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.pipeline import recipes  # pylint: disable=g-import-not-at-top
+  recipe_path = tmp_path / "reuse.toml"
+  recipe_path.write_text(recipe_fixtures.MINIMAL)
+  source, run_dir = tmp_path / "old", tmp_path / "new"
+  _inputs(source)
+  _inputs(run_dir, vocab="another vocabulary")
+  stages = plan_lib.plan(recipes.load_recipe(str(recipe_path)),
+                         run_dir=source, cache_dir=source / "cache")
+  train = next(s for s in stages if s.name.startswith("train_"))
+  _trained(source, train.name.removeprefix("train_"), train.command())
+
+  def run(recipe: pathlib.Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*_COMMAND, f"--from_run_dir={source}", f"--run_dir={run_dir}",
+         f"--recipe={recipe}"], capture_output=True, text=True, timeout=120,
+        check=False)
+
+  refused = run(recipe_path)
+  assert refused.returncode != 0 and "vocab/source.vocab" in refused.stderr
+  assert not (run_dir / "models").exists()
+  _inputs(run_dir)
+  other = tmp_path / "other.toml"
+  other.write_text(recipe_fixtures.MINIMAL.replace("train_steps = 3",
+                                                   "train_steps = 60"))
+  changed = run(other)
+  assert changed.returncode != 0 and "--train_steps=60" in changed.stderr
+  assert not (run_dir / "models").exists()
+  copied = run(recipe_path)
+  assert copied.returncode == 0, copied.stderr[-2000:]
+  assert "1 finished run(s)" in copied.stdout
+  assert (run_dir / "stages" / f"{train.name}.json").is_file()
+
+
+def test_a_recipe_check_without_a_run_dir_to_copy_from_is_refused(tmp_path):
+  results, run_dir = _committed(tmp_path)
+  proc = subprocess.run(
+      [*_COMMAND, f"--results={results}", f"--run_dir={run_dir}",
+       "--recipe=study"], capture_output=True, text=True, timeout=120,
+      check=False)
+  assert proc.returncode != 0 and "drop --recipe" in proc.stderr
+  assert not (run_dir / "stages").exists()

@@ -20,14 +20,33 @@ both of its eval records with their outputs; anything partial is left to
 train again. Nothing in the run directory is overwritten: a run that has a
 stage record there already is left as it is. Paths recorded under the
 earlier session's run directory are rewritten to ``--run_dir``.
+
+``--runs`` restores only the runs whose names match its patterns (e.g.
+``--runs='bilingual_*'``).
+
+``--from_run_dir`` seeds it instead from another *run directory* whose
+corpus and vocabularies are the same bytes (every file under ``corpus/``
+and ``vocab/`` is compared): each finished training run there (its train
+stage record and model directory, checkpoints included) is copied with
+paths rewritten, so a later recipe that trains the same run with the same
+command (e.g. study v3's confirmation, whose baselines were trained by
+``study3_baselines``) skips the training and only decodes. With
+``--recipe``, every run to copy must have the exact training command that
+recipe plans for ``--run_dir`` (any other is refused before anything is
+copied)::
+
+  python3 -m m4moe.pipeline.restore --from_run_dir=runs/study3b \
+      --run_dir=NEW_RUN_DIR --runs='bilingual_*' --recipe=RECIPE
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import pathlib
 import shutil
 import sys
+from typing import Mapping, Sequence
 
 from absl import app
 from absl import flags
@@ -35,6 +54,13 @@ from absl import flags
 from m4moe import jsonfile
 
 _SPLITS = ("eval", "eval_ood")
+# What a run directory's runs are built from: byte-identical in both
+# directories, or a copied run would not be the run the recipe would train.
+_INPUT_DIRS = ("corpus", "vocab")
+# Files of a model directory holding paths (rewritten when copied); the
+# trainer's lock names the process that held it and is not copied.
+_TEXT_SUFFIXES = (".json", ".jsonl")
+_NOT_COPIED = ("train.lock",)
 
 
 def _sha256(path: pathlib.Path) -> str:
@@ -99,20 +125,34 @@ def _decoded_any(eval_json: pathlib.Path) -> bool:
   return any(v.get("num_segments", 0) > 0 for v in languages.values())
 
 
-def restore(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
-  """Copies every whole committed run into ``run_dir``; returns their names."""
+def _copy_text(src: pathlib.Path, dst: pathlib.Path, *, old: str,
+               new: str) -> None:
+  """``src`` to ``dst`` with ``old`` paths replaced by ``new`` (atomic)."""
+  dst.parent.mkdir(parents=True, exist_ok=True)
+  tmp = dst.with_name(dst.name + ".restoring")
+  tmp.write_text(src.read_text(encoding="utf-8").replace(old, new),
+                 encoding="utf-8")
+  tmp.replace(dst)
+
+
+def _matches(run: str, patterns: Sequence[str]) -> bool:
+  return any(fnmatch.fnmatchcase(run, pattern) for pattern in patterns)
+
+
+def restore(results: pathlib.Path, run_dir: pathlib.Path, *,
+            patterns: Sequence[str] = ("*",)) -> list[str]:
+  """Copies every whole committed run whose name matches one of
+  ``patterns`` into ``run_dir``; returns their names."""
   old = recorded_run_dir(results)
   new = str(run_dir)
 
   def copy_text(src: pathlib.Path, dst: pathlib.Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".restoring")
-    tmp.write_text(src.read_text(encoding="utf-8").replace(old, new),
-                   encoding="utf-8")
-    tmp.replace(dst)
+    _copy_text(src, dst, old=old, new=new)
 
   restored = []
   for run in _landed_runs(results):
+    if not _matches(run, patterns):
+      continue
     markers = [f"train_{run}.json", *(f"{s}_{run}.json" for s in _SPLITS)]
     if any((run_dir / "stages" / m).exists() for m in markers):
       continue  # this run directory has its own record of the run
@@ -134,13 +174,153 @@ def restore(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
   return restored
 
 
+def differing_inputs(source: pathlib.Path, run_dir: pathlib.Path
+                     ) -> list[str]:
+  """Files under ``corpus/`` and ``vocab/`` of either run directory that
+  the other lacks or holds with other bytes (relative paths, sorted)."""
+  names = set()
+  for root in (source, run_dir):
+    for sub in _INPUT_DIRS:
+      if (root / sub).is_dir():
+        names |= {str(path.relative_to(root))
+                  for path in (root / sub).rglob("*") if path.is_file()}
+  return sorted(
+      name for name in names
+      if not (source / name).is_file() or not (run_dir / name).is_file()
+      or _sha256(source / name) != _sha256(run_dir / name))
+
+
+def finished_runs(source: pathlib.Path) -> list[str]:
+  """Runs of a run directory whose training finished: a train stage record
+  (m4moe-run writes it last) and a model directory."""
+  return [record.stem.removeprefix("train_")
+          for record in sorted((source / "stages").glob("train_*.json"))
+          if (source / "models" / record.stem.removeprefix("train_")).is_dir()]
+
+
+def _copy_model_dir(src: pathlib.Path, dst: pathlib.Path, *, old: str,
+                    new: str) -> None:
+  for path in sorted(src.rglob("*")):
+    if path.is_dir() or path.name in _NOT_COPIED:
+      continue
+    target = dst / path.relative_to(src)
+    if path.suffix in _TEXT_SUFFIXES or path.name == "checkpoint":
+      _copy_text(path, target, old=old, new=new)
+      continue
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".restoring")
+    shutil.copyfile(path, tmp)
+    tmp.replace(target)
+
+
+def _recorded_command(record: pathlib.Path, *, old: str,
+                      new: str) -> list[str]:
+  command = jsonfile.load(record, what="stage record",
+                          fix="re-run that stage in its run directory")[
+                              "command"]
+  return [arg.replace(old, new) for arg in command]
+
+
+def import_runs(source: pathlib.Path, run_dir: pathlib.Path, *,
+                patterns: Sequence[str] = ("*",),
+                expected: Mapping[str, Sequence[str]] | None = None
+                ) -> list[str]:
+  """Copies the finished training runs of ``source`` matching ``patterns``
+  into ``run_dir`` (model directory first, stage record last); returns
+  their names. A run that ``run_dir`` has a record or model directory of
+  is left alone. ``expected``: stage name -> the command a recipe plans
+  for ``run_dir``; every run to copy must have it (the Python executable
+  aside).
+
+  Raises:
+    ValueError: with ``expected``, runs it does not plan or plans with
+      another command, all named; nothing is copied then.
+  """
+  old, new = str(source), str(run_dir)
+  chosen = [run for run in finished_runs(source) if _matches(run, patterns)
+            and not (run_dir / "stages" / f"train_{run}.json").exists()
+            and not (run_dir / "models" / run).exists()]
+  if expected is not None:
+    wrong = []
+    for run in chosen:
+      ran = _recorded_command(source / "stages" / f"train_{run}.json",
+                              old=old, new=new)
+      want = expected.get(f"train_{run}")
+      if want is None:
+        wrong.append(f"{run} (the recipe has no such run)")
+      elif ran[1:] != list(want)[1:]:
+        wrong.append(f"{run} (trained with {' '.join(ran[1:])}; the recipe "
+                     f"plans {' '.join(list(want)[1:])})")
+    if wrong:
+      raise ValueError(f"{len(wrong)} run(s) of {source} are not the runs "
+                       "the recipe would train: " + "; ".join(wrong))
+  for run in chosen:
+    _copy_model_dir(source / "models" / run, run_dir / "models" / run,
+                    old=old, new=new)
+    _copy_text(source / "stages" / f"train_{run}.json",
+               run_dir / "stages" / f"train_{run}.json", old=old, new=new)
+  return chosen
+
+
+def _expected_commands(recipe_name: str, run_dir: pathlib.Path
+                       ) -> dict[str, list[str]]:
+  # Imported here: the plan pulls in the recipe loader, which plain
+  # restores do not need.
+  from m4moe.pipeline import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.pipeline import recipes  # pylint: disable=g-import-not-at-top
+  try:
+    recipe = recipes.load_recipe(recipe_name)
+  except recipes.RecipeError as e:
+    raise app.UsageError(str(e)) from None
+  stages = plan_lib.plan(recipe, run_dir=run_dir, cache_dir=run_dir / "cache")
+  return {stage.name: stage.command() for stage in stages}
+
+
+def _import_main(source: pathlib.Path, run_dir: pathlib.Path) -> None:
+  if not (source / "stages").is_dir() or not (source / "corpus").is_dir():
+    raise app.UsageError(f"--from_run_dir={source} is not a run directory "
+                         "with a corpus and stage records (m4moe-run writes "
+                         "them); name the directory a recipe ran in")
+  if not (run_dir / "corpus").is_dir():
+    sys.exit(f"restore: {run_dir} has no corpus yet: build it and the "
+             f"vocabularies first (m4moe-run --recipe=... --run_dir={run_dir}"
+             " --stop_after=vocab)")
+  differ = differing_inputs(source, run_dir)
+  if differ:
+    sys.exit(f"restore: {len(differ)} corpus/vocabulary file(s) differ "
+             f"between {source} and {run_dir} or exist in one only (e.g. "
+             f"{', '.join(differ[:3])}): runs trained on other data cannot "
+             "be reused. Build both from the same recipe, or train the runs "
+             "here.")
+  expected = (_expected_commands(flags.FLAGS.recipe, run_dir)
+              if flags.FLAGS.recipe else None)
+  try:
+    copied = import_runs(source, run_dir, patterns=flags.FLAGS.runs,
+                         expected=expected)
+  except ValueError as e:
+    sys.exit(f"restore: refused, nothing was copied: {e}")
+  print(f"restore: {len(copied)} finished run(s) of {source} copied into "
+        f"{run_dir}" + (f": {', '.join(copied)}" if copied else ""))
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS.run_dir:
+  values = flags.FLAGS
+  if not values.run_dir:
     raise app.UsageError("--run_dir is required")
-  results = pathlib.Path(flags.FLAGS.results).resolve()
-  run_dir = pathlib.Path(flags.FLAGS.run_dir).resolve()
+  run_dir = pathlib.Path(values.run_dir).resolve()
+  if values.from_run_dir:
+    _import_main(pathlib.Path(values.from_run_dir).resolve(), run_dir)
+    return
+  if values.recipe:
+    raise app.UsageError("--recipe checks runs copied with --from_run_dir; "
+                         "committed results (--results) are checked by "
+                         "their inputs.sha256 instead: drop --recipe")
+  if not values.results:
+    raise app.UsageError("give --results (committed study results, e.g. "
+                         "results/study/v2) or --from_run_dir")
+  results = pathlib.Path(values.results).resolve()
   if not (results / "inputs.sha256").is_file():
     print(f"restore: {results} has no inputs.sha256 (no run has landed): "
           "nothing to restore")
@@ -159,7 +339,7 @@ def main(argv: list[str]) -> None:
              "the corpus and vocabularies from the same recipe and split keys "
              "(m4moe-run --recipe=study --stop_after=vocab), or start the "
              "study afresh in another results directory.")
-  restored = restore(results, run_dir)
+  restored = restore(results, run_dir, patterns=values.runs)
   print(f"restore: {len(restored)} committed run(s) restored into {run_dir}"
         + (f": {', '.join(restored)}" if restored else ""))
 
@@ -167,7 +347,18 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
   # Defined here, not at import: the tests import this file beside the
   # m4moe tools, which define --run_dir too.
-  flags.DEFINE_string("results", str(pathlib.Path(__file__).parent / "v2"),
-                      "The committed study results (regenerate.sh's copy).")
+  flags.DEFINE_string("results", None,
+                      "The committed study results to restore (a results "
+                      "directory with inputs.sha256, e.g. results/study/v2).")
+  flags.DEFINE_string("from_run_dir", None,
+                      "Copy finished training runs from this run directory "
+                      "instead (same corpus and vocabularies required).")
+  flags.DEFINE_list("runs", ["*"],
+                    "Only the runs whose names match one of these patterns "
+                    "(fnmatch, e.g. 'bilingual_*').")
+  flags.DEFINE_string("recipe", None,
+                      "With --from_run_dir: the recipe (name or .toml) that "
+                      "will run in --run_dir; every copied run must have the "
+                      "training command it plans.")
   flags.DEFINE_string("run_dir", None, "The run directory to seed.")
   app.run(main)

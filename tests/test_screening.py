@@ -8,6 +8,7 @@ import pytest
 
 from m4moe.eval import results
 from m4moe.eval import scoring
+from m4moe.pipeline import landing
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.pipeline import screening
 import recipe_fixtures
@@ -75,7 +76,7 @@ def test_candidates_rank_by_best_dev_ce(tmp_path):
   _run(run_dir, "b_s1", [(10, 3.3), (20, 2.95), (30, 2.9)],
        bleu={"de": 12.0, "fr": 13.0}, fraction=(0.5, 0.75),
        cpu={10: 0.4, 20: 0.9, 30: 0.5})
-  rows = [screening.candidate(m, run, run_dir, ce_target=2.96)
+  rows = [screening.candidate(m, run, landing.RunFiles(run_dir=run_dir), ce_target=2.96)
           for m in recipe.models for run, _ in m.runs()]
   by_name = {r.name: r for r in rows}
   assert (by_name["a"].best_dev_ce, by_name["a"].best_step) == (3.0, 20)
@@ -143,10 +144,10 @@ def test_dev_ce_per_resource_third_at_the_best_checkpoint(tmp_path):
        bleu={lang: 10.0 for lang in sizes}, sizes=sizes,
        per_language={10: (later, tokens), 20: (best, tokens),
                      30: (later, tokens)})
-  buckets = screening.resource_buckets(run_dir, ["b_s1", "a_s1"])
+  buckets = screening.resource_buckets(landing.RunFiles(run_dir=run_dir), ["b_s1", "a_s1"])
   assert buckets == {"de": "high", "fr": "high", "ru": "mid", "ja": "mid",
                      "si": "low", "az": "low"}
-  row = screening.candidate(recipe.models[0], "a_s1", run_dir,
+  row = screening.candidate(recipe.models[0], "a_s1", landing.RunFiles(run_dir=run_dir),
                             ce_target=3.0, buckets=buckets)
   # At step 20 (the best): high (2*300 + 3*100) / 400, mid (3*50 + 4*50)
   # / 100, low (5*10 + 3*30) / 40.
@@ -157,6 +158,6 @@ def test_dev_ce_per_resource_third_at_the_best_checkpoint(tmp_path):
   assert "high: de, fr; mid: ru, ja; low: si, az" in table
   # A log without per-language records has no bucket column values.
   _run(run_dir, "b_s1", [(10, 3.0)], bleu={"de": 1.0})
-  plain = screening.candidate(recipe.models[1], "b_s1", run_dir,
+  plain = screening.candidate(recipe.models[1], "b_s1", landing.RunFiles(run_dir=run_dir),
                               ce_target=3.0, buckets=buckets)
   assert plain.bucket_dev_ce is None

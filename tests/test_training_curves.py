@@ -8,6 +8,7 @@ import pytest
 
 from m4moe.eval import training_logs
 from m4moe.pipeline import curves
+from m4moe.pipeline import landing
 
 
 def test_steps_to_reach_interpolates_the_first_crossing():
@@ -58,8 +59,8 @@ def test_gaps_at_equal_steps_and_at_equal_cpu(tmp_path):
   # 0.5 nats ahead at equal steps but behind at equal CPU time.
   _write_run(tmp_path, "dense", cpu_per_step=1.0, ces=[4.0, 3.0, 2.5, 2.0])
   _write_run(tmp_path, "moe", cpu_per_step=2.0, ces=[3.5, 2.5, 2.0, 1.5])
-  dense = curves.read_curve(tmp_path, "dense")
-  moe = curves.read_curve(tmp_path, "moe")
+  dense = curves.read_curve(landing.RunFiles(run_dir=tmp_path), "dense")
+  moe = curves.read_curve(landing.RunFiles(run_dir=tmp_path), "moe")
   assert moe.cpu_seconds == (200.0, 400.0, 600.0, 800.0)
   out = curves.compare([dense, moe], dense)
   rows = out["runs"]["moe"]
@@ -108,7 +109,7 @@ def test_an_upcycled_run_continues_its_source_in_steps_and_cpu(tmp_path):
   log.write_text(json.dumps(start) + "\n" + log.read_text())
   records = training_logs.read_records(log)
   assert training_logs.upcycled_from(records) == ("dense_h", 200)
-  curve = curves.read_curve(tmp_path, "up")
+  curve = curves.read_curve(landing.RunFiles(run_dir=tmp_path), "up")
   # The source's evaluations up to its step 200, then the upcycled run's
   # 100 and 200 steps as steps 300 and 400.
   assert curve.points == ((100, 4.0), (200, 3.5), (300, 3.3), (400, 3.0))

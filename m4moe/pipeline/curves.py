@@ -2,7 +2,9 @@ r"""Dev CE curves of runs against a reference, at equal steps and CPU time.
 
 A sparse model can lead a dense one at equal steps and still lose at equal
 compute when its step costs more. This tool puts both views side by side
-for runs of one run directory (``<run_dir>/models/<run>/metrics.jsonl``):
+for runs of one run directory (``<run_dir>/models/<run>/metrics.jsonl``)
+and, with ``--landed``, runs landed from earlier run directories
+(:mod:`m4moe.pipeline.landing`):
 
 * **equal steps**: each run's dev CE (token-weighted over the languages) at
   every evaluation, and its gap to the reference's at the same step;
@@ -17,7 +19,7 @@ have been trained by the same code for CPU seconds to compare; the table
 names the runs without CPU times.
 
   python3 -m m4moe.pipeline.curves --run_dir=runs/study3 \
-      --runs=dense_lr4x_s1,moe_E64k8_every_lr4x_s1 \
+      --landed=results/study/v3/runs --runs=dense_lr4x_s1,moe_E64k8_every_lr4x_s1 \
       --reference=dense_lr4x_s1 --output=results/study/v3/curves/lr4x
 
 writes ``curves.md``, ``curves.json`` and ``curves.png`` under ``--output``.
@@ -35,11 +37,15 @@ from absl import flags
 
 from m4moe import cli
 from m4moe.eval import training_logs
+from m4moe.pipeline import landing
 
 
 def _define_flags() -> None:
   """Defined only when the tool runs (other CLIs share these names)."""
   flags.DEFINE_string("run_dir", None, "Where the recipe ran (models/).")
+  flags.DEFINE_string("landed", None, "Landed runs (m4moe.pipeline.landing, "
+                      "e.g. results/study/v3/runs), read for runs the run "
+                      "directory lacks.")
   flags.DEFINE_list("runs", [], "Runs to compare (model directory names, "
                     "e.g. dense_s1), reference included.")
   flags.DEFINE_string("reference", None, "The run the gaps are taken to.")
@@ -83,8 +89,8 @@ def _own_curve(path: pathlib.Path
   return points, (None if None in values else values), records
 
 
-def read_curve(run_dir: pathlib.Path, run: str) -> Curve:
-  """The run's curve from its metrics log.
+def read_curve(files: landing.RunFiles, run: str) -> Curve:
+  """The run's curve from its metrics log (in the run directory, or landed).
 
   An upcycled run (:func:`training_logs.upcycled_from`) counts its steps
   from the upcycling; its curve is continued from its source run's up to
@@ -95,16 +101,18 @@ def read_curve(run_dir: pathlib.Path, run: str) -> Curve:
     FileNotFoundError: the run (or an upcycled run's source) has no
       ``metrics.jsonl``, naming the path.
   """
-  path = run_dir / "models" / run / "metrics.jsonl"
+  path = files.metrics(run)
   if not path.is_file():
+    where = f" or landed in {files.landed}" if files.landed else ""
     raise FileNotFoundError(f"{path} does not exist: is {run!r} a run of "
-                            f"{run_dir} (its models/ directory names)?")
+                            f"{files.run_dir}{where} (its models/ directory "
+                            "names)?")
   points, cpu, records = _own_curve(path)
   source = training_logs.upcycled_from(records)
   if source is None:
     return Curve(run=run, points=tuple(points),
                  cpu_seconds=None if cpu is None else tuple(cpu))
-  before = read_curve(run_dir, source[0])
+  before = read_curve(files, source[0])
   offset = source[1]
   head = [(s, ce) for s, ce in before.points if s <= offset]
   joined_cpu = None
@@ -157,7 +165,7 @@ def markdown(comparison: dict[str, Any]) -> str:
            "run's cumulative training CPU seconds ('-': outside the "
            "reference's range, or no CPU times logged). Regenerate: "
            "`python3 -m m4moe.pipeline.curves --run_dir=RUN_DIR "
-           f"--runs=... --reference={ref} --output=DIR`.", ""]
+           f"[--landed=LANDED] --runs=... --reference={ref} --output=DIR`.", ""]
   without = [run for run, rows in comparison["runs"].items()
              if rows and all(r["cpu_seconds"] is None for r in rows)]
   if without:
@@ -210,9 +218,11 @@ def main(argv: list[str]) -> None:
   if values.reference not in values.runs:
     raise app.UsageError(f"--reference={values.reference} is not one of "
                          f"--runs={','.join(values.runs)}: list it there too")
-  run_dir = pathlib.Path(values.run_dir)
+  files = landing.RunFiles(
+      run_dir=pathlib.Path(values.run_dir),
+      landed=pathlib.Path(values.landed) if values.landed else None)
   try:
-    curves = [read_curve(run_dir, run) for run in values.runs]
+    curves = [read_curve(files, run) for run in values.runs]
   except FileNotFoundError as e:
     raise app.UsageError(str(e)) from None
   reference = curves[values.runs.index(values.reference)]

@@ -3,13 +3,15 @@ r"""The selection table of a dev-only recipe: candidates ranked on dev.
 A screening recipe (``eval_split = "dev"``, e.g. ``study3_screen``) trains
 each candidate once and scores it on dev only. This tool reads what each
 finished run left in the run directory (its ``metrics.jsonl`` and its
-``eval_dev/<run>.json``) and writes one table, ranked by the best
-token-weighted dev cross-entropy (the selection rule; dev BLEU is shown
+``eval_dev/<run>.json``), or in ``--landed`` for runs landed from an
+earlier run directory (:mod:`m4moe.pipeline.landing`), and writes one
+table, ranked by the best token-weighted dev cross-entropy (the selection rule; dev BLEU is shown
 beside it). Candidates still training or not started are listed as such,
 so the table can be regenerated as runs land:
 
   python3 -m m4moe.pipeline.screening --recipe=study3_screen \
-      --run_dir=runs/study3 --output=results/study/v3/screening
+      --run_dir=runs/study3 --landed=results/study/v3/runs \
+      --output=results/study/v3/screening
 
 writes ``screening.md`` and ``screening.json`` under ``--output``. It never
 reads a test split: the recipe has none.
@@ -31,6 +33,7 @@ from m4moe.eval import comparison
 from m4moe.eval import results as results_lib
 from m4moe.eval import training_logs
 from m4moe.pipeline import curves as curves_lib
+from m4moe.pipeline import landing
 from m4moe.pipeline import recipes as recipes_lib
 
 # The resource thirds of the languages, high to low (the study's buckets).
@@ -47,6 +50,9 @@ def _define_flags() -> None:
   flags.DEFINE_string("recipe", "study3_screen",
                       "The dev-only recipe (name or .toml path).")
   flags.DEFINE_string("run_dir", None, "Where the recipe ran.")
+  flags.DEFINE_string("landed", None, "Landed runs (m4moe.pipeline.landing, "
+                      "e.g. results/study/v3/runs), read for candidates the "
+                      "run directory has no training log of.")
   flags.DEFINE_string("output", None,
                       "Directory for screening.md and screening.json.")
   flags.DEFINE_float(
@@ -109,14 +115,14 @@ def _dev_bleu(path: pathlib.Path) -> tuple[float | None, int]:
   return (statistics.fmean(scored) if scored else None), len(scored)
 
 
-def resource_buckets(run_dir: pathlib.Path, runs: Sequence[str]
+def resource_buckets(files: landing.RunFiles, runs: Sequence[str]
                      ) -> dict[str, str]:
   """Language -> ``high``/``mid``/``low``: terciles of the training pairs
   (:func:`m4moe.eval.comparison.tercile_bounds`, as the study reports
   bucket languages), read from the first of ``runs`` with a dev eval JSON
   that records them; {} while none has."""
   for run in runs:
-    path = run_dir / "eval_dev" / f"{run}.json"
+    path = files.eval_dev(run)
     if not path.is_file():
       continue
     sizes = {lang: score.train_size for lang, score in
@@ -151,22 +157,22 @@ def _bucket_dev_ce(records: Sequence[dict], step: int | None,
 
 
 def candidate(model: recipes_lib.ModelRun, run: str,
-              run_dir: pathlib.Path, *, ce_target: float,
+              files: landing.RunFiles, *, ce_target: float,
               buckets: dict[str, str] | None = None) -> Candidate:
   """The dev measurements of one run of ``model``; ``buckets`` (from
   :func:`resource_buckets`) adds the dev CE per bucket."""
-  metrics = run_dir / "models" / run / "metrics.jsonl"
+  metrics = files.metrics(run)
   if not metrics.is_file():
     return Candidate(name=model.name, run=run, status="not started",
                      flags=model.extra_flags)
   records = training_logs.read_records(metrics)
   # Steps and CPU seconds from the start of training (an upcycled run's
   # include its source's).
-  curve = curves_lib.read_curve(run_dir, run)
+  curve = curves_lib.read_curve(files, run)
   points = list(curve.points)
   best = min(points, key=lambda point: point[1]) if points else (None, None)
-  bleu, languages = _dev_bleu(run_dir / "eval_dev" / f"{run}.json")
-  done = (run_dir / "stages" / f"train_{run}.json").is_file()
+  bleu, languages = _dev_bleu(files.eval_dev(run))
+  done = files.train_record(run).is_file()
   start = [r for r in records if r.get("kind") == "start"]
   cost = training_logs.training_cost(records)
   source = training_logs.upcycled_from(records)
@@ -246,7 +252,7 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
            "equal-compute view. Steps and CPU seconds of an upcycled run "
            "include its source run's. Regenerate: `python3 -m "
            "m4moe.pipeline.screening --recipe=RECIPE --run_dir=RUN_DIR "
-           f"--output=DIR --ce_target={ce_target:g}`."
+           f"[--landed=LANDED] --output=DIR --ce_target={ce_target:g}`."
            + _buckets_text(buckets or {}), "",
            "| rank | candidate | status | steps | best dev CE (step) | final "
            "dev CE | dev CE high / mid / low | dev BLEU (langs) | executed "
@@ -293,14 +299,17 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"--ce_target={values.ce_target}: give a dev "
                          "cross-entropy in nats, e.g. 3.2")
   run_dir = pathlib.Path(values.run_dir)
-  if not (run_dir / "models").is_dir():
+  landed = pathlib.Path(values.landed) if values.landed else None
+  if not (run_dir / "models").is_dir() and not (landed and landed.is_dir()):
     raise app.UsageError(f"--run_dir={run_dir} holds no trained "
-                         "candidate (no models/); run m4moe-run "
-                         f"--recipe={values.recipe} there first")
+                         "candidate (no models/) and no --landed folder "
+                         f"exists; run m4moe-run --recipe={values.recipe} "
+                         "there first")
+  files = landing.RunFiles(run_dir=run_dir, landed=landed)
   target = values.ce_target
   runs = [(model, run) for model in recipe.models for run, _ in model.runs()]
-  buckets = resource_buckets(run_dir, [run for _, run in runs])
-  rows = [candidate(model, run, run_dir, ce_target=target, buckets=buckets)
+  buckets = resource_buckets(files, [run for _, run in runs])
+  rows = [candidate(model, run, files, ce_target=target, buckets=buckets)
           for model, run in runs]
   out = pathlib.Path(values.output)
   out.mkdir(parents=True, exist_ok=True)

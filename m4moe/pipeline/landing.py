@@ -1,0 +1,150 @@
+r"""Landed copies of a recipe's runs: what survives a lost run directory.
+
+A study runs for several sessions, and a session's machine may be a new
+one whose run directory (checkpoints included) is gone. What the analysis
+tools (:mod:`m4moe.pipeline.screening`, :mod:`m4moe.pipeline.curves`)
+read of a finished run is small: its training log, its dev eval JSON and
+its training stage record. ``land`` copies those three into a committed
+results folder, one directory per run::
+
+  python3 -m m4moe.pipeline.landing --run_dir=runs/study3 \
+      --runs='*_s1' --output=results/study/v3/runs
+
+writes ``<output>/<run>/metrics.jsonl``, ``eval_dev.json`` and
+``train_stage.json`` for every run whose training finished (its stage
+record exists) and whose dev eval has been written, and prints the runs it
+skipped and why. Files are replaced atomically; nothing else under
+``--output`` is touched.
+
+:class:`RunFiles` finds a run's files again: in the run directory where
+the run is there, else in the landed copy (``--landed`` of the analysis
+tools), so a table regenerated on a new machine keeps every landed run
+beside the ones trained there. The run directory itself is never seeded
+with landed records: ``m4moe-run`` trusts its stage records, and a landed
+record is not a checkpoint it could resume or decode from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import pathlib
+import shutil
+from typing import Sequence
+
+from absl import app
+from absl import flags
+
+from m4moe import cli
+
+# File names inside one landed run's directory.
+METRICS = "metrics.jsonl"
+EVAL_DEV = "eval_dev.json"
+TRAIN_RECORD = "train_stage.json"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunFiles:
+  """Where the logs of a recipe's runs are.
+
+  Attributes:
+    run_dir: the run directory the recipe runs in (``models/<run>/``,
+      ``eval_dev/<run>.json``, ``stages/train_<run>.json``).
+    landed: a folder of landed runs (``<landed>/<run>/``), read for the
+      runs the run directory has no training log of; None: none.
+  """
+
+  run_dir: pathlib.Path
+  landed: pathlib.Path | None = None
+
+  def _is_landed(self, run: str) -> bool:
+    here = self.run_dir / "models" / run / METRICS
+    return (not here.is_file() and self.landed is not None
+            and (self.landed / run / METRICS).is_file())
+
+  def metrics(self, run: str) -> pathlib.Path:
+    """The run's training log (``metrics.jsonl``)."""
+    if self._is_landed(run):
+      return self.landed / run / METRICS
+    return self.run_dir / "models" / run / METRICS
+
+  def eval_dev(self, run: str) -> pathlib.Path:
+    """The run's dev eval JSON (may not exist yet)."""
+    if self._is_landed(run):
+      return self.landed / run / EVAL_DEV
+    return self.run_dir / "eval_dev" / f"{run}.json"
+
+  def train_record(self, run: str) -> pathlib.Path:
+    """The run's training stage record (exists once training finished)."""
+    if self._is_landed(run):
+      return self.landed / run / TRAIN_RECORD
+    return self.run_dir / "stages" / f"train_{run}.json"
+
+
+def _copy(src: pathlib.Path, dst: pathlib.Path) -> None:
+  dst.parent.mkdir(parents=True, exist_ok=True)
+  tmp = dst.with_name(dst.name + ".landing")
+  shutil.copyfile(src, tmp)
+  tmp.replace(dst)
+
+
+def land(run_dir: pathlib.Path, output: pathlib.Path, *,
+         patterns: Sequence[str] = ("*",)) -> tuple[list[str], list[str]]:
+  """Copies each finished, dev-scored run of ``run_dir`` whose name matches
+  one of ``patterns`` to ``output/<run>/``.
+
+  Returns:
+    (landed runs, skipped runs with the reason, e.g. ``'x_s1 (training)'``).
+  """
+  files = RunFiles(run_dir=run_dir)
+  landed, skipped = [], []
+  models = run_dir / "models"
+  names = sorted(p.name for p in models.iterdir()) if models.is_dir() else []
+  for run in names:
+    if not any(fnmatch.fnmatchcase(run, p) for p in patterns):
+      continue
+    if not files.train_record(run).is_file():
+      skipped.append(f"{run} (training not finished)")
+      continue
+    if not files.eval_dev(run).is_file():
+      skipped.append(f"{run} (no dev eval yet)")
+      continue
+    # The training record last: a landed record means its logs are there.
+    _copy(files.metrics(run), output / run / METRICS)
+    _copy(files.eval_dev(run), output / run / EVAL_DEV)
+    _copy(files.train_record(run), output / run / TRAIN_RECORD)
+    landed.append(run)
+  return landed, skipped
+
+
+def _define_flags() -> None:
+  """Defined only when the tool runs (other CLIs share these names)."""
+  flags.DEFINE_string("run_dir", None, "Where the recipe ran.")
+  flags.DEFINE_list("runs", ["*"], "Only the runs whose names match one of "
+                    "these patterns (fnmatch, e.g. 'moe_*').")
+  flags.DEFINE_string("output", None, "The results folder of landed runs, "
+                      "e.g. results/study/v3/runs.")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  values = flags.FLAGS
+  if not values.run_dir or not values.output:
+    raise app.UsageError("give --run_dir (where the recipe ran) and --output "
+                         "(e.g. results/study/v3/runs)")
+  run_dir = pathlib.Path(values.run_dir)
+  if not (run_dir / "models").is_dir():
+    raise app.UsageError(f"--run_dir={run_dir} holds no models/: name the "
+                         "directory a recipe ran in")
+  landed, skipped = land(run_dir, pathlib.Path(values.output),
+                         patterns=values.runs)
+  print(f"landing: {len(landed)} run(s) copied to {values.output}"
+        + (f": {', '.join(landed)}" if landed else ""))
+  if skipped:
+    print(f"landing: {len(skipped)} skipped: {'; '.join(skipped)}")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  cli.run_tool(main, module=__name__)

@@ -1,0 +1,92 @@
+"""m4moe.pipeline.landing: landed runs survive a lost run directory."""
+
+import json
+import subprocess
+import sys
+
+from m4moe.pipeline import curves
+from m4moe.pipeline import landing
+from m4moe.pipeline import screening
+import test_screening
+
+
+def _finished(run_dir, run, curve, bleu):
+  test_screening._run(run_dir, run, curve, bleu=bleu)  # pylint: disable=protected-access
+
+
+def test_land_copies_finished_scored_runs_and_skips_the_rest(tmp_path):
+  run_dir, out = tmp_path / "run", tmp_path / "landed"
+  _finished(run_dir, "a_s1", [(10, 3.2), (20, 3.0)], {"de": 10.0})
+  # b: trained, no dev eval yet; c: still training (no stage record).
+  _finished(run_dir, "b_s1", [(10, 3.1)], {"de": 9.0})
+  (run_dir / "eval_dev" / "b_s1.json").unlink()
+  test_screening._run(run_dir, "c_s1", [(10, 3.3)])  # pylint: disable=protected-access
+  landed, skipped = landing.land(run_dir, out)
+  assert landed == ["a_s1"]
+  assert skipped == ["b_s1 (no dev eval yet)",
+                     "c_s1 (training not finished)"]
+  assert sorted(p.name for p in (out / "a_s1").iterdir()) == [
+      "eval_dev.json", "metrics.jsonl", "train_stage.json"]
+  assert ((out / "a_s1" / "metrics.jsonl").read_bytes() ==
+          (run_dir / "models" / "a_s1" / "metrics.jsonl").read_bytes())
+  assert not (out / "b_s1").exists() and not (out / "c_s1").exists()
+  assert not list(out.rglob("*.landing"))
+  # --runs patterns select.
+  assert landing.land(run_dir, tmp_path / "none", patterns=["z*"]) == ([], [])
+
+
+def test_run_files_prefer_the_run_directory_and_fall_back_to_landed(tmp_path):
+  old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "landed"
+  _finished(old, "a_s1", [(10, 3.2), (20, 3.0)], {"de": 10.0})
+  _finished(old, "b_s1", [(10, 4.0)], {"de": 1.0})
+  landing.land(old, out)
+  # The new machine trains b again (a better curve) and never had a.
+  _finished(new, "b_s1", [(10, 3.5)], {"de": 2.0})
+  files = landing.RunFiles(run_dir=new, landed=out)
+  assert files.metrics("a_s1") == out / "a_s1" / "metrics.jsonl"
+  assert files.metrics("b_s1") == new / "models" / "b_s1" / "metrics.jsonl"
+  assert curves.read_curve(files, "a_s1").points == ((10, 3.2), (20, 3.0))
+  assert curves.read_curve(files, "b_s1").points == ((10, 3.5),)
+  # Without the landed folder the lost run is simply not there.
+  bare = landing.RunFiles(run_dir=new)
+  assert not bare.metrics("a_s1").is_file()
+  assert not bare.train_record("a_s1").is_file()
+
+
+def test_the_screening_tool_keeps_landed_candidates(tmp_path):
+  recipe = tmp_path / "screen.toml"
+  recipe.write_text(test_screening._RECIPE)  # pylint: disable=protected-access
+  old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "landed"
+  _finished(old, "a_s1", [(10, 3.2), (20, 3.0)], {"de": 10.0})
+  landing.land(old, out)
+  _finished(new, "b_s1", [(10, 3.3), (20, 2.9)], {"de": 12.0})
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.screening", f"--recipe={recipe}",
+       f"--run_dir={new}", f"--landed={out}",
+       f"--output={tmp_path / 'table'}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr
+  rows = {r["name"]: r for r in json.loads(
+      (tmp_path / "table" / "screening.json").read_text())["candidates"]}
+  assert rows["a"]["status"] == "scored" and rows["a"]["best_dev_ce"] == 3.0
+  assert rows["b"]["status"] == "scored" and rows["b"]["best_dev_ce"] == 2.9
+  assert rows["c"]["status"] == "not started"
+
+
+def test_the_tool_lands_and_reports_what_it_skipped(tmp_path):
+  run_dir = tmp_path / "run"
+  _finished(run_dir, "a_s1", [(10, 3.2)], {"de": 10.0})
+  test_screening._run(run_dir, "c_s1", [(10, 3.3)])  # pylint: disable=protected-access
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.landing", f"--run_dir={run_dir}",
+       f"--output={tmp_path / 'out'}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr
+  assert "1 run(s) copied" in proc.stdout
+  assert "c_s1 (training not finished)" in proc.stdout
+  missing = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.landing",
+       f"--run_dir={tmp_path / 'nowhere'}", f"--output={tmp_path / 'o2'}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert missing.returncode != 0 and "holds no models/" in missing.stderr
+  assert not (tmp_path / "o2").exists()

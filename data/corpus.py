@@ -293,10 +293,19 @@ def _fetch_recipe(config: BuildConfig, problems: _Problems,
   apt_ok = apt_ok and config.use_apt
   apt_reason = apt_reason or ("disabled by --nouse_apt" if not apt_ok else "")
   dirs, fetched = [], []
+  refreshed = False
   for pin in pins:
     usable = apt_ok if pin.kind == "debian" else True
     result = sources.fetch(pin, cache_dir=config.cache_dir,
                            tool_available=usable)
+    if result.status == "fallback" and pin.kind == "debian" and usable \
+        and not refreshed:
+      # Stale package lists make pinned versions look gone: refresh once.
+      refreshed = True
+      report["apt_lists_refreshed"] = sources.refresh_apt_lists()
+      if report["apt_lists_refreshed"]:
+        result = sources.fetch(pin, cache_dir=config.cache_dir,
+                               tool_available=usable)
     if result.status == "skipped" and pin.kind == "debian" and not usable:
       result = dataclasses.replace(result, reason=apt_reason)
     fetched.append(dataclasses.asdict(result))

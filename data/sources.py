@@ -127,16 +127,20 @@ def _pypi_key(name: str) -> str:
   return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _cached_archive(pin: Pin, directory: pathlib.Path) -> pathlib.Path | None:
+def _cached_archives(pin: Pin, directory: pathlib.Path
+                     ) -> list[pathlib.Path]:
+  """The cache's archives of ``pin``'s package, the pinned version first."""
   if not directory.is_dir():
-    return None
+    return []
+  found = []
   for path in sorted(directory.iterdir()):
     if pin.kind == "debian":
       if path.suffix == ".deb" and path.name.split("_")[0] == pin.name:
-        return path
+        found.append(path)
     elif _pypi_key(path.name.split("-")[0]) == _pypi_key(pin.name):
-      return path
-  return None
+      found.append(path)
+  return sorted(found, key=lambda path: archive_version(
+      path, kind=pin.kind) != pin.version)
 
 
 def archive_version(path: pathlib.Path, *, kind: str) -> str:
@@ -178,6 +182,10 @@ def fetch(pin: Pin, *, cache_dir: pathlib.Path,
           tool_available: bool) -> FetchResult:
   """Returns the archive of ``pin``, from the cache or downloaded.
 
+  The pinned version wins: a cached archive of another version (an earlier
+  fallback) is used only after the pinned version failed to download again,
+  so a build after ``apt-get update`` gets the pinned bytes back.
+
   Args:
     pin: the recipe line.
     cache_dir: root of the download cache.
@@ -185,13 +193,14 @@ def fetch(pin: Pin, *, cache_dir: pathlib.Path,
       archive is still used.
   """
   directory = cache_dir / "downloads" / pin.kind
-  cached = _cached_archive(pin, directory)
-  if cached is not None:
-    version = archive_version(cached, kind=pin.kind)
-    status = "cached" if version == pin.version else "fallback"
-    reason = "" if status == "cached" else "cached archive differs from pin"
-    return FetchResult(pin, status, version, str(cached), reason)
+  cached = _cached_archives(pin, directory)
+  if cached and archive_version(cached[0], kind=pin.kind) == pin.version:
+    return FetchResult(pin, "cached", pin.version, str(cached[0]))
   if not tool_available:
+    if cached:
+      return FetchResult(pin, "fallback",
+                         archive_version(cached[0], kind=pin.kind),
+                         str(cached[0]), "cached archive differs from pin")
     tool = "apt-get" if pin.kind == "debian" else "pip"
     return FetchResult(pin, "skipped", reason=f"{tool} not available")
   sep = "=" if pin.kind == "debian" else "=="
@@ -200,12 +209,38 @@ def fetch(pin: Pin, *, cache_dir: pathlib.Path,
   if archive is not None:
     return FetchResult(pin, "downloaded",
                        archive_version(archive, kind=pin.kind), str(archive))
+  if pin.kind == "debian":
+    error += (" (if the version is a security or point-release update, "
+              "run apt-get update as root and build again)")
+  if cached:
+    return FetchResult(pin, "fallback",
+                       archive_version(cached[0], kind=pin.kind),
+                       str(cached[0]), f"pinned version failed: {error}; "
+                       "the cached version was used")
   archive, error2 = _try_download(pin, pin.name, directory)
   if archive is None:
     return FetchResult(pin, "skipped",
                        reason=f"pinned: {error}; current: {error2}")
   return FetchResult(pin, "fallback", archive_version(archive, kind=pin.kind),
                      str(archive), reason=f"pinned version failed: {error}")
+
+
+def refresh_apt_lists() -> bool:
+  """Runs ``apt-get update`` (root only); whether it succeeded.
+
+  A machine's package lists may predate a Debian point or security release
+  (or lack the security suite): the pinned versions then look gone, and a
+  build would fall back to older archives and differ from the pinned
+  corpus. One refresh before giving up on a pin avoids that.
+  """
+  if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    return False
+  try:
+    proc = subprocess.run(["apt-get", "update", "-q"], capture_output=True,
+                          text=True, timeout=_DOWNLOAD_TIMEOUT_S, check=False)
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+  return proc.returncode == 0
 
 
 def apt_usable() -> tuple[bool, str]:

@@ -299,6 +299,37 @@ def test_recipe_with_cached_deb_and_wheel_and_skips(tmp_path):
   assert report["summary"]["pairs"] == 10
 
 
+def test_stale_apt_lists_are_refreshed_once_before_a_fallback(tmp_path,
+                                                            monkeypatch):
+  # The cache holds 1.0 from a build whose apt lists were stale; the pin is
+  # 2.0, which apt finds only after apt-get update.
+  cache, recipe = tmp_path / "cache", tmp_path / "recipe"
+  recipe.mkdir()
+  (recipe / "recipe_debian.txt").write_text("fake-l10n=2.0\n")
+  (recipe / "recipe_pypi.txt").write_text("")
+  (cache / "downloads" / "debian").mkdir(parents=True)
+  _fake_deb(cache / "downloads" / "debian", "fake-l10n", "1.0")
+  (tmp_path / "mirror").mkdir()
+  newer = _fake_deb(tmp_path / "mirror", "fake-l10n", "2.0")
+  updates = []
+
+  def fake_command(pin, spec, dest):
+    del pin
+    if spec.endswith("=2.0") and updates:
+      return ["cp", str(newer), str(dest)]
+    return ["sh", "-c", "echo \"E: Version '2.0' was not found\" >&2; exit 100"]
+  monkeypatch.setattr(sources, "_download_command", fake_command)
+  monkeypatch.setattr(sources, "apt_usable", lambda: (True, ""))
+  monkeypatch.setattr(sources, "refresh_apt_lists",
+                      lambda: updates.append(1) or True)
+  report = corpus.build_corpus(corpus.BuildConfig(
+      output_dir=tmp_path / "out", cache_dir=cache, recipe_dir=recipe,
+      use_apt=True, workers=1, split_keys=None))
+  (source,) = report["sources"]
+  assert (source["status"], source["version_used"]) == ("downloaded", "2.0")
+  assert report["apt_lists_refreshed"] is True and len(updates) == 1
+
+
 def test_fetch_falls_back_to_current_version(tmp_path, monkeypatch):
   def fake_command(pin, spec, dest):
     del dest
@@ -312,6 +343,46 @@ def test_fetch_falls_back_to_current_version(tmp_path, monkeypatch):
   assert "No matching distribution" in result.reason
   again = sources.fetch(pin, cache_dir=tmp_path, tool_available=True)
   assert again.archive == result.archive  # reused from the cache
+
+
+def test_a_cached_fallback_gives_way_to_the_pinned_version(tmp_path,
+                                                          monkeypatch):
+  # An earlier build fell back to 3.1 (e.g. apt's lists were stale); once
+  # the pinned 1.0 downloads again, the build uses it, not the cache's 3.1.
+  pinned_available = []
+
+  def fake_command(pin, spec, dest):
+    del dest
+    if "==" in spec and not pinned_available:
+      return ["sh", "-c", "echo 'No matching distribution' >&2; exit 1"]
+    version = "1.0" if "==" in spec else "3.1"
+    return ["sh", "-c", f"touch {pin.name}-{version}-py3-none-any.whl"]
+  monkeypatch.setattr(sources, "_download_command", fake_command)
+  pin = sources.Pin("pypi", "pkg", "1.0", "r.txt:1")
+  first = sources.fetch(pin, cache_dir=tmp_path, tool_available=True)
+  assert (first.status, first.version_used) == ("fallback", "3.1")
+  pinned_available.append(True)
+  second = sources.fetch(pin, cache_dir=tmp_path, tool_available=True)
+  assert (second.status, second.version_used) == ("downloaded", "1.0")
+  third = sources.fetch(pin, cache_dir=tmp_path, tool_available=True)
+  assert (third.status, third.archive) == ("cached", second.archive)
+  # Without the download tool the pinned archive in the cache still wins.
+  offline = sources.fetch(pin, cache_dir=tmp_path, tool_available=False)
+  assert (offline.status, offline.version_used) == ("cached", "1.0")
+
+
+def test_a_debian_pin_that_fails_suggests_apt_get_update(tmp_path,
+                                                         monkeypatch):
+  def fake_command(pin, spec, dest):
+    del pin, dest
+    if "=" in spec:
+      return ["sh", "-c", "echo \"E: Version '2' was not found\" >&2; exit 100"]
+    return ["sh", "-c", "touch pkg_1_all.deb"]
+  monkeypatch.setattr(sources, "_download_command", fake_command)
+  result = sources.fetch(sources.Pin("debian", "pkg", "2", "r.txt:1"),
+                         cache_dir=tmp_path, tool_available=True)
+  assert (result.status, result.version_used) == ("fallback", "1")
+  assert "apt-get update" in result.reason and "was not found" in result.reason
 
 
 def test_recipe_errors_name_file_and_line(tmp_path):

@@ -392,6 +392,13 @@ class ModelConfig:
       router and the loss stay float32.
     init_scale: truncated-normal init with sigma = sqrt(init_scale / fan_in)
       (Switch recommends 0.1).
+    ffn_output_scale: a constant multiplying the output of every dense
+      (not MoE, not shared-expert) feed-forward layer (1: the plain FFN). A control, not a recipe default:
+      an MoE whose k of E experts share the dense FFN's hidden units
+      weights each expert's output by a gate that sums to 1 over the k, so
+      with top-E it is the dense FFN with each block scaled by about 1/E;
+      the dense FFN at ``1/E`` separates that scale from the per-token
+      choice of the gates.
     max_length: longest sequence the positional encoding is built for.
     moe: the Mixture-of-Experts settings.
   """
@@ -409,6 +416,7 @@ class ModelConfig:
   activation_dtype: str = dataclasses.field(
       default="float32", metadata=flagutil.metadata(enum=ACTIVATION_DTYPES))
   init_scale: float = 1.0
+  ffn_output_scale: float = 1.0
   max_length: int = 512
   moe: MoeConfig = dataclasses.field(default_factory=MoeConfig)
 
@@ -427,6 +435,9 @@ class ModelConfig:
              self.activation_dtype, f"choose one of {', '.join(ACTIVATION_DTYPES)}")
     _require(self.init_scale > 0, "init_scale", self.init_scale,
              "use a positive scale (1.0 is standard, Switch uses 0.1)")
+    _require(self.ffn_output_scale > 0, "ffn_output_scale",
+             self.ffn_output_scale,
+             "use a positive factor (1.0: the plain feed-forward layer)")
 
   @property
   def moe_init_scale(self) -> float:

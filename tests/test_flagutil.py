@@ -28,6 +28,7 @@ NON_DEFAULT = {
     "num_decoder_layers": 1, "dropout_rate": 0.25,
     "attention_dropout_rate": 0.05, "activation_dtype": "bfloat16",
     "init_scale": 0.1, "max_length": 77, "num_experts": 6,
+    "ffn_output_scale": 0.125,
     "expert_hidden_dim": 40, "moe_layer_interval": 3, "moe_layer_offset": 2,
     "router": "topk", "num_selected_experts": 3,
     "second_expert_policy": "sampling", "group_size": 33,

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from m4moe import config as config_lib
 from m4moe.model import layers
+from m4moe.model import transformer
 
 SEED = tf.constant([3, 4], tf.int32)
 
@@ -259,6 +261,39 @@ def test_dense_ffn_is_wo_relu_wi():
   np.testing.assert_allclose(ffn(tf.constant(x)).numpy(), want, rtol=1e-5,
                              atol=1e-6)
   assert ffn(tf.constant(x, tf.bfloat16)).dtype == tf.bfloat16
+
+
+def test_dense_ffn_output_scale_scales_output_and_gradients():
+  # y = s * wo . relu(wi . x): the value and every gradient are s times the
+  # plain layer's (NumPy reference for the value).
+  plain = layers.DenseFfn(d_model=3, d_ff=5, init_scale=1.0)
+  scaled = layers.DenseFfn(d_model=3, d_ff=5, init_scale=1.0,
+                           output_scale=0.125)
+  scaled.wi.assign(plain.wi)
+  scaled.wo.assign(plain.wo)
+  x = tf.constant(np.random.default_rng(2).normal(size=(2, 4, 3)),
+                  tf.float32)
+  want = np.maximum(x.numpy() @ plain.wi.numpy(), 0) @ plain.wo.numpy()
+  np.testing.assert_allclose(scaled(x).numpy(), 0.125 * want, rtol=1e-5,
+                             atol=1e-6)
+  grads = []
+  for ffn in (plain, scaled):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(ffn(x) * x)
+    grads.append(tape.gradient(loss, [ffn.wi, ffn.wo]))
+  for g_plain, g_scaled in zip(*grads):
+    np.testing.assert_allclose(g_scaled.numpy(), 0.125 * g_plain.numpy(),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_ffn_output_scale_is_validated_and_reaches_the_dense_layers():
+  with pytest.raises(ValueError, match="ffn_output_scale"):
+    config_lib.ModelConfig(ffn_output_scale=0.0)
+  cfg = config_lib.ModelConfig(ffn_output_scale=0.25, num_encoder_layers=1,
+                               num_decoder_layers=1)
+  model = transformer.Transformer(config=cfg)
+  ffns = [m for m in model.submodules if isinstance(m, layers.DenseFfn)]
+  assert len(ffns) == 2 and all(f.output_scale == 0.25 for f in ffns)
 
 
 def test_embedding_lookup_scale_and_tied_logits():

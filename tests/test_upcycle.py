@@ -211,6 +211,9 @@ def test_config_problems_name_the_flag_to_set():
   assert upcycle.config_problems(config=_configs()[1], dense=dense_config) == []
   assert "MoE run" in upcycle.config_problems(
       config=moe_config, dense=moe_config)[0]
+  scaled = dataclasses.replace(dense_config, ffn_output_scale=0.125)
+  assert any("--ffn_output_scale=1" in p for p in upcycle.config_problems(
+      config=_configs()[1], dense=scaled))
 
 
 def test_plan_lists_every_unmatched_variable():

@@ -441,13 +441,16 @@ class DenseFfn(tf.Module):
   Weights: ``wi`` <float32>[M, F], ``wo`` <float32>[F, M]. On a mesh with a
   ``model`` axis F is split over it (``wi`` column-split, ``wo`` row-split;
   :func:`tensor_parallel`): one all-reduce per block, at ``wo``.
+  ``output_scale`` multiplies the output (``ModelConfig.ffn_output_scale``).
   """
 
   def __init__(self, *, d_model: int, d_ff: int, init_scale: float,
                name: str = "ffn",
-               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING):
+               sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING,
+               output_scale: float = 1.0):
     super().__init__(name=name)
     self.sharding = sharding
+    self.output_scale = output_scale
     with self.name_scope:
       self.wi = init_variable([d_model, d_ff], fan_in=d_model,
                               scale=init_scale, name="wi")
@@ -464,6 +467,8 @@ class DenseFfn(tf.Module):
     h = tf.nn.relu(tf.einsum("BLM,MF->BLF", x, wi))
     h = tensor_parallel(h, sharding=shard, model_dim=2, name="ffn_hidden")
     out = tf.einsum("BLF,FM->BLM", h, wo)
+    if self.output_scale != 1.0:
+      out = out * tf.cast(self.output_scale, out.dtype)
     # The row-split projection's partial sums: the block's one all-reduce.
     return tensor_parallel(out, sharding=shard, model_dim=None,
                            name="ffn_output")

@@ -207,7 +207,8 @@ def _make_ffn(config: ModelConfig, index: int, *, causal: bool,
                     sharding=sharding)
   return layers.DenseFfn(d_model=config.d_model, d_ff=config.d_ff,
                          init_scale=config.init_scale, name="ffn",
-                         sharding=sharding)
+                         sharding=sharding,
+                         output_scale=config.ffn_output_scale)
 
 
 def _attention(config: ModelConfig, name: str,

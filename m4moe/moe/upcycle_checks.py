@@ -43,4 +43,9 @@ def config_problems(*, config: config_lib.ModelConfig,
         f"--expert_hidden_dim={config.moe.expert_hidden_dim} differs from "
         f"the dense run's --d_ff={dense.d_ff}: each expert starts as a copy "
         f"of the dense FFN, set --expert_hidden_dim={dense.d_ff}")
+  if dense.ffn_output_scale != 1.0:
+    problems.append(
+        f"the --init_from_dense run scales its FFN outputs "
+        f"(--ffn_output_scale={dense.ffn_output_scale}), which copied "
+        "experts would not: upcycle from a run with --ffn_output_scale=1")
   return problems

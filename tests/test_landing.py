@@ -1,5 +1,6 @@
 """m4moe.pipeline.landing: landed runs survive a lost run directory."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -26,7 +27,18 @@ def test_land_copies_finished_scored_runs_and_skips_the_rest(tmp_path):
   assert skipped == ["b_s1 (no dev eval yet)",
                      "c_s1 (training not finished)"]
   assert sorted(p.name for p in (out / "a_s1").iterdir()) == [
-      "eval_dev.json", "metrics.jsonl", "train_stage.json"]
+      "eval_dev.json", "inputs.sha256", "metrics.jsonl", "train_stage.json"]
+  # No corpus here: an empty manifest; with one, sha256sum lines.
+  assert (out / "a_s1" / "inputs.sha256").read_text() == ""
+  (run_dir / "corpus" / "train").mkdir(parents=True)
+  (run_dir / "corpus" / "train" / "de.tsv").write_bytes(b"a\tb\n")
+  (run_dir / "vocab").mkdir()
+  (run_dir / "vocab" / "source.model").write_bytes(b"x")
+  landing.land(run_dir, out)
+  assert (out / "a_s1" / "inputs.sha256").read_text() == (
+      f"{hashlib.sha256(b'a' + bytes([9]) + b'b' + bytes([10])).hexdigest()}"
+      "  corpus/train/de.tsv\n"
+      f"{hashlib.sha256(b'x').hexdigest()}  vocab/source.model\n")
   assert ((out / "a_s1" / "metrics.jsonl").read_bytes() ==
           (run_dir / "models" / "a_s1" / "metrics.jsonl").read_bytes())
   assert not (out / "b_s1").exists() and not (out / "c_s1").exists()

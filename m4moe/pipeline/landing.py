@@ -10,8 +10,10 @@ results folder, one directory per run::
   python3 -m m4moe.pipeline.landing --run_dir=runs/study3 \
       --runs='*_s1' --output=results/study/v3/runs
 
-writes ``<output>/<run>/metrics.jsonl``, ``eval_dev.json`` and
-``train_stage.json`` for every run whose training finished (its stage
+writes ``<output>/<run>/metrics.jsonl``, ``eval_dev.json``,
+``train_stage.json`` and ``inputs.sha256`` (``sha256sum`` lines of the run
+directory's ``corpus/`` and ``vocab/`` files, so a later run can be checked
+to have trained on the same bytes) for every run whose training finished (its stage
 record exists) and whose dev eval has been written, and prints the runs it
 skipped and why. Files are replaced atomically; nothing else under
 ``--output`` is touched.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import hashlib
 import pathlib
 import shutil
 from typing import Sequence
@@ -41,6 +44,23 @@ from m4moe import cli
 METRICS = "metrics.jsonl"
 EVAL_DEV = "eval_dev.json"
 TRAIN_RECORD = "train_stage.json"
+INPUTS = "inputs.sha256"
+# What a run directory's runs are built from.
+INPUT_DIRS = ("corpus", "vocab")
+
+
+def sha256(path: pathlib.Path) -> str:
+  with path.open("rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def input_digests(run_dir: pathlib.Path) -> dict[str, str]:
+  """Relative path -> sha256 of every file under the run directory's
+  ``corpus/`` and ``vocab/`` (sorted by path)."""
+  names = sorted(str(path.relative_to(run_dir))
+                 for sub in INPUT_DIRS if (run_dir / sub).is_dir()
+                 for path in (run_dir / sub).rglob("*") if path.is_file())
+  return {name: sha256(run_dir / name) for name in names}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,6 +118,8 @@ def land(run_dir: pathlib.Path, output: pathlib.Path, *,
   """
   files = RunFiles(run_dir=run_dir)
   landed, skipped = [], []
+  inputs = "".join(f"{digest}  {name}\n"
+                   for name, digest in input_digests(run_dir).items())
   models = run_dir / "models"
   names = sorted(p.name for p in models.iterdir()) if models.is_dir() else []
   for run in names:
@@ -112,6 +134,9 @@ def land(run_dir: pathlib.Path, output: pathlib.Path, *,
     # The training record last: a landed record means its logs are there.
     _copy(files.metrics(run), output / run / METRICS)
     _copy(files.eval_dev(run), output / run / EVAL_DEV)
+    tmp = output / run / (INPUTS + ".landing")
+    tmp.write_text(inputs, encoding="utf-8")
+    tmp.replace(output / run / INPUTS)
     _copy(files.train_record(run), output / run / TRAIN_RECORD)
     landed.append(run)
   return landed, skipped

@@ -42,7 +42,6 @@ copied)::
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import pathlib
 import shutil
 import sys
@@ -52,20 +51,13 @@ from absl import app
 from absl import flags
 
 from m4moe import jsonfile
+from m4moe.pipeline import landing
 
 _SPLITS = ("eval", "eval_ood")
-# What a run directory's runs are built from: byte-identical in both
-# directories, or a copied run would not be the run the recipe would train.
-_INPUT_DIRS = ("corpus", "vocab")
 # Files of a model directory holding paths (rewritten when copied); the
 # trainer's lock names the process that held it and is not copied.
 _TEXT_SUFFIXES = (".json", ".jsonl")
 _NOT_COPIED = ("train.lock",)
-
-
-def _sha256(path: pathlib.Path) -> str:
-  with path.open("rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def check_inputs(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
@@ -80,7 +72,7 @@ def check_inputs(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
     if not sep or len(digest) != 64:
       raise ValueError(f"{manifest}:{number}: not a sha256sum line: {line!r}")
     path = run_dir / name
-    if not path.is_file() or _sha256(path) != digest:
+    if not path.is_file() or landing.sha256(path) != digest:
       bad.append(name)
   return bad
 
@@ -178,16 +170,10 @@ def differing_inputs(source: pathlib.Path, run_dir: pathlib.Path
                      ) -> list[str]:
   """Files under ``corpus/`` and ``vocab/`` of either run directory that
   the other lacks or holds with other bytes (relative paths, sorted)."""
-  names = set()
-  for root in (source, run_dir):
-    for sub in _INPUT_DIRS:
-      if (root / sub).is_dir():
-        names |= {str(path.relative_to(root))
-                  for path in (root / sub).rglob("*") if path.is_file()}
-  return sorted(
-      name for name in names
-      if not (source / name).is_file() or not (run_dir / name).is_file()
-      or _sha256(source / name) != _sha256(run_dir / name))
+  mine, theirs = (landing.input_digests(source),
+                  landing.input_digests(run_dir))
+  return sorted(name for name in set(mine) | set(theirs)
+                if mine.get(name) != theirs.get(name))
 
 
 def finished_runs(source: pathlib.Path) -> list[str]:

@@ -12,8 +12,25 @@ _MINIMAL = recipe_fixtures.MINIMAL
 
 
 def test_packaged_recipes_are_the_documented_ones():
-  assert recipes_lib.packaged_names() == ["demo", "smoke", "study",
+  assert recipes_lib.packaged_names() == ["demo", "smoke", "study", "study3",
                                           "study3_baselines", "study3_screen"]
+
+
+def test_study3_confirmation_dense_is_the_baselines_recipes_dense(tmp_path):
+  # Seed 1 of the confirmation's dense model is copied from
+  # study3_baselines (restore --from_run_dir --recipe=study3), which
+  # requires the same training command, and the same corpus and vocab.
+  commands = {
+      name: {stage.name: stage.command()[1:] for stage in plan_lib.plan(
+          recipes_lib.load_recipe(name), run_dir=tmp_path,
+          cache_dir=tmp_path / "cache")}
+      for name in ("study3", "study3_baselines")}
+  for stage in ("corpus", "vocab", "train_dense_lr4x_s1"):
+    assert commands["study3"][stage] == commands["study3_baselines"][stage]
+  confirm = {m.name: m for m in recipes_lib.load_recipe("study3").models}
+  # Every confirmation model trains the same fixed budget (equal steps).
+  assert {m.train_steps for m in confirm.values()} == {3000}
+  assert all(m.early_stopping_patience == 0 for m in confirm.values())
 
 
 def test_demo_recipe_values_come_from_its_file():

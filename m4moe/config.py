@@ -119,6 +119,11 @@ class MoeConfig:
       training, each real token's whole MoE output (routed plus shared) is
       zeroed with this probability and kept tokens are scaled by
       1/(1 - rate); separate from ``expert_dropout_rate``.
+    expert_output_scale: a constant multiplying the routed experts'
+      combined output (before the shared experts are added; 1: GShard's
+      combine). The MoE's side of ``ModelConfig.ffn_output_scale``: with
+      renormalised gates the routed output is already a gate-weighted
+      mean, so tuning a dense FFN's scale calls for tuning this one too.
 
   Router techniques (``docs/moe_techniques.md``):
     renormalize_combine_weights: ``topk`` only: a token's combine weights
@@ -160,6 +165,7 @@ class MoeConfig:
   num_shared_experts: int = 0
   shared_expert_hidden_dim: int = 0
   expert_output_mask_rate: float = 0.0
+  expert_output_scale: float = 1.0
   # --- Router techniques (docs/moe_techniques.md). ---
   renormalize_combine_weights: bool = True
   batch_prioritized_routing: bool = False
@@ -258,6 +264,9 @@ class MoeConfig:
              "width")
     _require(0 <= self.expert_output_mask_rate < 1, "expert_output_mask_rate",
              self.expert_output_mask_rate, "use a rate in [0, 1)")
+    _require(self.expert_output_scale > 0, "expert_output_scale",
+             self.expert_output_scale,
+             "use a positive factor (1.0: GShard's combine)")
     if self.train_capacity_factor == 0:
       _require(self.dispatch == "sorted", "train_capacity_factor",
                self.train_capacity_factor,

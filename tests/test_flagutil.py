@@ -39,6 +39,7 @@ NON_DEFAULT = {
     "renormalize_combine_weights": False, "batch_prioritized_routing": True,
     "bias_balancing_rate": 0.01, "num_shared_experts": 2,
     "shared_expert_hidden_dim": 24, "expert_output_mask_rate": 0.1,
+    "expert_output_scale": 0.5,
     "dispatch": "index",
     # --route_by=language needs --eval_capacity_factor=0 (the default), so it
     # cannot join the non-defaults here; test_task_routing.py round-trips it.

@@ -52,12 +52,12 @@ def _relu(a):
   return np.maximum(a, 0.0)
 
 
-def reference(x, mask, keep, *, wg, wi, wo, swi=None, swo=None):
+def reference(x, mask, keep, *, wg, wi, wo, swi=None, swo=None, scale=1.0):
   """NumPy MoE layer, top-2 with the ``all`` policy and no drops.
 
   Each real token: gates = softmax(x wg); its two best experts e1, e2 with
-  weights g / (g1 + g2); output sum_k w_k FFN_ek(x) + the shared FFN,
-  times ``keep`` (output masking). Padding: 0.
+  weights g / (g1 + g2); output scale * sum_k w_k FFN_ek(x) + the shared
+  FFN, times ``keep`` (output masking). Padding: 0.
   """
   out = np.zeros_like(x)
   for index in np.ndindex(mask.shape):
@@ -69,19 +69,20 @@ def reference(x, mask, keep, *, wg, wi, wo, swi=None, swo=None):
     gates /= gates.sum()
     top = np.argsort(-gates, kind="stable")[:2]
     weights = gates[top] / gates[top].sum()
-    y = sum(w * (_relu(t @ wi[e]) @ wo[e]) for w, e in zip(weights, top))
+    y = scale * sum(w * (_relu(t @ wi[e]) @ wo[e])
+                    for w, e in zip(weights, top))
     if swi is not None:
       y = y + _relu(t @ swi) @ swo
     out[index] = keep[index] * y
   return out
 
 
-def reference_gradients(x, mask, keep, probe, weights, eps=1e-6):
+def reference_gradients(x, mask, keep, probe, weights, eps=1e-6, scale=1.0):
   """Central differences of sum(reference * probe) in float64."""
   args = {"x": x, **weights}
 
   def loss():
-    return np.sum(reference(args["x"], mask, keep,
+    return np.sum(reference(args["x"], mask, keep, scale=scale,
                             **{k: v for k, v in args.items() if k != "x"})
                   * probe)
 
@@ -116,12 +117,13 @@ def _layer_values_and_gradients(layer, x, mask, probe, *, training):
   return out, {n: tf.convert_to_tensor(g).numpy() for n, g in zip(names, grads)}
 
 
-def _compare(layer, x, mask, keep, *, training):
+def _compare(layer, x, mask, keep, *, training, scale=1.0):
   probe = np.random.default_rng(5).normal(size=x.shape)
   weights = _weights(layer)
-  want = reference(x, mask, keep, **weights)
+  want = reference(x, mask, keep, scale=scale, **weights)
   want_grads = reference_gradients(x.copy(), mask, keep, probe,
-                                   {k: v.copy() for k, v in weights.items()})
+                                   {k: v.copy() for k, v in weights.items()},
+                                   scale=scale)
   out, grads = _layer_values_and_gradients(layer, x, mask, probe,
                                            training=training)
   np.testing.assert_allclose(out.outputs.numpy(), want, rtol=1e-5, atol=1e-5)
@@ -145,6 +147,18 @@ def test_shared_experts_equal_the_numpy_reference(dispatch):
   routed_only = reference(x, mask, np.ones(mask.shape), wg=weights["wg"],
                           wi=weights["wi"], wo=weights["wo"])
   assert np.abs(out.outputs.numpy() - routed_only).max() > 1e-2
+
+
+@pytest.mark.parametrize("dispatch", PATHS)
+def test_expert_output_scale_equals_the_numpy_reference(dispatch):
+  # The routed output is scaled, the shared experts' output is not.
+  layer = make_layer(dispatch=dispatch, num_shared_experts=1,
+                     shared_expert_hidden_dim=3, expert_output_scale=0.25)
+  x, mask = _batch()
+  out = _compare(layer, x, mask, np.ones(mask.shape), training=True,
+                 scale=0.25)
+  unscaled = reference(x, mask, np.ones(mask.shape), **_weights(layer))
+  assert np.abs(out.outputs.numpy() - unscaled).max() > 1e-2
 
 
 def test_shared_expert_width_defaults_to_the_expert_width():
@@ -265,6 +279,7 @@ def test_dropless_training_drops_nothing_and_equals_a_large_capacity():
     (dict(num_shared_experts=-1), "--num_shared_experts"),
     (dict(shared_expert_hidden_dim=-2), "--shared_expert_hidden_dim"),
     (dict(expert_output_mask_rate=1.0), "--expert_output_mask_rate"),
+    (dict(expert_output_scale=0.0), "--expert_output_scale"),
 ])
 def test_bad_feature_flags_name_the_flag_and_the_fix(kwargs, match):
   with pytest.raises(ConfigError, match=match):

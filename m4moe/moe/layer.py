@@ -802,7 +802,8 @@ class MoeLayer(tf.Module):
   def _shared_and_masked(self, combined: tf.Tensor, grouped: tf.Tensor,
                          grouped_mask: tf.Tensor, *, training: bool,
                          seed: tf.Tensor | None) -> tf.Tensor:
-    """Adds the shared experts and applies expert output masking.
+    """Scales the routed output, adds the shared experts and applies
+    expert output masking.
 
     Args:
       combined: <dtype>[G, S, M] the routed experts' combined outputs.
@@ -817,6 +818,8 @@ class MoeLayer(tf.Module):
       group as the routers' draws are.
     """
     moe = self.config.moe
+    if moe.expert_output_scale != 1.0:
+      combined *= tf.cast(moe.expert_output_scale, combined.dtype)
     if self.shared_experts is not None:
       real = tf.cast(grouped_mask > 0, combined.dtype)[..., tf.newaxis]
       combined += self.shared_experts(grouped) * real

@@ -25,7 +25,7 @@ def test_study3_confirmation_dense_is_the_baselines_recipes_dense(tmp_path):
           recipes_lib.load_recipe(name), run_dir=tmp_path,
           cache_dir=tmp_path / "cache")}
       for name in ("study3", "study3_baselines")}
-  for stage in ("corpus", "vocab", "train_dense_lr4x_s1"):
+  for stage in ("corpus", "vocab", "train_dense_lr4x_ffn8th_s1"):
     assert commands["study3"][stage] == commands["study3_baselines"][stage]
   confirm = {m.name: m for m in recipes_lib.load_recipe("study3").models}
   # Every confirmation model trains the same fixed budget (equal steps).

@@ -102,3 +102,91 @@ def test_the_tool_lands_and_reports_what_it_skipped(tmp_path):
       capture_output=True, text=True, timeout=120, check=False)
   assert missing.returncode != 0 and "holds no models/" in missing.stderr
   assert not (tmp_path / "o2").exists()
+
+
+def _record(path, stage, *args):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({"stage": stage, "command": [
+      "/venv/bin/python3", "-m", "m4moe.cli.x", *args], "seconds": 1.0}))
+
+
+def _tested_run_dir(run_dir, runs_and_splits):
+  """A run directory with a corpus and vocabulary, a corpus record, a
+  report, and for each run its training log and the given test evals."""
+  (run_dir / "corpus" / "test").mkdir(parents=True)
+  (run_dir / "corpus" / "test" / "pt.tsv").write_text("o\tx\n")
+  (run_dir / "vocab").mkdir()
+  (run_dir / "vocab" / "source.vocab").write_text("spm")
+  _record(run_dir / "stages" / "corpus.json", "corpus",
+          f"--output_dir={run_dir}/corpus")
+  (run_dir / "report").mkdir()
+  (run_dir / "report" / "report.md").write_text("# report\n")
+  for run, splits in runs_and_splits.items():
+    (run_dir / "models" / run).mkdir(parents=True)
+    (run_dir / "models" / run / "metrics.jsonl").write_text(
+        json.dumps({"kind": "end", "reason": "done"}) + "\n")
+    (run_dir / "models" / run / "ckpt-1.index").write_text("weights")
+    _record(run_dir / "stages" / f"train_{run}.json", f"train_{run}",
+            f"--model_dir={run_dir}/models/{run}")
+    for split in splits:
+      (run_dir / split / run).mkdir(parents=True)
+      (run_dir / split / run / "pt.hyp").write_text(f"{run} {split}\n")
+      (run_dir / split / f"{run}.json").write_text(json.dumps(
+          {"metadata": {"hypotheses_dir": f"{run_dir}/{split}/{run}"},
+           "languages": {"pt": {"num_segments": 1}}}))
+      _record(run_dir / "stages" / f"{split}_{run}.json", f"{split}_{run}",
+              f"--output={run_dir}/{split}/{run}.json")
+
+
+def test_tested_runs_land_in_the_layout_restore_reads_back(tmp_path):
+  from m4moe.pipeline import restore  # pylint: disable=import-outside-toplevel
+  old, out = tmp_path / "old", tmp_path / "confirm"
+  _tested_run_dir(old, {"a_s1": ("eval", "eval_ood"), "b_s1": ("eval",),
+                        "c_s1": ()})
+  landed, skipped = landing.land_tested(old, out)
+  assert landed == ["a_s1"]
+  assert skipped == ["b_s1 (no eval_ood record yet)",
+                     "c_s1 (no eval or eval_ood record yet)"]
+  assert (out / "eval_ood" / "a_s1" / "pt.hyp").read_text() == "a_s1 eval_ood\n"
+  assert (out / "report" / "report.md").read_text() == "# report\n"
+  assert not (out / "metrics" / "b_s1.jsonl").exists()
+  assert not list(out.rglob("ckpt*")) and not list(out.rglob("*.landing"))
+  # A new machine: same corpus bytes, nothing trained; restore puts a back.
+  new = tmp_path / "new"
+  for name in ("corpus/test/pt.tsv", "vocab/source.vocab"):
+    (new / name).parent.mkdir(parents=True, exist_ok=True)
+    (new / name).write_bytes((old / name).read_bytes())
+  assert restore.check_inputs(out, new) == []
+  assert restore.restore(out, new) == ["a_s1"]
+  evaluation = json.loads((new / "eval_ood" / "a_s1.json").read_text())
+  assert evaluation["metadata"]["hypotheses_dir"] == f"{new}/eval_ood/a_s1"
+  assert (new / "stages" / "eval_a_s1.json").is_file()
+  # Runs on other corpus bytes are refused, and nothing is copied.
+  (old / "vocab" / "source.vocab").write_text("another vocabulary")
+  _record(old / "stages" / "eval_ood_b_s1.json", "eval_ood_b_s1")
+  try:
+    landing.land_tested(old, out)
+    raise AssertionError("other inputs were landed")
+  except ValueError as e:
+    assert "differ from" in str(e) and "another --output" in str(e)
+  assert not (out / "metrics" / "b_s1.jsonl").exists()
+
+
+def test_the_tool_lands_tested_runs_and_names_a_missing_corpus_record(
+    tmp_path):
+  run_dir = tmp_path / "run"
+  _tested_run_dir(run_dir, {"a_s1": ("eval", "eval_ood")})
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.landing", "--tested",
+       f"--run_dir={run_dir}", f"--output={tmp_path / 'out'}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr
+  assert "1 run(s) copied" in proc.stdout and "a_s1" in proc.stdout
+  (run_dir / "stages" / "corpus.json").unlink()
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.landing", "--tested",
+       f"--run_dir={run_dir}", f"--output={tmp_path / 'o2'}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode != 0
+  assert "corpus.json does not exist" in proc.stderr
+  assert not (tmp_path / "o2").exists()

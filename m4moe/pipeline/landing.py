@@ -24,6 +24,24 @@ tools), so a table regenerated on a new machine keeps every landed run
 beside the ones trained there. The run directory itself is never seeded
 with landed records: ``m4moe-run`` trusts its stage records, and a landed
 record is not a checkpoint it could resume or decode from.
+
+A recipe that reads the test splits (a confirmation) needs more of a run:
+its decoded hypotheses, for the report's paired bootstrap. ``--tested``
+lands each run whose training and every test eval (``eval`` and
+``eval_ood``) finished, in the layout :mod:`m4moe.pipeline.restore`
+reads back (``--results``)::
+
+  python3 -m m4moe.pipeline.landing --tested --run_dir=runs/study3c \
+      --output=results/study/v3/confirm
+
+writes ``stages/`` (the corpus record and each run's train and eval
+records), ``metrics/<run>.jsonl``, ``<split>/<run>.json`` with the
+hypotheses in ``<split>/<run>/``, the run directory's ``report*/``
+folders and ``inputs.sha256``; it refuses a run directory whose corpus or
+vocabularies differ from a manifest already there (runs on other bytes
+must not be pooled). On a new machine ``restore --results`` puts the
+runs back, so ``m4moe-run`` trains only the rest and the report still
+has every run's hypotheses.
 """
 
 from __future__ import annotations
@@ -47,6 +65,10 @@ TRAIN_RECORD = "train_stage.json"
 INPUTS = "inputs.sha256"
 # What a run directory's runs are built from.
 INPUT_DIRS = ("corpus", "vocab")
+# A confirmation's test evals: their stage names, output JSONs and
+# hypothesis folders (``<split>_<run>.json``, ``<split>/<run>.json``,
+# ``<split>/<run>/``).
+TEST_SPLITS = ("eval", "eval_ood")
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -118,8 +140,7 @@ def land(run_dir: pathlib.Path, output: pathlib.Path, *,
   """
   files = RunFiles(run_dir=run_dir)
   landed, skipped = [], []
-  inputs = "".join(f"{digest}  {name}\n"
-                   for name, digest in input_digests(run_dir).items())
+  inputs = _manifest(run_dir)
   models = run_dir / "models"
   names = sorted(p.name for p in models.iterdir()) if models.is_dir() else []
   for run in names:
@@ -142,6 +163,76 @@ def land(run_dir: pathlib.Path, output: pathlib.Path, *,
   return landed, skipped
 
 
+def _manifest(run_dir: pathlib.Path) -> str:
+  return "".join(f"{digest}  {name}\n"
+                 for name, digest in input_digests(run_dir).items())
+
+
+def _land_inputs(run_dir: pathlib.Path, output: pathlib.Path) -> None:
+  """The manifest and the corpus record of ``run_dir`` into ``output``,
+  refusing a manifest there that names other bytes."""
+  corpus = run_dir / "stages" / "corpus.json"
+  if not corpus.is_file():
+    raise ValueError(f"{corpus} does not exist: land runs of a run "
+                     "directory whose corpus stage finished")
+  manifest, path = _manifest(run_dir), output / INPUTS
+  if path.is_file() and path.read_text(encoding="utf-8") != manifest:
+    raise ValueError(
+        f"{run_dir}'s corpus or vocabularies differ from {path}: its runs "
+        "trained on other bytes and are not pooled with the landed ones; "
+        "land them into another --output")
+  output.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".landing")
+  tmp.write_text(manifest, encoding="utf-8")
+  tmp.replace(path)
+  _copy(corpus, output / "stages" / "corpus.json")
+
+
+def _land_tested_run(run_dir: pathlib.Path, output: pathlib.Path,
+                     run: str) -> None:
+  _copy(run_dir / "models" / run / METRICS, output / "metrics" / f"{run}.jsonl")
+  for split in TEST_SPLITS:
+    _copy(run_dir / split / f"{run}.json", output / split / f"{run}.json")
+    hyps = run_dir / split / run
+    for hyp in sorted(hyps.glob("*.hyp")) if hyps.is_dir() else ():
+      _copy(hyp, output / split / run / hyp.name)
+  # The stage records last: a landed record means its outputs are there.
+  for stage in ("train", *TEST_SPLITS):
+    name = f"{stage}_{run}.json"
+    _copy(run_dir / "stages" / name, output / "stages" / name)
+
+
+def land_tested(run_dir: pathlib.Path, output: pathlib.Path, *,
+                patterns: Sequence[str] = ("*",)
+                ) -> tuple[list[str], list[str]]:
+  """Copies each run of ``run_dir`` matching ``patterns`` whose training
+  and test evals all finished to ``output`` in restore's layout, with the
+  run directory's ``report*/`` folders.
+
+  Returns:
+    (landed runs, skipped runs with the reason).
+  """
+  _land_inputs(run_dir, output)
+  landed, skipped = [], []
+  stages = run_dir / "stages"
+  for record in sorted(stages.glob("train_*.json")):
+    run = record.stem.removeprefix("train_")
+    if not any(fnmatch.fnmatchcase(run, p) for p in patterns):
+      continue
+    pending = [split for split in TEST_SPLITS
+               if not (stages / f"{split}_{run}.json").is_file()]
+    if pending:
+      skipped.append(f"{run} (no {' or '.join(pending)} record yet)")
+      continue
+    _land_tested_run(run_dir, output, run)
+    landed.append(run)
+  for report in sorted(run_dir.glob("report*")):
+    for path in sorted(report.rglob("*")) if report.is_dir() else ():
+      if path.is_file():
+        _copy(path, output / path.relative_to(run_dir))
+  return landed, skipped
+
+
 def _define_flags() -> None:
   """Defined only when the tool runs (other CLIs share these names)."""
   flags.DEFINE_string("run_dir", None, "Where the recipe ran.")
@@ -149,6 +240,10 @@ def _define_flags() -> None:
                     "these patterns (fnmatch, e.g. 'moe_*').")
   flags.DEFINE_string("output", None, "The results folder of landed runs, "
                       "e.g. results/study/v3/runs.")
+  flags.DEFINE_bool("tested", False, "Land the runs scored on the test "
+                    "splits (train, eval and eval_ood finished) with their "
+                    "hypotheses and the reports, in the layout "
+                    "`python3 -m m4moe.pipeline.restore --results` reads.")
 
 
 def main(argv: list[str]) -> None:
@@ -162,8 +257,12 @@ def main(argv: list[str]) -> None:
   if not (run_dir / "models").is_dir():
     raise app.UsageError(f"--run_dir={run_dir} holds no models/: name the "
                          "directory a recipe ran in")
-  landed, skipped = land(run_dir, pathlib.Path(values.output),
-                         patterns=values.runs)
+  how = land_tested if values.tested else land
+  try:
+    landed, skipped = how(run_dir, pathlib.Path(values.output),
+                          patterns=values.runs)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
   print(f"landing: {len(landed)} run(s) copied to {values.output}"
         + (f": {', '.join(landed)}" if landed else ""))
   if skipped:

@@ -53,7 +53,7 @@ from absl import flags
 from m4moe import jsonfile
 from m4moe.pipeline import landing
 
-_SPLITS = ("eval", "eval_ood")
+_SPLITS = landing.TEST_SPLITS
 # Files of a model directory holding paths (rewritten when copied); the
 # trainer's lock names the process that held it and is not copied.
 _TEXT_SUFFIXES = (".json", ".jsonl")

@@ -13,11 +13,18 @@ normalised white space, so decode(encode(text)) == text.
 
 Files written to ``output_dir``: ``source.model``/``.vocab``,
 ``target.model``/``.vocab`` and ``vocab.json`` (the config and languages).
+SentencePiece records in a ``.model`` the path prefix it was trained to;
+the models are trained in a temporary directory, so the prefix is cut to
+its file name: training the same text twice gives the same bytes (the
+runs' vocabulary fingerprint and the studies' input manifests compare
+bytes). :func:`model_digest` compares models written before that by
+what they hold.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -27,6 +34,7 @@ from typing import Iterable, Sequence
 
 from absl import logging
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from m4moe import errors
 from m4moe import flagutil
@@ -166,7 +174,26 @@ def train_sentencepiece(sentences: Iterable[str], *, model_prefix: pathlib.Path,
       hard_vocab_limit=False, num_threads=config.threads,
       minloglevel=2,
       max_sentence_length=8192, train_extremely_large_corpus=False)
-  return model_prefix.with_suffix(".model")
+  path = model_prefix.with_suffix(".model")
+  proto = _read_model(path)
+  proto.trainer_spec.model_prefix = model_prefix.name
+  path.write_bytes(proto.SerializeToString(deterministic=True))
+  return path
+
+
+def _read_model(path: pathlib.Path) -> sentencepiece_model_pb2.ModelProto:
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(path.read_bytes())
+  return proto
+
+
+def model_digest(path: pathlib.Path) -> str:
+  """sha256 of a ``.model`` with its recorded training prefix cut to the
+  file's stem: equal for models that hold the same pieces, normaliser and
+  trainer settings, wherever they were trained."""
+  proto = _read_model(path)
+  proto.trainer_spec.model_prefix = path.stem
+  return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
 
 
 def train_vocabularies(corpus_dir: pathlib.Path, output_dir: pathlib.Path, *,

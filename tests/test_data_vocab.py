@@ -92,3 +92,33 @@ def test_load_rejects_models_with_other_special_ids(tmp_path):
       model_prefix=str(tmp_path / "m"), vocab_size=60, minloglevel=2)
   with pytest.raises(ValueError, match=r"expected \(0, 1, 2, -1\)"):
     vocab.load(tmp_path / "m.model")
+
+
+def test_training_the_same_text_twice_gives_the_same_bytes(trained, tmp_path):
+  corpus_dir, paths, config = trained
+  again = vocab.train_vocabularies(corpus_dir, tmp_path / "elsewhere",
+                                   config=config)
+  for first, second in ((paths.source_model, again.source_model),
+                        (paths.target_model, again.target_model)):
+    assert first.read_bytes() == second.read_bytes()
+    assert vocab.model_digest(first) == vocab.model_digest(second)
+  # The recorded prefix is the file name, not the temporary directory.
+  proto = vocab.sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(paths.source_model.read_bytes())
+  assert proto.trainer_spec.model_prefix == "source"
+
+
+def test_model_digest_ignores_only_the_recorded_training_prefix(
+    trained, tmp_path):
+  _, paths, _ = trained
+  proto = vocab.sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(paths.target_model.read_bytes())
+  proto.trainer_spec.model_prefix = "/tmp/.tmp-abc123/target"
+  moved = tmp_path / "target.model"
+  moved.write_bytes(proto.SerializeToString())
+  assert moved.read_bytes() != paths.target_model.read_bytes()
+  assert vocab.model_digest(moved) == vocab.model_digest(paths.target_model)
+  # Another piece is another model.
+  proto.pieces[5].piece = proto.pieces[5].piece + "x"
+  moved.write_bytes(proto.SerializeToString())
+  assert vocab.model_digest(moved) != vocab.model_digest(paths.target_model)

@@ -33,12 +33,15 @@ def test_land_copies_finished_scored_runs_and_skips_the_rest(tmp_path):
   (run_dir / "corpus" / "train").mkdir(parents=True)
   (run_dir / "corpus" / "train" / "de.tsv").write_bytes(b"a\tb\n")
   (run_dir / "vocab").mkdir()
-  (run_dir / "vocab" / "source.model").write_bytes(b"x")
+  (run_dir / "vocab" / "source.vocab").write_bytes(b"x")
+  # Records of the builds, not inputs: left out of the manifest.
+  (run_dir / "corpus" / "report.json").write_text('{"seconds": 1}')
+  (run_dir / "vocab" / "vocab.lock").write_text('{"pid": 1}')
   landing.land(run_dir, out)
   assert (out / "a_s1" / "inputs.sha256").read_text() == (
       f"{hashlib.sha256(b'a' + bytes([9]) + b'b' + bytes([10])).hexdigest()}"
       "  corpus/train/de.tsv\n"
-      f"{hashlib.sha256(b'x').hexdigest()}  vocab/source.model\n")
+      f"{hashlib.sha256(b'x').hexdigest()}  vocab/source.vocab\n")
   assert ((out / "a_s1" / "metrics.jsonl").read_bytes() ==
           (run_dir / "models" / "a_s1" / "metrics.jsonl").read_bytes())
   assert not (out / "b_s1").exists() and not (out / "c_s1").exists()

@@ -11,9 +11,10 @@ results folder, one directory per run::
       --runs='*_s1' --output=results/study/v3/runs
 
 writes ``<output>/<run>/metrics.jsonl``, ``eval_dev.json``,
-``train_stage.json`` and ``inputs.sha256`` (``sha256sum`` lines of the run
-directory's ``corpus/`` and ``vocab/`` files, so a later run can be checked
-to have trained on the same bytes) for every run whose training finished (its stage
+``train_stage.json`` and ``inputs.sha256`` (``sha256sum``-style lines of
+the run directory's ``corpus/`` and ``vocab/`` files that runs read, so a
+later run can be checked to have trained on the same inputs; a
+SentencePiece model's line digests what it holds, :func:`input_digest`) for every run whose training finished (its stage
 record exists) and whose dev eval has been written, and prints the runs it
 skipped and why. Files are replaced atomically; nothing else under
 ``--output`` is touched.
@@ -57,6 +58,7 @@ from absl import app
 from absl import flags
 
 from m4moe import cli
+from m4moe.data import vocab
 
 # File names inside one landed run's directory.
 METRICS = "metrics.jsonl"
@@ -76,13 +78,30 @@ def sha256(path: pathlib.Path) -> str:
     return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def input_digest(path: pathlib.Path) -> str:
+  """sha256 of one input file; of a SentencePiece ``.model``, of what it
+  holds (:func:`m4moe.data.vocab.model_digest`: a model records the
+  temporary path it was trained to)."""
+  if path.suffix == ".model":
+    return vocab.model_digest(path)
+  return sha256(path)
+
+
+def _is_input(relative: pathlib.Path) -> bool:
+  """Whether a file under corpus/ or vocab/ is read by the runs (not a
+  record of the build: the corpus report with its timings, a lock)."""
+  return (relative.suffix != ".lock" and
+          relative != pathlib.Path("corpus", "report.json"))
+
+
 def input_digests(run_dir: pathlib.Path) -> dict[str, str]:
-  """Relative path -> sha256 of every file under the run directory's
-  ``corpus/`` and ``vocab/`` (sorted by path)."""
+  """Relative path -> digest (:func:`input_digest`) of every file the runs
+  read under the run directory's ``corpus/`` and ``vocab/`` (sorted)."""
   names = sorted(str(path.relative_to(run_dir))
                  for sub in INPUT_DIRS if (run_dir / sub).is_dir()
-                 for path in (run_dir / sub).rglob("*") if path.is_file())
-  return {name: sha256(run_dir / name) for name in names}
+                 for path in (run_dir / sub).rglob("*")
+                 if path.is_file() and _is_input(path.relative_to(run_dir)))
+  return {name: input_digest(run_dir / name) for name in names}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

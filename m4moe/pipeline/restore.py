@@ -72,7 +72,7 @@ def check_inputs(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
     if not sep or len(digest) != 64:
       raise ValueError(f"{manifest}:{number}: not a sha256sum line: {line!r}")
     path = run_dir / name
-    if not path.is_file() or landing.sha256(path) != digest:
+    if not path.is_file() or landing.input_digest(path) != digest:
       bad.append(name)
   return bad
 

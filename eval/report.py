@@ -346,6 +346,8 @@ def _training_blocks(logs: Mapping[str, pathlib.Path],
     cost_rows.append((
         model, _fmt_int(cost.devices),
         DASH if cost.steps_per_sec is None else f"{cost.steps_per_sec:.3g}",
+        DASH if cost.cpu_sec_per_step is None
+        else f"{cost.cpu_sec_per_step:.3g}",
         _fmt_int(cost.batch_tokens),
         DASH if cost.device_hours is None else f"{cost.device_hours:.3g}",
         DASH if cost.wall_hours is None else f"{cost.wall_hours:.3g}",
@@ -354,7 +356,12 @@ def _training_blocks(logs: Mapping[str, pathlib.Path],
     ce_rows.append((model, *(_fmt_int(reached[t]) for t in thresholds)))
   return [
       doc.Heading("Training cost (Table 3 style)"),
-      doc.Table(("model", "devices", "steps/s", "batch tokens",
+      doc.Paragraph("CPU s/step: the median CPU seconds (all threads) per "
+                    "step over the logged intervals, which other work on "
+                    "a shared core inflates less than steps/s; speeds of "
+                    "two models are best compared as ratios measured "
+                    "interleaved in one process (m4moe-bench)."),
+      doc.Table(("model", "devices", "steps/s", "CPU s/step", "batch tokens",
                  "device-hours", "wall hours", "steps", "tokens seen"),
                 tuple(cost_rows)),
       doc.Heading("Tokens to reach training cross-entropy (Table 2 style)"),

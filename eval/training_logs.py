@@ -33,6 +33,10 @@ class TrainingCost:
   Attributes:
     devices: devices (TPU cores in the paper; CPU replicas here).
     steps_per_sec: training steps per second.
+    cpu_sec_per_step: the median CPU seconds (all threads) per step over
+      the logged intervals; unlike steps/s not inflated by other work on a
+      shared core (None: logged before the trainer recorded
+      ``step_cpu_sec``).
     batch_tokens: tokens per batch.
     device_hours: devices x wall hours.
     wall_hours: first to last record.
@@ -42,6 +46,7 @@ class TrainingCost:
 
   devices: int | None
   steps_per_sec: float | None
+  cpu_sec_per_step: float | None
   batch_tokens: int | None
   device_hours: float | None
   wall_hours: float | None
@@ -135,6 +140,12 @@ def _steps_per_sec(train: Sequence[dict]) -> float | None:
   return float(statistics.median(s / t for s, t in deltas))
 
 
+def _cpu_sec_per_step(train: Sequence[dict]) -> float | None:
+  values = [r["step_cpu_sec"] for r in train
+            if _num(r.get("step_cpu_sec")) is not None]
+  return float(statistics.median(values)) if values else None
+
+
 def training_cost(records: Sequence[dict]) -> TrainingCost:
   """Summarises a run's metrics records."""
   train = _train_records(records)
@@ -147,6 +158,7 @@ def training_cost(records: Sequence[dict]) -> TrainingCost:
   tokens = [_tokens(r) for r in train if _tokens(r) is not None]
   return TrainingCost(
       devices=device_count, steps_per_sec=_steps_per_sec(train),
+      cpu_sec_per_step=_cpu_sec_per_step(train),
       batch_tokens=int(statistics.median(batch)) if batch else None,
       device_hours=(device_count * wall
                     if device_count and wall is not None else None),

@@ -152,6 +152,13 @@ def test_training_log_tables(tmp_path):
                 "step_time_sec": 0.5}, {"step": 30, "step_time_sec": 0.5}]
   assert training_logs.training_cost(slow_start).steps_per_sec == (
       pytest.approx(2.0))
+  # CPU seconds per step: the median of the intervals that logged one.
+  assert training_logs.training_cost(slow_start).cpu_sec_per_step is None
+  cpu = [{"step": 10, "step_cpu_sec": 4.0}, {"step": 20},
+         {"step": 30, "step_cpu_sec": 0.7}, {"step": 40, "step_cpu_sec": 0.9},
+         {"kind": "eval", "step": 40, "step_cpu_sec": 99.0}]
+  assert training_logs.training_cost(cpu).cpu_sec_per_step == (
+      pytest.approx(0.9))
   assert training_logs.tokens_to_reach(bare, [0.5]) == {0.5: 7}
 
 
@@ -207,7 +214,7 @@ def test_write_report_files_figure_and_tables(tmp_path):
   assert (f"| moe | {params} | 8 | 8 | {cost.num_experts_total(moe_config)}"
           f" | 24.8 | +3.2 |") in md
   assert "| dense | 123,456 | dense | 8 | – | 23.8 | +2.2 | metadata |" in md
-  assert "| moe | 2 | 2 | 100 |" in md           # Table 3 style
+  assert "| moe | 2 | 2 | – | 100 |" in md       # Table 3 style
   assert "| moe | 2,000 | 3,000 | – |" in md       # Table 2 style
   # Router statistics over training: figure and sampled table rows.
   assert (tmp_path / "out" / report.ROUTER_FIGURE_FILE).is_file()

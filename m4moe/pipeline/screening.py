@@ -97,16 +97,6 @@ def _executed(records: Sequence[dict]) -> dict[str, float] | None:
                               for row in tail if s in row) for s in stacks}
 
 
-def _cpu_sec_per_step(records: Sequence[dict]) -> float | None:
-  """Median CPU seconds per step over the logged intervals (None for runs
-  logged before the trainer recorded ``step_cpu_sec``). CPU time, unlike
-  steps/s, is not inflated by other work on a shared core."""
-  values = [float(r["step_cpu_sec"]) for r in records
-            if r.get("kind") == "train"
-            and isinstance(r.get("step_cpu_sec"), (int, float))]
-  return statistics.median(values) if values else None
-
-
 def _dev_bleu(path: pathlib.Path) -> tuple[float | None, int]:
   if not path.is_file():
     return None, 0
@@ -176,7 +166,7 @@ def candidate(model: recipes_lib.ModelRun, run: str,
   start = [r for r in records if r.get("kind") == "start"]
   cost = training_logs.training_cost(records)
   source = training_logs.upcycled_from(records)
-  cpu_per_step = _cpu_sec_per_step(records)
+  cpu_per_step = cost.cpu_sec_per_step
   return Candidate(
       name=model.name, run=run,
       status="scored" if bleu is not None else (

@@ -28,9 +28,19 @@ def test_study3_confirmation_dense_is_the_baselines_recipes_dense(tmp_path):
   for stage in ("corpus", "vocab", "train_dense_lr4x_ffn8th_s1"):
     assert commands["study3"][stage] == commands["study3_baselines"][stage]
   confirm = {m.name: m for m in recipes_lib.load_recipe("study3").models}
-  # Every confirmation model trains the same fixed budget (equal steps).
+  # Every confirmation model trains the same fixed budget (equal steps),
+  # but the dense model's equal-CPU-time continuation of the same runs.
+  equal_cpu = confirm.pop("dense_lr4x_ffn8th_eqcpu")
   assert {m.train_steps for m in confirm.values()} == {3000}
   assert all(m.early_stopping_patience == 0 for m in confirm.values())
+  assert equal_cpu.continue_from == "dense_lr4x_ffn8th"
+  assert equal_cpu.train_steps == 3600
+  assert equal_cpu.seeds == confirm["dense_lr4x_ffn8th"].seeds
+  stages = {s.name: s for s in plan_lib.plan(
+      recipes_lib.load_recipe("study3"), run_dir=tmp_path,
+      cache_dir=tmp_path / "cache")}
+  assert (f"--continue_from={tmp_path / 'models' / 'dense_lr4x_ffn8th_s2'}"
+          in stages["train_dense_lr4x_ffn8th_eqcpu_s2"].args)
 
 
 def test_demo_recipe_values_come_from_its_file():

@@ -164,6 +164,13 @@ def test_tested_runs_land_in_the_layout_restore_reads_back(tmp_path):
   evaluation = json.loads((new / "eval_ood" / "a_s1.json").read_text())
   assert evaluation["metadata"]["hypotheses_dir"] == f"{new}/eval_ood/a_s1"
   assert (new / "stages" / "eval_a_s1.json").is_file()
+  # The analysis tools read the landed log and record of either layout.
+  files = landing.RunFiles(run_dir=tmp_path / "elsewhere", landed=out)
+  assert files.metrics("a_s1") == out / "metrics" / "a_s1.jsonl"
+  assert files.train_record("a_s1").is_file()
+  assert not files.eval_dev("a_s1").exists()
+  assert files.metrics("b_s1") == (
+      tmp_path / "elsewhere" / "models" / "b_s1" / "metrics.jsonl")
   # Runs on other corpus bytes are refused, and nothing is copied.
   (old / "vocab" / "source.vocab").write_text("another vocabulary")
   _record(old / "stages" / "eval_ood_b_s1.json", "eval_ood_b_s1")

@@ -111,35 +111,50 @@ class RunFiles:
   Attributes:
     run_dir: the run directory the recipe runs in (``models/<run>/``,
       ``eval_dev/<run>.json``, ``stages/train_<run>.json``).
-    landed: a folder of landed runs (``<landed>/<run>/``), read for the
-      runs the run directory has no training log of; None: none.
+    landed: a folder of landed runs (``<landed>/<run>/``, or the layout
+      of ``--tested``), read for the runs the run directory has no
+      training log of; None: none.
   """
 
   run_dir: pathlib.Path
   landed: pathlib.Path | None = None
 
-  def _is_landed(self, run: str) -> bool:
-    here = self.run_dir / "models" / run / METRICS
-    return (not here.is_file() and self.landed is not None
-            and (self.landed / run / METRICS).is_file())
+  def _landed_metrics(self, run: str) -> pathlib.Path | None:
+    """The run's landed training log, in either layout (``<run>/`` of
+    :func:`land`, ``metrics/<run>.jsonl`` of :func:`land_tested`), when
+    the run directory has none of its own."""
+    if (self.landed is None or
+        (self.run_dir / "models" / run / METRICS).is_file()):
+      return None
+    for path in (self.landed / run / METRICS,
+                 self.landed / "metrics" / f"{run}.jsonl"):
+      if path.is_file():
+        return path
+    return None
 
   def metrics(self, run: str) -> pathlib.Path:
     """The run's training log (``metrics.jsonl``)."""
-    if self._is_landed(run):
-      return self.landed / run / METRICS
-    return self.run_dir / "models" / run / METRICS
+    return (self._landed_metrics(run) or
+            self.run_dir / "models" / run / METRICS)
 
   def eval_dev(self, run: str) -> pathlib.Path:
-    """The run's dev eval JSON (may not exist yet)."""
-    if self._is_landed(run):
-      return self.landed / run / EVAL_DEV
-    return self.run_dir / "eval_dev" / f"{run}.json"
+    """The run's dev eval JSON (may not exist: not yet, or a run landed
+    with its test evals only)."""
+    landed = self._landed_metrics(run)
+    if landed is None:
+      return self.run_dir / "eval_dev" / f"{run}.json"
+    if landed.name == METRICS:
+      return landed.parent / EVAL_DEV
+    return self.landed / "eval_dev" / f"{run}.json"
 
   def train_record(self, run: str) -> pathlib.Path:
     """The run's training stage record (exists once training finished)."""
-    if self._is_landed(run):
-      return self.landed / run / TRAIN_RECORD
-    return self.run_dir / "stages" / f"train_{run}.json"
+    landed = self._landed_metrics(run)
+    if landed is None:
+      return self.run_dir / "stages" / f"train_{run}.json"
+    if landed.name == METRICS:
+      return landed.parent / TRAIN_RECORD
+    return self.landed / "stages" / f"train_{run}.json"
 
 
 def _copy(src: pathlib.Path, dst: pathlib.Path) -> None:

@@ -137,24 +137,28 @@ class RunFiles:
     return (self._landed_metrics(run) or
             self.run_dir / "models" / run / METRICS)
 
+  def _file(self, run: str, *, landed_name: str,
+            relative: str) -> pathlib.Path:
+    """A run's file: ``relative`` under the run directory (or under a
+    ``--tested`` landing, which keeps the run directory's layout), or
+    ``landed_name`` in a :func:`land` landing's ``<run>/``."""
+    landed = self._landed_metrics(run)
+    if landed is None:
+      return self.run_dir / relative
+    if landed.name == METRICS:
+      return landed.parent / landed_name
+    return self.landed / relative
+
   def eval_dev(self, run: str) -> pathlib.Path:
     """The run's dev eval JSON (may not exist: not yet, or a run landed
     with its test evals only)."""
-    landed = self._landed_metrics(run)
-    if landed is None:
-      return self.run_dir / "eval_dev" / f"{run}.json"
-    if landed.name == METRICS:
-      return landed.parent / EVAL_DEV
-    return self.landed / "eval_dev" / f"{run}.json"
+    return self._file(run, landed_name=EVAL_DEV,
+                      relative=f"eval_dev/{run}.json")
 
   def train_record(self, run: str) -> pathlib.Path:
     """The run's training stage record (exists once training finished)."""
-    landed = self._landed_metrics(run)
-    if landed is None:
-      return self.run_dir / "stages" / f"train_{run}.json"
-    if landed.name == METRICS:
-      return landed.parent / TRAIN_RECORD
-    return self.landed / "stages" / f"train_{run}.json"
+    return self._file(run, landed_name=TRAIN_RECORD,
+                      relative=f"stages/train_{run}.json")
 
 
 def _copy(src: pathlib.Path, dst: pathlib.Path) -> None:

@@ -124,6 +124,7 @@ def _tested_run_dir(run_dir, runs_and_splits):
           f"--output_dir={run_dir}/corpus")
   (run_dir / "report").mkdir()
   (run_dir / "report" / "report.md").write_text("# report\n")
+  (run_dir / "report" / "report.lock").write_text('{"pid": 1}')
   for run, splits in runs_and_splits.items():
     (run_dir / "models" / run).mkdir(parents=True)
     (run_dir / "models" / run / "metrics.jsonl").write_text(
@@ -152,6 +153,7 @@ def test_tested_runs_land_in_the_layout_restore_reads_back(tmp_path):
                      "c_s1 (no eval or eval_ood record yet)"]
   assert (out / "eval_ood" / "a_s1" / "pt.hyp").read_text() == "a_s1 eval_ood\n"
   assert (out / "report" / "report.md").read_text() == "# report\n"
+  assert not (out / "report" / "report.lock").exists()
   assert not (out / "metrics" / "b_s1.jsonl").exists()
   assert not list(out.rglob("ckpt*")) and not list(out.rglob("*.landing"))
   # A new machine: same corpus bytes, nothing trained; restore puts a back.

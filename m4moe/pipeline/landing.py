@@ -266,7 +266,7 @@ def land_tested(run_dir: pathlib.Path, output: pathlib.Path, *,
     landed.append(run)
   for report in sorted(run_dir.glob("report*")):
     for path in sorted(report.rglob("*")) if report.is_dir() else ():
-      if path.is_file():
+      if path.is_file() and path.suffix != ".lock":  # not the writer's lock
         _copy(path, output / path.relative_to(run_dir))
   return landed, skipped
 

@@ -202,3 +202,26 @@ def test_the_tool_lands_tested_runs_and_names_a_missing_corpus_record(
   assert proc.returncode != 0
   assert "corpus.json does not exist" in proc.stderr
   assert not (tmp_path / "o2").exists()
+
+
+def test_the_two_layouts_are_not_mixed_and_nothing_ready_writes_nothing(
+    tmp_path):
+  tested, dev = tmp_path / "tested", tmp_path / "dev"
+  _tested_run_dir(tested, {"a_s1": ("eval", "eval_ood"), "b_s1": ()})
+  _finished(dev, "d_s1", [(10, 3.2)], {"de": 10.0})
+  landing.land(dev, tmp_path / "runs")
+  landing.land_tested(tested, tmp_path / "confirm")
+  for call, out in ((landing.land_tested, "runs"), (landing.land, "confirm")):
+    before = sorted(p.name for p in (tmp_path / out).rglob("*"))
+    source = tested if call is landing.land_tested else dev
+    try:
+      call(source, tmp_path / out)
+      raise AssertionError(f"{call.__name__} mixed layouts in {out}")
+    except ValueError as e:
+      assert "another --output" in str(e)
+    assert sorted(p.name for p in (tmp_path / out).rglob("*")) == before
+  # No run with its test evals: the output is not created.
+  assert landing.land_tested(tested, tmp_path / "none",
+                             patterns=["b_*"]) == (
+                                 [], ["b_s1 (no eval or eval_ood record yet)"])
+  assert not (tmp_path / "none").exists()

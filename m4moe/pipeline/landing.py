@@ -40,7 +40,8 @@ records), ``metrics/<run>.jsonl``, ``<split>/<run>.json`` with the
 hypotheses in ``<split>/<run>/``, the run directory's ``report*/``
 folders and ``inputs.sha256``; it refuses a run directory whose corpus or
 vocabularies differ from a manifest already there (runs on other bytes
-must not be pooled). On a new machine ``restore --results`` puts the
+must not be pooled) and a folder landed in the other layout, and writes
+nothing when no run has finished its test evals. On a new machine ``restore --results`` puts the
 runs back, so ``m4moe-run`` trains only the rest and the report still
 has every run's hypotheses.
 """
@@ -176,6 +177,7 @@ def land(run_dir: pathlib.Path, output: pathlib.Path, *,
   Returns:
     (landed runs, skipped runs with the reason, e.g. ``'x_s1 (training)'``).
   """
+  _check_layout(output, tested=False)
   files = RunFiles(run_dir=run_dir)
   landed, skipped = [], []
   inputs = _manifest(run_dir)
@@ -250,8 +252,8 @@ def land_tested(run_dir: pathlib.Path, output: pathlib.Path, *,
   Returns:
     (landed runs, skipped runs with the reason).
   """
-  _land_inputs(run_dir, output)
-  landed, skipped = [], []
+  _check_layout(output, tested=True)
+  ready, skipped = [], []
   stages = run_dir / "stages"
   for record in sorted(stages.glob("train_*.json")):
     run = record.stem.removeprefix("train_")
@@ -261,14 +263,31 @@ def land_tested(run_dir: pathlib.Path, output: pathlib.Path, *,
                if not (stages / f"{split}_{run}.json").is_file()]
     if pending:
       skipped.append(f"{run} (no {' or '.join(pending)} record yet)")
-      continue
+    else:
+      ready.append(run)
+  if not ready:
+    return [], skipped  # nothing to land: --output is left untouched
+  _land_inputs(run_dir, output)
+  for run in ready:
     _land_tested_run(run_dir, output, run)
-    landed.append(run)
   for report in sorted(run_dir.glob("report*")):
     for path in sorted(report.rglob("*")) if report.is_dir() else ():
       if path.is_file() and path.suffix != ".lock":  # not the writer's lock
         _copy(path, output / path.relative_to(run_dir))
-  return landed, skipped
+  return ready, skipped
+
+
+def _check_layout(output: pathlib.Path, *, tested: bool) -> None:
+  """Refuses to mix the two layouts in one folder (``--tested`` writes
+  ``stages/``, ``metrics/``, ...; the other one ``<run>/``)."""
+  if tested and any(output.glob(f"*/{TRAIN_RECORD}")):
+    raise ValueError(f"{output} holds runs landed without --tested (one "
+                     "folder per run): land tested runs into another "
+                     "--output, e.g. results/study/v3/confirm")
+  if not tested and (output / "stages").is_dir():
+    raise ValueError(f"{output} holds runs landed with --tested: land "
+                     "dev-scored runs into another --output, e.g. "
+                     "results/study/v3/runs")
 
 
 def _define_flags() -> None:

@@ -175,25 +175,24 @@ def train_sentencepiece(sentences: Iterable[str], *, model_prefix: pathlib.Path,
       minloglevel=2,
       max_sentence_length=8192, train_extremely_large_corpus=False)
   path = model_prefix.with_suffix(".model")
-  proto = _read_model(path)
-  proto.trainer_spec.model_prefix = model_prefix.name
-  path.write_bytes(proto.SerializeToString(deterministic=True))
+  path.write_bytes(_canonical_bytes(path))
   return path
 
 
-def _read_model(path: pathlib.Path) -> sentencepiece_model_pb2.ModelProto:
+def _canonical_bytes(path: pathlib.Path) -> bytes:
+  """A ``.model``'s bytes with its recorded training prefix cut to the
+  file's stem (serialised deterministically)."""
   proto = sentencepiece_model_pb2.ModelProto()
   proto.ParseFromString(path.read_bytes())
-  return proto
+  proto.trainer_spec.model_prefix = path.stem
+  return proto.SerializeToString(deterministic=True)
 
 
 def model_digest(path: pathlib.Path) -> str:
   """sha256 of a ``.model`` with its recorded training prefix cut to the
   file's stem: equal for models that hold the same pieces, normaliser and
   trainer settings, wherever they were trained."""
-  proto = _read_model(path)
-  proto.trainer_spec.model_prefix = path.stem
-  return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
+  return hashlib.sha256(_canonical_bytes(path)).hexdigest()
 
 
 def train_vocabularies(corpus_dir: pathlib.Path, output_dir: pathlib.Path, *,

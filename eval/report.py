@@ -24,7 +24,10 @@ Every file is written atomically (temporary file in ``output_dir``, then
 :func:`m4moe.eval.results.read_eval_json`.
 
 Several models with one name are seeds of one model (:mod:`.seeds`): every
-table uses the seed mean. From the runs' decoded test sentences
+score table uses the seed mean; each run's own training log
+(:mod:`.run_logs`) gives the dev cross-entropy as a seed mean too, a
+training-cost and a stopping row per seed, and the router statistics and
+source reliance of the first seed. From the runs' decoded test sentences
 (:mod:`.examples`; each eval JSON's metadata.hypotheses_dir, else ``<eval
 JSON dir>/<model>/``; only languages whose ``.hyp`` has ``num_segments``
 lines and rescores to the eval JSON's BLEU) the report adds:
@@ -79,6 +82,7 @@ from m4moe.eval import examples as examples_lib
 from m4moe.eval import figure as figure_lib
 from m4moe.eval import intervals as intervals_lib
 from m4moe.eval import results
+from m4moe.eval import run_logs as run_logs_lib
 from m4moe.eval import seeds as seeds_lib
 from m4moe.eval import significance
 from m4moe.eval import source_reliance as reliance_lib
@@ -333,18 +337,19 @@ def _dev_ce_blocks(comp, dev: dev_ce_lib.DevCeComparison | None
   ]
 
 
-def _training_blocks(logs: Mapping[str, pathlib.Path],
+def _training_blocks(logs: Mapping[str, Sequence[run_logs_lib.RunLog]],
                      thresholds: Sequence[float]) -> list[doc.Block]:
-  if not logs:
+  with_log = [r for runs in logs.values() for r in runs if r.path is not None]
+  if not with_log:
     return [doc.Heading("Training cost and convergence"),
             doc.Paragraph("No training metrics logs were given "
                           "(--training_logs or metadata.model_dir).")]
   cost_rows, ce_rows = [], []
-  for model, path in logs.items():
-    records = training_logs.read_records(path)
+  for run_log in with_log:
+    records = training_logs.read_records(run_log.path)
     cost = training_logs.training_cost(records)
     cost_rows.append((
-        model, _fmt_int(cost.devices),
+        run_log.label, _fmt_int(cost.devices),
         DASH if cost.steps_per_sec is None else f"{cost.steps_per_sec:.3g}",
         DASH if cost.cpu_sec_per_step is None
         else f"{cost.cpu_sec_per_step:.3g}",
@@ -353,14 +358,16 @@ def _training_blocks(logs: Mapping[str, pathlib.Path],
         DASH if cost.wall_hours is None else f"{cost.wall_hours:.3g}",
         _fmt_int(cost.steps), _fmt_int(cost.tokens)))
     reached = training_logs.tokens_to_reach(records, thresholds)
-    ce_rows.append((model, *(_fmt_int(reached[t]) for t in thresholds)))
+    ce_rows.append((run_log.label,
+                    *(_fmt_int(reached[t]) for t in thresholds)))
   return [
       doc.Heading("Training cost (Table 3 style)"),
       doc.Paragraph("CPU s/step: the median CPU seconds (all threads) per "
                     "step over the logged intervals, which other work on "
                     "a shared core inflates less than steps/s; speeds of "
                     "two models are best compared as ratios measured "
-                    "interleaved in one process (m4moe-bench)."),
+                    "interleaved in one process (m4moe-bench). A model "
+                    "with several seeds has a row per seed."),
       doc.Table(("model", "devices", "steps/s", "CPU s/step", "batch tokens",
                  "device-hours", "wall hours", "steps", "tokens seen"),
                 tuple(cost_rows)),
@@ -645,7 +652,7 @@ def _examples_blocks(examples: Mapping[str, Sequence[examples_lib.Example]],
 
 
 def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
-                 logs: Mapping[str, pathlib.Path],
+                 logs: Mapping[str, Sequence[run_logs_lib.RunLog]],
                  thresholds: Sequence[float],
                  inputs: Sequence[str],
                  router: Mapping[str, Sequence[
@@ -813,59 +820,21 @@ def strict_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
   return out
 
 
-def find_training_logs(models: Sequence[results.EvalResult],
-                       explicit: Mapping[str, str]) -> dict[str, pathlib.Path]:
-  """model -> metrics JSONL: explicit paths, else metadata.model_dir's log.
-
-  Raises:
-    FileNotFoundError: an explicitly given log does not exist.
-  """
-  logs = {}
-  for result in models:
-    path = explicit.get(result.model)
-    if path is None and result.metadata.get("model_dir"):
-      candidate = pathlib.Path(result.metadata["model_dir"]) / "metrics.jsonl"
-      path = str(candidate) if candidate.is_file() else None
-    if path is not None:
-      if not pathlib.Path(path).is_file():
-        raise FileNotFoundError(f"--training_logs: {path} for model "
-                                f"{result.model} does not exist")
-      logs[result.model] = pathlib.Path(path)
-  unknown = set(explicit) - {m.model for m in models}
-  if unknown:
-    raise ValueError(f"--training_logs names unknown models: "
-                     f"{sorted(unknown)}")
-  return logs
-
-
-def runs_dev_ce(runs: Sequence[results.EvalResult],
-                logs: Mapping[str, pathlib.Path]
-                ) -> dict[str, dict[str, float] | None]:
-  """name -> last dev CE per language in its log (None: no log found)."""
-  out: dict[str, dict[str, float] | None] = {}
-  for run in runs:
-    path = logs.get(run.model)
-    step = training_logs.checkpoint_step(run.metadata.get("checkpoint"))
-    out[run.model] = (None if path is None else training_logs.final_dev_ce(
-        training_logs.read_records(path), step=step))
-  return out
-
-
-def _stopping_blocks(runs: Sequence[results.EvalResult],
-                     logs: Mapping[str, pathlib.Path]) -> list[doc.Block]:
+def _stopping_blocks(run_logs: Sequence[run_logs_lib.RunLog]
+                     ) -> list[doc.Block]:
   """How each scored run was sized and which of its checkpoints was scored."""
   rows = []
-  for run in runs:
-    path = logs.get(run.model)
-    if path is None:
+  for run_log in run_logs:
+    if run_log.path is None:
       continue
-    stop = training_logs.stopping(training_logs.read_records(path))
+    run = run_log.run
+    stop = training_logs.stopping(training_logs.read_records(run_log.path))
     checkpoint = str(run.metadata.get("checkpoint") or "")
     step = training_logs.checkpoint_step(checkpoint)
     which = DASH if step is None else (
         f"{step} (best dev)" if "/best/" in checkpoint.replace("\\", "/")
         else str(step))
-    rows.append((run.model, ", ".join(sorted(run.languages)),
+    rows.append((run_log.label, ", ".join(sorted(run.languages)),
                  _fmt_int(stop.steps), stop.stopped_by or DASH,
                  str(stop.evaluations), _fmt_int(stop.best_step), which))
   if not rows:
@@ -1002,8 +971,8 @@ class _Evidence:
   """Everything a report states besides the comparison itself: training
   logs, dev CE, source reliance, intervals and decoded examples."""
 
-  logs: Mapping[str, pathlib.Path]
-  baseline_logs: Mapping[str, pathlib.Path]
+  logs: Mapping[str, tuple[run_logs_lib.RunLog, ...]]
+  baseline_logs: Mapping[str, tuple[run_logs_lib.RunLog, ...]]
   dev: dev_ce_lib.DevCeComparison | None
   reliance: reliance_lib.SourceRelianceComparison | None
   intervals: intervals_lib.Intervals | None
@@ -1035,15 +1004,17 @@ def _gather_evidence(comp: comparison_lib.Comparison, *,
                      bootstrap_seed: int) -> _Evidence:
   """Reads the training logs and decoded outputs and computes what they
   give (see :func:`write_report` for where each is found)."""
-  merged = [g.merged for g in groups]
-  logs = find_training_logs(merged, training_log_paths)
-  baseline_logs = find_training_logs(baselines, {})
+  logs = run_logs_lib.find_training_logs(groups, training_log_paths)
+  baseline_logs = run_logs_lib.find_training_logs(
+      run_logs_lib.single_run_groups(baselines), {})
   dev = dev_ce_lib.compare_dev_ce(
-      comp, model_runs=runs_dev_ce(merged, logs), baselines=baselines,
-      baseline_runs=runs_dev_ce(baselines, baseline_logs))
+      comp, model_runs=run_logs_lib.seed_mean_dev_ce(logs),
+      baselines=baselines,
+      baseline_runs=run_logs_lib.seed_mean_dev_ce(baseline_logs))
   reliance = reliance_lib.compare_source_reliance(
-      comp.languages, models=comp.models, model_logs=logs,
-      baselines=baselines, baseline_logs=baseline_logs)
+      comp.languages, models=comp.models,
+      model_logs=run_logs_lib.first_logs(logs), baselines=baselines,
+      baseline_logs=run_logs_lib.first_logs(baseline_logs))
   group_outputs, baseline_outputs = load_outputs(
       groups, baselines, baseline_paths=baseline_paths,
       corpus_dir=corpus_dir, hypotheses_dirs=hypotheses_dirs)
@@ -1084,7 +1055,7 @@ def _write_documents(output_dir: pathlib.Path, *, title: str,
   png_path = output_dir / FIGURE_FILE
   png = doc.png_bytes(figure.figure)
   textio.write_bytes_atomic(png_path, png)
-  router = router_trajectories(evidence.logs)
+  router = router_trajectories(run_logs_lib.first_logs(evidence.logs))
   router_png = None
   if router:
     router_png = doc.png_bytes(figure_lib.router_figure(router))
@@ -1097,8 +1068,9 @@ def _write_documents(output_dir: pathlib.Path, *, title: str,
       num_seeds={g.name: g.num_seeds for g in groups},
       reliance=evidence.reliance, examples=evidence.examples,
       runs=evidence.runs, example_count=examples, split=split,
-      stopping=_stopping_blocks([*merged, *baselines],
-                                {**evidence.baseline_logs, **evidence.logs}))
+      stopping=_stopping_blocks(
+          [r for logs in (evidence.logs, evidence.baseline_logs)
+           for runs in logs.values() for r in runs]))
   textio.write_text_atomic(output_dir / "report.md",
                            doc.to_markdown(title, blocks))
   textio.write_text_atomic(output_dir / "report.html",
@@ -1126,7 +1098,8 @@ def write_report(output_dir: str | pathlib.Path, *,
                  baselines: Sequence[results.EvalResult] = (),
                  bounds: comparison_lib.BucketBounds | None = None,
                  train_sizes: Mapping[str, int] | None = None,
-                 training_log_paths: Mapping[str, str] | None = None,
+                 training_log_paths: Mapping[str, str | Sequence[str]]
+                 | None = None,
                  ce_thresholds: Sequence[float] = (0.7, 0.6, 0.5),
                  trend_frac: float = 0.5, inputs: Sequence[str] = (),
                  title: str = "m4moe: multilingual vs bilingual",
@@ -1142,8 +1115,10 @@ def write_report(output_dir: str | pathlib.Path, *,
 
   ``metric``: "bleu" or "chrf" (chrF++). Logs: ``training_log_paths`` or
   metadata.model_dir's metrics.jsonl (no log: no dev CE). ``models``
-  sharing a name are seeds of one model (tables: seed means; log sections:
-  the first seed). Decoded sentences (``hypotheses_dirs`` {run: dir}, else
+  sharing a name are seeds of one model (tables and dev CE: seed means;
+  cost and stopping: a row per seed; router and source reliance: the
+  first seed; ``training_log_paths`` then gives one log per seed).
+  Decoded sentences (``hypotheses_dirs`` {run: dir}, else
   metadata.hypotheses_dir, else ``<eval JSON dir>/<model>/``; test text
   from ``corpus_dir``, else metadata.corpus_dir) give ``examples``
   sentences per language and, with ``bootstrap_samples`` > 0, intervals.
@@ -1151,7 +1126,8 @@ def write_report(output_dir: str | pathlib.Path, *,
   Raises:
     ValueError: invalid comparison inputs, unknown runs in
       ``training_log_paths`` or ``hypotheses_dirs``, two baselines on one
-      language, a seed given twice, or paths lists of the wrong length.
+      language, a seed given twice, paths lists of the wrong length, or
+      another number of logs for a model than it has seeds.
     FileNotFoundError: a log in ``training_log_paths`` does not exist.
     EmptyReportError: no language can be averaged (nothing is written).
   """

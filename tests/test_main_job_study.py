@@ -65,11 +65,12 @@ def test_study_plan_trains_every_seed_and_reports_both_test_splits(tmp_path):
         str(tmp_path / out / f"{run}.json") for run in runs]
     assert len(flags["baselines"].split(",")) == len(recipe.languages)
     assert flags["output_dir"] == str(tmp_path / report)
-    # The first seed's training log stands for the model.
-    logs = dict(item.split("=", 1) for item in
-                flags["training_logs"].split(","))
-    assert logs == {m.name: str(tmp_path / "models" / m.runs()[0][0] /
-                                "metrics.jsonl") for m in recipe.models}
+    # Every seed's training log, in the order of --models.
+    logs = [tuple(item.split("=", 1)) for item in
+            flags["training_logs"].split(",")]
+    assert logs == [(m.name, str(tmp_path / "models" / run /
+                                 "metrics.jsonl"))
+                    for m in recipe.models for run, _ in m.runs()]
 
 
 def test_recipes_without_seeds_or_ood_plan_as_before(tmp_path):

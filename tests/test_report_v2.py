@@ -491,3 +491,65 @@ def test_out_of_domain_report_reads_test_ood_and_refuses_mixed_splits(
   with pytest.raises(ValueError, match=r"different splits \(bi-de: test, "
                      r"moe: test_ood\)"):
     _write(tmp_path, "mixed", runs, [in_domain], corpus_dir=corpus)
+
+
+def _seed_log(model_dir, *, seed, dev_ce, cpu):
+  """A run's metrics.jsonl: two train records and a dev evaluation."""
+  model_dir.mkdir(parents=True)
+  records = [
+      {"kind": "train", "step": 10, "train_ce": 5.0, "tokens_seen": 100,
+       "time": 0.0, "step_cpu_sec": cpu},
+      {"kind": "train", "step": 20, "train_ce": 3.0, "tokens_seen": 200,
+       "time": 10.0, "step_cpu_sec": cpu},
+      {"kind": "eval", "step": 20, "dev_ce": dev_ce}]
+  (model_dir / "metrics.jsonl").write_text(
+      "\n".join(json.dumps(r) for r in records) + "\n")
+  return {"model_dir": str(model_dir), "seed": seed, "num_experts": 8}
+
+
+def _seeded_inputs(tmp_path):
+  corpus = _write_corpus(tmp_path / "corpus", {"de": DE_TEST,
+                                               "fr": DE_TEST})
+  hyps = {"de": ["a", "b", "c"], "fr": ["a", "b", "c"]}
+  # Seed 2 has no fr dev CE: the seed mean keeps only de.
+  seeds_ce = {1: ({"de": 4.0, "fr": 5.0}, 0.5), 2: ({"de": 3.0}, 0.7)}
+  moe = [_eval_json(tmp_path, "moe", hyps, corpus=corpus,
+                    file_name=f"moe{seed}",
+                    metadata=_seed_log(tmp_path / f"moe{seed}", seed=seed,
+                                       dev_ce=ce, cpu=cpu))
+         for seed, (ce, cpu) in seeds_ce.items()]
+  base_meta = _reliance_log(tmp_path / "bi-de", [
+      {"kind": "eval", "step": 5, "dev_ce": {"de": 4.5}}])
+  base = _eval_json(tmp_path, "bi-de", {"de": ["a", "b", "c"]},
+                    corpus=corpus, kind="bilingual", metadata=base_meta)
+  return corpus, moe, base
+
+
+def test_seeds_dev_ce_is_their_mean_and_cost_has_a_row_per_seed(tmp_path):
+  corpus, moe, base = _seeded_inputs(tmp_path)
+  files = _write(tmp_path, "out", moe, [base], corpus_dir=corpus,
+                 bootstrap_samples=0)
+  dev = _strict_load(files.summary)["dev_ce"]["models"]["moe"]
+  assert dev["ce"] == {"de": pytest.approx(3.5), "fr": None}
+  assert dev["delta"]["de"] == pytest.approx(1.0)  # 4.5 - mean(4.0, 3.0)
+  md = files.markdown.read_text(encoding="utf-8")
+  cost = md[md.index("## Training cost"):]
+  assert "| moe (seed 1) | – | 1 | 0.5 |" in cost
+  assert "| moe (seed 2) | – | 1 | 0.7 |" in cost
+  stopping = md[md.index("## How each model"):md.index("## Training cost")]
+  assert stopping.count("| moe (seed ") == 2 and "| bi-de | de |" in stopping
+
+
+def test_explicit_logs_are_one_per_seed(tmp_path):
+  corpus, moe, base = _seeded_inputs(tmp_path)
+  first = str(tmp_path / "moe1" / "metrics.jsonl")
+  second = str(tmp_path / "moe2" / "metrics.jsonl")
+  with pytest.raises(ValueError, match="1 log.*moe, which has 2 run"):
+    _write(tmp_path, "a", moe, [base], corpus_dir=corpus,
+           bootstrap_samples=0, training_log_paths={"moe": first})
+  # Given in reverse order, seed 1's row reads seed 2's log.
+  files = _write(tmp_path, "b", moe, [base], corpus_dir=corpus,
+                 bootstrap_samples=0,
+                 training_log_paths={"moe": [second, first]})
+  md = files.markdown.read_text(encoding="utf-8")
+  assert "| moe (seed 1) | – | 1 | 0.7 |" in md

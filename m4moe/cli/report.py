@@ -11,7 +11,9 @@ Writes delta_bleu.png, report.md, report.html (self-contained) and
 summary.json to --output_dir and prints report.md's averages section.
 
 Several --models files with the same model name are seeds of one model:
-the report shows their mean and spread (num_seeds in summary.json). From
+the report shows their mean and spread (num_seeds in summary.json), the
+seed mean of their dev cross-entropy and a training-cost row per seed
+(--training_logs then names the model once per seed). From
 each run's decoded test sentences (metadata.hypotheses_dir of its eval
 JSON, written by m4moe-eval --hypotheses_dir; else <json dir>/<model>/;
 or --hypotheses_dirs) and the corpus's test sentences (--corpus_dir, else
@@ -61,7 +63,9 @@ _BUCKET_BOUNDS = flags.DEFINE_list(
     "(default: terciles of the languages).")
 _TRAINING_LOGS = flags.DEFINE_list(
     "training_logs", [],
-    "MODEL=metrics.jsonl pairs (default: metadata.model_dir/metrics.jsonl).")
+    "MODEL=metrics.jsonl pairs; a model with several seeds is named once "
+    "per seed, in the order of its --models files (default: each eval "
+    "JSON's metadata.model_dir/metrics.jsonl).")
 _CE_THRESHOLDS = flags.DEFINE_list(
     "ce_thresholds", ["0.7", "0.6", "0.5"],
     "Training cross-entropy thresholds for the tokens-to-reach table.")
@@ -121,8 +125,15 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
   return out
 
 
-def _training_logs() -> dict[str, str]:
-  return _pairs(_TRAINING_LOGS.value, "training_logs")
+def _training_logs() -> dict[str, list[str]]:
+  """MODEL -> its logs, one per seed, in the order given."""
+  out: dict[str, list[str]] = {}
+  for item in _TRAINING_LOGS.value:
+    model, sep, path = item.partition("=")
+    if not sep:
+      raise app.UsageError(f"--training_logs: {item!r} is not NAME=PATH")
+    out.setdefault(model, []).append(path)
+  return out
 
 
 def _round(value: float | None) -> float | None:

@@ -199,11 +199,11 @@ def _model_stages(recipe: Recipe, model: ModelRun, *, run_dir: pathlib.Path,
 def _report_stages(recipe: Recipe, *, run_dir: pathlib.Path,
                    jsons: dict[str, _EvalJsons]) -> list[Stage]:
   """One ``m4moe-report`` per scored split."""
-  # Seeds of one model share its name: the report reads the first seed's
-  # training log (as it shows the first seed's examples).
+  # Seeds of one model share its name: each seed's log is named, in the
+  # order its eval JSON is listed.
   logs = ",".join(
-      f"{m.name}={run_dir / 'models' / m.runs()[0][0] / 'metrics.jsonl'}"
-      for m in recipe.models)
+      f"{m.name}={run_dir / 'models' / run / 'metrics.jsonl'}"
+      for m in recipe.models for run, _ in m.runs())
   stages = []
   for split, out in _splits(recipe):
     name = {"test": "report", "test_ood": "report_ood",

@@ -16,6 +16,7 @@ Modules (one idea each):
 * ``dev_ce``: the same comparison on teacher-forced dev cross-entropy.
 * ``source_reliance``: dev cross-entropy with the source swapped out.
 * ``training_logs``: training cost, tokens-to-cross-entropy, router stats.
+* ``run_logs``: each scored run (seed) paired with its training log.
 * ``smoothing``: LOWESS trendlines for the figure.
 * ``figure``: the paper's Figure 6 and router statistics plots.
 * ``document``: the report document as Markdown and HTML.

@@ -79,23 +79,36 @@ def find_hypotheses_dir(result: results.EvalResult, *,
                         eval_path: pathlib.Path | None = None,
                         explicit: str | pathlib.Path | None = None
                         ) -> tuple[pathlib.Path | None, str | None]:
-  """(directory, None) or (None, why there is none)."""
+  """(directory, None) or (None, why there is none).
+
+  In order: ``explicit``; the eval JSON's ``metadata.hypotheses_dir``;
+  beside the eval JSON, a directory named like the file (``eval/run.json``
+  and ``eval/run/``: what m4moe-run writes and landed results keep, so a
+  recorded path from another machine is not needed), then one named like
+  the model. The report rescores what it finds against the eval JSON, so
+  a wrong directory is refused there, not used.
+  """
   if explicit is not None:
     path = pathlib.Path(explicit)
     return (path, None) if path.is_dir() else (
         None, f"--hypotheses_dirs: {path} is not a directory")
   recorded = result.metadata.get("hypotheses_dir")
-  if recorded:
-    path = pathlib.Path(recorded)
-    return (path, None) if path.is_dir() else (
-        None, f"metadata.hypotheses_dir {path} does not exist")
+  if recorded and pathlib.Path(recorded).is_dir():
+    return pathlib.Path(recorded), None
+  beside: list[pathlib.Path] = []
   if eval_path is not None:
-    path = pathlib.Path(eval_path).parent / result.model
+    parent = pathlib.Path(eval_path).parent
+    beside = list(dict.fromkeys([parent / pathlib.Path(eval_path).stem,
+                                 parent / result.model]))
+  for path in beside:
     if path.is_dir():
       return path, None
-    return None, ("no metadata.hypotheses_dir (evaluated without "
-                  f"--hypotheses_dir?) and no {path}/")
-  return None, "no metadata.hypotheses_dir (evaluated without --hypotheses_dir?)"
+  why = (f"metadata.hypotheses_dir {recorded} does not exist" if recorded
+         else "no metadata.hypotheses_dir (evaluated without "
+         "--hypotheses_dir?)")
+  if beside:
+    why += " and no " + " or ".join(f"{p}/" for p in beside)
+  return None, why
 
 
 @functools.lru_cache(maxsize=256)

@@ -553,3 +553,23 @@ def test_explicit_logs_are_one_per_seed(tmp_path):
                  training_log_paths={"moe": [second, first]})
   md = files.markdown.read_text(encoding="utf-8")
   assert "| moe (seed 1) | – | 1 | 0.7 |" in md
+
+
+def test_hypotheses_beside_a_landed_eval_json_are_found(tmp_path):
+  from m4moe.eval import examples  # pylint: disable=g-import-not-at-top
+  corpus = _write_corpus(tmp_path / "corpus", {"de": DE_TEST})
+  path, result = _eval_json(tmp_path, "moe", {"de": ["a", "b", "c"]},
+                            corpus=corpus, file_name="moe_s1")
+  # Landed results keep eval/<run>.json beside eval/<run>/, while the
+  # recorded metadata.hypotheses_dir names the machine that decoded them.
+  landed = path.parent / "moe_s1"
+  (tmp_path / "hyps" / "moe_s1").rename(landed)
+  run = examples.load_run_outputs(result, label="moe", eval_path=path,
+                                  corpus_dir=corpus)
+  assert run.hypotheses_dir == landed and set(run.languages) == {"de"}
+  landed.rename(tmp_path / "elsewhere")
+  found, why = examples.find_hypotheses_dir(result, eval_path=path)
+  assert found is None
+  assert f"metadata.hypotheses_dir {tmp_path / 'hyps' / 'moe_s1'} does " \
+         "not exist" in why
+  assert f"no {landed}/ or {path.parent / 'moe'}/" in why

@@ -4,9 +4,10 @@
 test sentence, in the order of the first ``num_segments`` lines of the
 corpus's ``<split>/<lang>.tsv`` (``english<TAB>x``; the split scored is the
 eval JSON's ``metadata.split``, ``test`` by default, or ``test_ood``); the
-eval JSON records DIR as ``metadata.hypotheses_dir``. :func:`load_run_outputs` finds a run's
-directory (an explicit one, else ``metadata.hypotheses_dir``, else
-``<eval JSON dir>/<model name>/`` if it exists) and pairs each language's
+eval JSON records DIR as ``metadata.hypotheses_dir``.
+:func:`load_run_outputs` finds a run's directory
+(:func:`find_hypotheses_dir`: an explicit one, else
+``metadata.hypotheses_dir``, else beside the eval JSON) and pairs each language's
 hypotheses with its sources and references, read by
 :func:`m4moe.eval.testsets.load_testsets` from the corpus (``corpus_dir``,
 else ``metadata.corpus_dir``) in the eval's ``metadata.direction``

@@ -28,9 +28,10 @@ score table uses the seed mean; each run's own training log
 (:mod:`.run_logs`) gives the dev cross-entropy as a seed mean too, a
 training-cost and a stopping row per seed, and the router statistics and
 source reliance of the first seed. From the runs' decoded test sentences
-(:mod:`.examples`; each eval JSON's metadata.hypotheses_dir, else ``<eval
-JSON dir>/<model>/``; only languages whose ``.hyp`` has ``num_segments``
-lines and rescores to the eval JSON's BLEU) the report adds:
+(:mod:`.examples`; each eval JSON's metadata.hypotheses_dir, else beside
+the JSON: ``<dir>/<file stem>/`` or ``<dir>/<model>/``; only languages
+whose ``.hyp`` has ``num_segments`` lines and rescores to the eval JSON's
+BLEU) the report adds:
 
 * Confidence intervals and significance (:mod:`.intervals`, sacrebleu's
   bootstrap via :mod:`.significance`): every BLEU and chrF++ per language
@@ -1113,21 +1114,16 @@ def write_report(output_dir: str | pathlib.Path, *,
                  ) -> ReportFiles:
   """Builds the comparison, draws the figures and writes every file.
 
-  ``metric``: "bleu" or "chrf" (chrF++). Logs: ``training_log_paths`` or
-  metadata.model_dir's metrics.jsonl (no log: no dev CE). ``models``
-  sharing a name are seeds of one model (tables and dev CE: seed means;
-  cost and stopping: a row per seed; router and source reliance: the
-  first seed; ``training_log_paths`` then gives one log per seed).
-  Decoded sentences (``hypotheses_dirs`` {run: dir}, else
-  metadata.hypotheses_dir, else ``<eval JSON dir>/<model>/``; test text
-  from ``corpus_dir``, else metadata.corpus_dir) give ``examples``
-  sentences per language and, with ``bootstrap_samples`` > 0, intervals.
+  ``metric``: "bleu" or "chrf" (chrF++). ``models`` sharing a name are
+  seeds (their logs: :mod:`.run_logs`). Examples and intervals read the
+  ``.hyp`` files (``hypotheses_dirs`` {run: dir}, else
+  :func:`.examples.find_hypotheses_dir`) and ``corpus_dir``'s test text.
 
   Raises:
-    ValueError: invalid comparison inputs, unknown runs in
-      ``training_log_paths`` or ``hypotheses_dirs``, two baselines on one
-      language, a seed given twice, paths lists of the wrong length, or
-      another number of logs for a model than it has seeds.
+    ValueError: invalid comparison inputs, unknown runs in or a wrong
+      log count for a model in ``training_log_paths``, unknown runs in
+      ``hypotheses_dirs``, two baselines on one language, a seed given
+      twice, or paths lists of the wrong length.
     FileNotFoundError: a log in ``training_log_paths`` does not exist.
     EmptyReportError: no language can be averaged (nothing is written).
   """

@@ -13,11 +13,11 @@ summary.json to --output_dir and prints report.md's averages section.
 Several --models files with the same model name are seeds of one model:
 the report shows their mean and spread (num_seeds in summary.json), the
 seed mean of their dev cross-entropy and a training-cost row per seed
-(--training_logs then names the model once per seed). From
-each run's decoded test sentences (metadata.hypotheses_dir of its eval
-JSON, written by m4moe-eval --hypotheses_dir; else <json dir>/<model>/;
-or --hypotheses_dirs) and the corpus's test sentences (--corpus_dir, else
-metadata.corpus_dir) it adds the first --examples sentences per language
+(--training_logs then names the model once per seed). From each run's
+decoded test sentences (metadata.hypotheses_dir of its eval JSON, written
+by m4moe-eval --hypotheses_dir; else <json dir>/<json file stem>/ or
+<json dir>/<model>/; or --hypotheses_dirs) and the corpus's test
+sentences (--corpus_dir, else metadata.corpus_dir) it adds the first --examples sentences per language
 and 95% bootstrap intervals with paired significance (sacrebleu,
 --bootstrap_samples; 0 disables); two models given with several seeds each
 are also compared over their seeds (Welch's t-test). See m4moe.eval.report.
@@ -78,7 +78,8 @@ _EXAMPLES = flags.DEFINE_integer(
     lower_bound=0)
 _HYPOTHESES_DIRS = flags.DEFINE_list(
     "hypotheses_dirs", [], "RUN=DIR pairs: <lang>.hyp files of a model or "
-    "baseline (default: metadata.hypotheses_dir, else <json dir>/<model>/).")
+    "baseline (default: metadata.hypotheses_dir, else <json dir>/<json "
+    "file stem>/ or <json dir>/<model>/).")
 _BOOTSTRAP_SAMPLES = flags.DEFINE_integer(
     "bootstrap_samples", 1000, "sacrebleu bootstrap resamples for the 95% "
     "intervals and paired tests (0 = no intervals).", lower_bound=0)

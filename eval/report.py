@@ -1094,62 +1094,106 @@ def _write_summary(output_dir: pathlib.Path, comp: comparison_lib.Comparison,
   return path
 
 
-def write_report(output_dir: str | pathlib.Path, *,
-                 models: Sequence[results.EvalResult],
-                 baselines: Sequence[results.EvalResult] = (),
-                 bounds: comparison_lib.BucketBounds | None = None,
-                 train_sizes: Mapping[str, int] | None = None,
-                 training_log_paths: Mapping[str, str | Sequence[str]]
-                 | None = None,
-                 ce_thresholds: Sequence[float] = (0.7, 0.6, 0.5),
-                 trend_frac: float = 0.5, inputs: Sequence[str] = (),
-                 title: str = "m4moe: multilingual vs bilingual",
-                 metric: str = "bleu", examples: int = 10,
-                 model_paths: Sequence[pathlib.Path | None] = (),
-                 baseline_paths: Sequence[pathlib.Path | None] = (),
-                 corpus_dir: str | pathlib.Path | None = None,
-                 hypotheses_dirs: Mapping[str, str] | None = None,
-                 bootstrap_samples: int = significance.DEFAULT_SAMPLES,
-                 bootstrap_seed: int = significance.DEFAULT_SEED
-                 ) -> ReportFiles:
-  """Builds the comparison, draws the figures and writes every file.
+@dataclasses.dataclass(frozen=True)
+class PreparedReport:
+  """Everything a report states, read and computed but not yet written
+  (:func:`prepare_report`), so that bad inputs are refused before an
+  output directory exists."""
 
-  ``metric``: "bleu" or "chrf" (chrF++). ``models`` sharing a name are
-  seeds (their logs: :mod:`.run_logs`). Examples and intervals read the
-  ``.hyp`` files (``hypotheses_dirs`` {run: dir}, else
-  :func:`.examples.find_hypotheses_dir`) and ``corpus_dir``'s test text.
+  comparison: comparison_lib.Comparison
+  groups: Sequence[seeds_lib.ModelGroup]
+  baselines: Sequence[results.EvalResult]
+  evidence: _Evidence
+  split: str
+  inputs: Sequence[str]
+  examples: int
 
-  Raises:
-    ValueError: invalid comparison inputs, unknown runs in or a wrong
-      log count for a model in ``training_log_paths``, unknown runs in
-      ``hypotheses_dirs``, two baselines on one language, a seed given
-      twice, or paths lists of the wrong length.
-    FileNotFoundError: a log in ``training_log_paths`` does not exist.
-    EmptyReportError: no language can be averaged (nothing is written).
+
+def prepare_report(*, models: Sequence[results.EvalResult],
+                   baselines: Sequence[results.EvalResult] = (),
+                   bounds: comparison_lib.BucketBounds | None = None,
+                   train_sizes: Mapping[str, int] | None = None,
+                   training_log_paths: Mapping[str, str | Sequence[str]]
+                   | None = None,
+                   inputs: Sequence[str] = (), metric: str = "bleu",
+                   examples: int = 10,
+                   model_paths: Sequence[pathlib.Path | None] = (),
+                   baseline_paths: Sequence[pathlib.Path | None] = (),
+                   corpus_dir: str | pathlib.Path | None = None,
+                   hypotheses_dirs: Mapping[str, str] | None = None,
+                   bootstrap_samples: int = significance.DEFAULT_SAMPLES,
+                   bootstrap_seed: int = significance.DEFAULT_SEED
+                   ) -> PreparedReport:
+  """Builds the comparison and reads every log and decoded output it
+  needs; writes nothing (the arguments and errors: :func:`write_report`).
   """
   _check_arguments(baselines=baselines, baseline_paths=baseline_paths,
                    bootstrap_samples=bootstrap_samples)
-  output_dir = pathlib.Path(output_dir)
-  split = scored_split([*models, *baselines])
   groups = seeds_lib.group_models(models, model_paths)
   comp = comparison_lib.compare([g.merged for g in groups], baselines,
                                 bounds=bounds, metric=metric,
                                 train_sizes=train_sizes)
   check_something_averaged(comp)
-  output_dir.mkdir(parents=True, exist_ok=True)
   evidence = _gather_evidence(
       comp, groups=groups, baselines=baselines,
       training_log_paths=training_log_paths or {},
       baseline_paths=baseline_paths, corpus_dir=corpus_dir,
       hypotheses_dirs=hypotheses_dirs, examples=examples,
       bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed)
+  return PreparedReport(
+      comparison=comp, groups=tuple(groups), baselines=tuple(baselines),
+      evidence=evidence, split=scored_split([*models, *baselines]),
+      inputs=tuple(inputs or [m.model for m in models]), examples=examples)
+
+
+def write_prepared(output_dir: str | pathlib.Path, prepared: PreparedReport,
+                   *, title: str = "m4moe: multilingual vs bilingual",
+                   trend_frac: float = 0.5,
+                   ce_thresholds: Sequence[float] = (0.7, 0.6, 0.5)
+                   ) -> ReportFiles:
+  """Draws the figures and writes every file of ``prepared`` into
+  ``output_dir`` (created if missing)."""
+  output_dir = pathlib.Path(output_dir)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  p = prepared
   figure, png_path = _write_documents(
-      output_dir, title=title, comp=comp, groups=groups, baselines=baselines,
-      evidence=evidence, trend_frac=trend_frac, ce_thresholds=ce_thresholds,
-      inputs=inputs or [m.model for m in models], examples=examples,
-      split=split)
+      output_dir, title=title, comp=p.comparison, groups=p.groups,
+      baselines=p.baselines, evidence=p.evidence, trend_frac=trend_frac,
+      ce_thresholds=ce_thresholds, inputs=p.inputs, examples=p.examples,
+      split=p.split)
   return ReportFiles(
       markdown=output_dir / "report.md", html=output_dir / "report.html",
-      png=png_path, summary=_write_summary(output_dir, comp, evidence,
-                                           split=split, groups=groups),
-      figure=figure, comparison=comp)
+      png=png_path, summary=_write_summary(output_dir, p.comparison,
+                                           p.evidence, split=p.split,
+                                           groups=p.groups),
+      figure=figure, comparison=p.comparison)
+
+
+def write_report(output_dir: str | pathlib.Path, *,
+                 title: str = "m4moe: multilingual vs bilingual",
+                 trend_frac: float = 0.5,
+                 ce_thresholds: Sequence[float] = (0.7, 0.6, 0.5),
+                 **prepare_args: Any) -> ReportFiles:
+  """Builds the comparison, draws the figures and writes every file:
+  :func:`prepare_report` (keyword arguments ``models``, ``baselines``,
+  ``bounds``, ``train_sizes``, ``training_log_paths``, ``inputs``,
+  ``metric``, ``examples``, ``model_paths``, ``baseline_paths``,
+  ``corpus_dir``, ``hypotheses_dirs``, ``bootstrap_samples``,
+  ``bootstrap_seed``), then :func:`write_prepared`.
+
+  ``metric``: "bleu" or "chrf" (chrF++). ``models`` sharing a name are
+  seeds (their logs: :mod:`.run_logs`). Examples and intervals read the
+  ``.hyp`` files (``hypotheses_dirs`` {run: dir}, else
+  :func:`.examples.find_hypotheses_dir`) and ``corpus_dir``'s test text.
+
+  Raises (before ``output_dir`` is created or written):
+    ValueError: invalid comparison inputs, unknown runs in or a wrong
+      log count for a model in ``training_log_paths``, unknown runs in
+      ``hypotheses_dirs``, two baselines on one language, a seed given
+      twice, or paths lists of the wrong length.
+    FileNotFoundError: a log in ``training_log_paths`` does not exist.
+    EmptyReportError: no language can be averaged.
+  """
+  return write_prepared(output_dir, prepare_report(**prepare_args),
+                        title=title,
+                        trend_frac=trend_frac, ce_thresholds=ce_thresholds)

@@ -438,10 +438,10 @@ def test_cli_flags(tmp_path):
   (tmp_path / "elsewhere" / "de.hyp").write_text("Open file\nSave\nx\n")
   base, _ = _eval_json(tmp_path, "bi-de", {"de": ["File", "All", "Page"]},
                        corpus=corpus, kind="bilingual")
-  def run(*flags):
+  def run(*flags, out="out"):
     return subprocess.run(
         [sys.executable, "-m", "m4moe.cli.report", f"--models={moe}",
-         f"--baselines={base}", f"--output_dir={tmp_path / 'out'}",
+         f"--baselines={base}", f"--output_dir={tmp_path / out}",
          f"--corpus_dir={corpus}", *flags], capture_output=True, text=True,
         check=False)
   done = run("--examples=1", "--bootstrap_samples=50",
@@ -452,9 +452,14 @@ def test_cli_flags(tmp_path):
       "source": "Datei öffnen", "reference": "Open the file",
       "hypotheses": {"moe": "Open file", "bilingual baselines": "File"}}]
   assert summary["intervals"]["n_samples"] == 50
-  bad = run("--hypotheses_dirs=nobody=/tmp")
+  bad = run("--hypotheses_dirs=nobody=/tmp", out="refused")
   assert bad.returncode != 0
   assert "--hypotheses_dirs names unknown runs: ['nobody']" in bad.stderr
+  # Refused input is found before the output directory is made.
+  assert not (tmp_path / "refused").exists()
+  bad = run("--training_logs=moe=a.jsonl,moe=b.jsonl", out="refused")
+  assert "gives 2 log(s) for model moe, which has 1 run(s)" in bad.stderr
+  assert not (tmp_path / "refused").exists()
 
 
 def test_out_of_domain_report_reads_test_ood_and_refuses_mixed_splits(

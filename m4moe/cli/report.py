@@ -24,7 +24,9 @@ are also compared over their seeds (Welch's t-test). See m4moe.eval.report.
 
 Every input eval JSON is validated against the schema (types, finite
 BLEU/chrF in [0, 100], non-negative sizes; errors name the file and the
-field); --output_dir is checked before any work and each file is written
+field); --output_dir is checked before any work, every input (eval JSONs,
+training logs, decoded hypotheses) is read and checked before the directory
+is created, so bad input leaves nothing behind, and each file is written
 atomically. summary.json is strict JSON: non-finite values become null and
 are listed in its notes.
 
@@ -160,10 +162,12 @@ def main(argv):
     models = [results.read_eval_json(p) for p in model_paths]
     baselines = [results.read_eval_json(p, kind="bilingual")
                  for p in baseline_paths]
+    prepared = _prepare(models, baselines, model_paths, baseline_paths)
     pathlib.Path(_OUTPUT_DIR.value).mkdir(parents=True, exist_ok=True)
     with run_lock.RunLock(_OUTPUT_DIR.value, role=run_lock.REPORT):
-      files = _write(models, baselines, model_paths, baseline_paths,
-                     thresholds)
+      files = report.write_prepared(
+          _OUTPUT_DIR.value, prepared, title=_TITLE.value,
+          trend_frac=_TREND_FRAC.value, ce_thresholds=thresholds)
   except run_lock.RunLockedError as e:
     sys.exit(f"m4moe-report: refused, nothing was changed: {e}")
   except report.EmptyReportError as e:
@@ -176,18 +180,17 @@ def main(argv):
   _print_summary(files)
 
 
-def _write(models, baselines, model_paths, baseline_paths,
-           thresholds) -> report.ReportFiles:
-  """:func:`report.write_report` with the flags' settings."""
-  return report.write_report(
-      _OUTPUT_DIR.value, models=models, baselines=baselines,
-      bounds=_bounds(),
+def _prepare(models, baselines, model_paths,
+             baseline_paths) -> report.PreparedReport:
+  """:func:`report.prepare_report` with the flags' settings: every input
+  is read and checked before --output_dir is created."""
+  return report.prepare_report(
+      models=models, baselines=baselines, bounds=_bounds(),
       train_sizes=(testsets.train_sizes(_CORPUS_DIR.value)
                    if _CORPUS_DIR.value else None),
-      training_log_paths=_training_logs(), ce_thresholds=thresholds,
-      trend_frac=_TREND_FRAC.value,
+      training_log_paths=_training_logs(),
       inputs=[str(p) for p in model_paths + baseline_paths],
-      title=_TITLE.value, metric=_METRIC.value, model_paths=model_paths,
+      metric=_METRIC.value, model_paths=model_paths,
       baseline_paths=baseline_paths, corpus_dir=_CORPUS_DIR.value,
       examples=_EXAMPLES.value,
       hypotheses_dirs=_pairs(_HYPOTHESES_DIRS.value, "hypotheses_dirs"),

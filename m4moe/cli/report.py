@@ -162,12 +162,8 @@ def main(argv):
     models = [results.read_eval_json(p) for p in model_paths]
     baselines = [results.read_eval_json(p, kind="bilingual")
                  for p in baseline_paths]
-    prepared = _prepare(models, baselines, model_paths, baseline_paths)
-    pathlib.Path(_OUTPUT_DIR.value).mkdir(parents=True, exist_ok=True)
-    with run_lock.RunLock(_OUTPUT_DIR.value, role=run_lock.REPORT):
-      files = report.write_prepared(
-          _OUTPUT_DIR.value, prepared, title=_TITLE.value,
-          trend_frac=_TREND_FRAC.value, ce_thresholds=thresholds)
+    files = _prepare_and_write(models, baselines, model_paths,
+                               baseline_paths, thresholds)
   except run_lock.RunLockedError as e:
     sys.exit(f"m4moe-report: refused, nothing was changed: {e}")
   except report.EmptyReportError as e:
@@ -178,6 +174,28 @@ def main(argv):
     sys.exit(f"m4moe-report: error: cannot write --output_dir="
              f"{_OUTPUT_DIR.value} ({e})")
   _print_summary(files)
+
+
+def _prepare_and_write(models, baselines, model_paths, baseline_paths,
+                       thresholds) -> report.ReportFiles:
+  """Reads and checks every input, then writes the report under the
+  directory's lock.
+
+  A new --output_dir is created only after its inputs passed, so refused
+  input leaves nothing behind; an existing one is locked first, so a
+  directory another report is writing is refused before any work.
+  """
+  out = pathlib.Path(_OUTPUT_DIR.value)
+  prepared = None
+  if not out.is_dir():
+    prepared = _prepare(models, baselines, model_paths, baseline_paths)
+    out.mkdir(parents=True, exist_ok=True)
+  with run_lock.RunLock(out, role=run_lock.REPORT):
+    if prepared is None:
+      prepared = _prepare(models, baselines, model_paths, baseline_paths)
+    return report.write_prepared(out, prepared, title=_TITLE.value,
+                                 trend_frac=_TREND_FRAC.value,
+                                 ce_thresholds=thresholds)
 
 
 def _prepare(models, baselines, model_paths,

@@ -78,6 +78,34 @@ def test_gaps_at_equal_steps_and_at_equal_cpu(tmp_path):
   assert "| 100 | - | 3.900 | -0.100 | - |" in table
 
 
+def test_gap_at_equal_measured_cost_reads_the_reference_at_scaled_steps(
+    tmp_path):
+  _write_run(tmp_path, "dense", cpu_per_step=1.0, ces=[4.0, 3.0, 2.5, 2.0])
+  _write_run(tmp_path, "moe", cpu_per_step=1.0, ces=[3.5, 2.8, 2.2, 1.9])
+  files = landing.RunFiles(run_dir=tmp_path)
+  dense, moe = (curves.read_curve(files, r) for r in ("dense", "moe"))
+  out = curves.compare([dense, moe], dense, {"moe": 1.5})
+  rows = out["runs"]["moe"]
+  # MoE step 100 costs 150 dense steps: dense there is 3.5 (midway 4.0 to
+  # 3.0); step 200 -> 300 (2.5); step 300 -> 450 (outside the range).
+  assert [r["gap_equal_cost"] for r in rows] == pytest.approx(
+      [0.0, 0.3, None, None])
+  assert [r["gap_equal_steps"] for r in rows] == pytest.approx(
+      [-0.5, -0.2, -0.3, -0.1])
+  assert out["runs"]["dense"][0]["gap_equal_cost"] is None
+  table = curves.markdown(out)
+  assert "| 200 | 200 | 2.800 | -0.200 | -0.200 | +0.300 |" in table
+  assert "(moe 1.5x)" in table and "--step_costs=moe=1.5" in table
+  assert "gap at equal measured cost" not in curves.markdown(
+      curves.compare([dense, moe], dense))
+  assert curves.parse_step_costs(["moe=1.21"], ["dense", "moe"]) == {
+      "moe": 1.21}
+  for bad, message in [("moe=0", "positive RATIO"), ("moe", "RUN=RATIO"),
+                       ("moe=x", "positive RATIO"), ("b=2", "not one of")]:
+    with pytest.raises(ValueError, match=message):
+      curves.parse_step_costs([bad], ["dense", "moe"])
+
+
 def test_the_tool_writes_the_table_and_refuses_a_missing_reference(tmp_path):
   _write_run(tmp_path, "a", cpu_per_step=1.0, ces=[4.0, 3.0])
   _write_run(tmp_path, "b", cpu_per_step=1.5, ces=[3.8, 2.9])

@@ -12,7 +12,13 @@ and, with ``--landed``, runs landed from earlier run directories
   (the trainer's ``step_cpu_sec`` times the steps of each logged interval),
   and the gap to the reference's dev CE interpolated at the same CPU
   seconds. Runs logged before the trainer measured CPU time get no
-  equal-CPU column rather than a partial one.
+  equal-CPU column rather than a partial one;
+* **equal measured cost** (``--step_costs=RUN=RATIO``): the gap to the
+  reference's dev CE at RATIO times the run's steps, RATIO being the run's
+  step cost over the reference's as a benchmark measured it interleaved
+  in one process (``m4moe-bench recipe_step --clock=cpu``). Logged CPU
+  seconds carry whatever else the machine did while each run trained;
+  an interleaved ratio does not.
 
 Gaps are run minus reference (negative: the run is ahead). The runs must
 have been trained by the same code for CPU seconds to compare; the table
@@ -30,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import app
 from absl import flags
@@ -51,6 +57,11 @@ def _define_flags() -> None:
   flags.DEFINE_string("reference", None, "The run the gaps are taken to.")
   flags.DEFINE_string("output", None,
                       "Directory for curves.md, curves.json, curves.png.")
+  flags.DEFINE_list("step_costs", [],
+                    "RUN=RATIO pairs: a run's step cost over the "
+                    "reference's, measured interleaved (m4moe-bench "
+                    "recipe_step); adds the gap at equal measured cost, "
+                    "the reference read at RATIO times the run's steps.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,23 +143,57 @@ def _gap(value: float | None, reference: float | None) -> float | None:
   return None if value is None or reference is None else value - reference
 
 
-def compare(curves: Sequence[Curve], reference: Curve) -> dict[str, Any]:
-  """Per run and evaluation: dev CE, gap at equal steps and at equal CPU."""
+def compare(curves: Sequence[Curve], reference: Curve,
+            step_costs: Mapping[str, float] | None = None) -> dict[str, Any]:
+  """Per run and evaluation: dev CE, gap at equal steps and at equal CPU,
+  and for runs in ``step_costs`` ({run: step cost over the reference's})
+  the gap at equal measured cost."""
+  step_costs = dict(step_costs or {})
   ref_steps = [(float(s), ce) for s, ce in reference.points]
   ref_cpu = reference.cpu_curve()
-  out: dict[str, Any] = {"reference": reference.run, "runs": {}}
+  out: dict[str, Any] = {"reference": reference.run, "runs": {},
+                         "step_costs": step_costs}
   for curve in curves:
     rows = []
+    ratio = step_costs.get(curve.run)
     for i, (step, ce) in enumerate(curve.points):
       cpu = curve.cpu_seconds[i] if curve.cpu_seconds else None
       ref_at_cpu = (training_logs.interpolate(ref_cpu, cpu)
                     if ref_cpu is not None and cpu is not None else None)
-      rows.append({
-          "step": step, "dev_ce": ce, "cpu_seconds": cpu,
-          "gap_equal_steps": _gap(
-              ce, training_logs.interpolate(ref_steps, float(step))),
-          "gap_equal_cpu": _gap(ce, ref_at_cpu)})
+      row = {"step": step, "dev_ce": ce, "cpu_seconds": cpu,
+             "gap_equal_steps": _gap(
+                 ce, training_logs.interpolate(ref_steps, float(step))),
+             "gap_equal_cpu": _gap(ce, ref_at_cpu)}
+      if step_costs:
+        row["gap_equal_cost"] = None if ratio is None else _gap(
+            ce, training_logs.interpolate(ref_steps, step * ratio))
+      rows.append(row)
     out["runs"][curve.run] = rows
+  return out
+
+
+def parse_step_costs(values: Sequence[str], runs: Sequence[str]
+                     ) -> dict[str, float]:
+  """{run: ratio} from ``--step_costs`` RUN=RATIO items.
+
+  Raises:
+    ValueError: an item that is not RUN=RATIO with a positive RATIO, or
+      a RUN not among ``runs``, naming the item and the fix.
+  """
+  out = {}
+  for item in values:
+    run, sep, text = item.partition("=")
+    try:
+      ratio = float(text) if sep else float("nan")
+    except ValueError:
+      ratio = float("nan")
+    if not ratio > 0:
+      raise ValueError(f"--step_costs: {item!r} is not RUN=RATIO with a "
+                       "positive RATIO (e.g. moe_s1=1.21)")
+    if run not in runs:
+      raise ValueError(f"--step_costs names {run!r}, which is not one of "
+                       f"--runs={','.join(runs)}: list it there too")
+    out[run] = ratio
   return out
 
 
@@ -156,32 +201,50 @@ def _fmt(value: float | None, spec: str) -> str:
   return "-" if value is None else format(value, spec)
 
 
-def markdown(comparison: dict[str, Any]) -> str:
-  """One table per run: step, CPU s, dev CE, the two gaps."""
+def _legend(comparison: dict[str, Any]) -> list[str]:
+  """The paragraph that says how to read the tables."""
   ref = comparison["reference"]
+  costs = comparison.get("step_costs") or {}
+  text = ("Gap = run minus reference (negative: the run is ahead); at "
+          "equal CPU time the reference's dev CE is interpolated at the "
+          "run's cumulative training CPU seconds ('-': outside the "
+          "reference's range, or no CPU times logged).")
+  flag = ""
+  if costs:
+    given = ", ".join(f"{run} {ratio:g}x" for run, ratio in costs.items())
+    text += (" At equal measured cost it is read at the run's steps times "
+             "the run's step cost over the reference's, measured "
+             f"interleaved ({given}).")
+    flag = " --step_costs=" + ",".join(f"{r}={v:g}" for r, v in costs.items())
+  return [text + " Regenerate: `python3 -m m4moe.pipeline.curves "
+          "--run_dir=RUN_DIR [--landed=LANDED] --runs=... "
+          f"--reference={ref}{flag} --output=DIR`.", ""]
+
+
+def markdown(comparison: dict[str, Any]) -> str:
+  """One table per run: step, CPU s, dev CE, the gaps."""
+  ref = comparison["reference"]
+  costs = bool(comparison.get("step_costs"))
   lines = [f"# Dev CE against {ref}: equal steps and equal CPU time", "",
-           "Gap = run minus reference (negative: the run is ahead); at "
-           "equal CPU time the reference's dev CE is interpolated at the "
-           "run's cumulative training CPU seconds ('-': outside the "
-           "reference's range, or no CPU times logged). Regenerate: "
-           "`python3 -m m4moe.pipeline.curves --run_dir=RUN_DIR "
-           f"[--landed=LANDED] --runs=... --reference={ref} --output=DIR`.", ""]
+           *_legend(comparison)]
   without = [run for run, rows in comparison["runs"].items()
              if rows and all(r["cpu_seconds"] is None for r in rows)]
   if without:
     lines += [f"Without CPU times (logged before the trainer measured them, "
               f"or only for part of training): {', '.join(without)}.", ""]
+  header = ("| step | CPU s | dev CE | gap at equal steps | gap at equal "
+            "CPU |" + (" gap at equal measured cost |" if costs else ""))
   for run, rows in comparison["runs"].items():
     if run == ref:
       continue
-    lines += [f"## {run}", "",
-              "| step | CPU s | dev CE | gap at equal steps | gap at equal "
-              "CPU |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"## {run}", "", header,
+              "|---:|---:|---:|---:|---:|" + ("---:|" if costs else "")]
     for r in rows:
+      cost = (f" {_fmt(r['gap_equal_cost'], '+.3f')} |" if costs else "")
       lines.append(
           f"| {r['step']} | {_fmt(r['cpu_seconds'], ',.0f')} | "
           f"{r['dev_ce']:.3f} | {_fmt(r['gap_equal_steps'], '+.3f')} | "
-          f"{_fmt(r['gap_equal_cpu'], '+.3f')} |")
+          f"{_fmt(r['gap_equal_cpu'], '+.3f')} |{cost}")
     lines.append("")
   return "\n".join(lines)
 
@@ -218,6 +281,10 @@ def main(argv: list[str]) -> None:
   if values.reference not in values.runs:
     raise app.UsageError(f"--reference={values.reference} is not one of "
                          f"--runs={','.join(values.runs)}: list it there too")
+  try:
+    step_costs = parse_step_costs(values.step_costs, values.runs)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   files = landing.RunFiles(
       run_dir=pathlib.Path(values.run_dir),
       landed=pathlib.Path(values.landed) if values.landed else None)
@@ -226,7 +293,7 @@ def main(argv: list[str]) -> None:
   except FileNotFoundError as e:
     raise app.UsageError(str(e)) from None
   reference = curves[values.runs.index(values.reference)]
-  comparison = compare(curves, reference)
+  comparison = compare(curves, reference, step_costs)
   out = pathlib.Path(values.output)
   out.mkdir(parents=True, exist_ok=True)
   text = markdown(comparison)

@@ -25,7 +25,7 @@ are also compared over their seeds (Welch's t-test). See m4moe.eval.report.
 Every input eval JSON is validated against the schema (types, finite
 BLEU/chrF in [0, 100], non-negative sizes; errors name the file and the
 field); --output_dir is checked before any work, every input (eval JSONs,
-training logs, decoded hypotheses) is read and checked before the directory
+training logs, decoded hypotheses) is read and checked before a new directory
 is created, so bad input leaves nothing behind, and each file is written
 atomically. summary.json is strict JSON: non-finite values become null and
 are listed in its notes.

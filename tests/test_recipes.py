@@ -29,8 +29,19 @@ def test_study3_confirmation_dense_is_the_baselines_recipes_dense(tmp_path):
     assert commands["study3"][stage] == commands["study3_baselines"][stage]
   confirm = {m.name: m for m in recipes_lib.load_recipe("study3").models}
   # Every confirmation model trains the same fixed budget (equal steps),
-  # but the dense model's equal-CPU-time continuation of the same runs.
+  # but the continuations of the same runs: the dense model's to the MoE's
+  # CPU time, and the longer budget's pair, whose steps keep that ratio.
   equal_cpu = confirm.pop("dense_lr4x_ffn8th_eqcpu")
+  moe_long = confirm.pop("moe_E64k8_every_outqtr_lr4x_long")
+  dense_long = confirm.pop("dense_lr4x_ffn8th_eqcpu_long")
+  assert moe_long.continue_from == "moe_E64k8_every_outqtr_lr4x"
+  assert dense_long.continue_from == "dense_lr4x_ffn8th_eqcpu"
+  # The MoE step's measured cost, 1.21x the dense step's
+  # (results/study/v3/bench/): each dense continuation is within one
+  # evaluation interval of the MoE's CPU time.
+  for dense, moe_steps in ((equal_cpu, 3000), (dense_long, 6000)):
+    assert abs(dense.train_steps - 1.21 * moe_steps) <= dense.eval_every
+  assert moe_long.train_steps == 6000
   assert {m.train_steps for m in confirm.values()} == {3000}
   assert all(m.early_stopping_patience == 0 for m in confirm.values())
   assert equal_cpu.continue_from == "dense_lr4x_ffn8th"

@@ -183,16 +183,38 @@ def validate_mesh(mesh: MeshShape, *, num_devices: int | None = None,
         f"available; make the axis sizes multiply to {num_devices} (e.g. "
         f"--mesh=data:{num_devices}), or on CPU create {mesh.size} virtual "
         "devices with sharding.configure_virtual_cpus before TensorFlow runs")
-  experts = mesh.axis_size("expert")
-  if num_experts is not None:
-    if num_experts == 0 and experts > 1:
-      raise MeshError(f"--mesh={mesh} has expert:{experts} but the model is "
-                      "dense (--num_experts=0); move those devices to data")
-    if num_experts and num_experts % experts:
+  _check_expert_axis(mesh, num_experts=num_experts)
+  _check_model_axis(mesh, num_heads=num_heads, d_ff=d_ff,
+                    expert_hidden_dim=expert_hidden_dim,
+                    shared_width=shared_width)
+  data = mesh.axis_size("data")
+  for value, what, flag in ((num_groups, "groups per step (G)", "group_size"),
+                            (batch_size, "sentences per batch", "batch_size")):
+    if value is not None and value % data:
       raise MeshError(
-          f"--num_experts={num_experts} is not divisible by the mesh's "
-          f"expert:{experts} axis (--mesh={mesh}); use an expert axis size "
-          f"that divides {num_experts} (e.g. {math.gcd(num_experts, experts)})")
+          f"{value} {what} is not divisible by the mesh's data:{data} axis "
+          f"(--mesh={mesh}); change --{flag} or the data axis so it divides")
+
+
+def _check_expert_axis(mesh: MeshShape, *, num_experts: int | None) -> None:
+  """:func:`validate_mesh`'s check of the ``expert`` axis against E."""
+  experts = mesh.axis_size("expert")
+  if num_experts is None:
+    return
+  if num_experts == 0 and experts > 1:
+    raise MeshError(f"--mesh={mesh} has expert:{experts} but the model is "
+                    "dense (--num_experts=0); move those devices to data")
+  if num_experts and num_experts % experts:
+    raise MeshError(
+        f"--num_experts={num_experts} is not divisible by the mesh's "
+        f"expert:{experts} axis (--mesh={mesh}); use an expert axis size "
+        f"that divides {num_experts} (e.g. {math.gcd(num_experts, experts)})")
+
+
+def _check_model_axis(mesh: MeshShape, *, num_heads: int | None,
+                      d_ff: int | None, expert_hidden_dim: int | None,
+                      shared_width: int | None) -> None:
+  """:func:`validate_mesh`'s check of the ``model`` axis against the widths."""
   model = mesh.axis_size("model")
   for value, flag in ((num_heads, "num_heads"), (d_ff, "d_ff"),
                       (expert_hidden_dim, "expert_hidden_dim")):
@@ -210,13 +232,6 @@ def validate_mesh(mesh: MeshShape, *, num_devices: int | None = None,
         f"(--mesh={mesh}), which splits it; use a model axis size that "
         f"divides {shared_width} (e.g. model:{math.gcd(shared_width, model)})"
         " or change --shared_expert_hidden_dim")
-  data = mesh.axis_size("data")
-  for value, what, flag in ((num_groups, "groups per step (G)", "group_size"),
-                            (batch_size, "sentences per batch", "batch_size")):
-    if value is not None and value % data:
-      raise MeshError(
-          f"{value} {what} is not divisible by the mesh's data:{data} axis "
-          f"(--mesh={mesh}); change --{flag} or the data axis so it divides")
 
 
 def model_widths(config: "ModelConfig") -> dict[str, Any]:

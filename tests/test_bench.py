@@ -90,6 +90,22 @@ def test_moe_layer_tiny(capsys):
   assert json.loads(capsys.readouterr().out)["benchmark"] == "moe_layer"
 
 
+def test_moe_layer_fine_grained_top_k():
+  # k > 2 is the token-choice topk router (the fine-grained MoE's); the
+  # dense baseline is then K*H wide: 8 x 4 = 32 here.
+  point = moe_layer.LayerPoint(num_experts=16, model_dim=8, hidden_dim=4,
+                               num_tokens=32, group_size=16, top_k=8)
+  config = moe_layer.model_config(point, dispatch="sorted")
+  assert config.moe.router == "topk" and config.moe.num_selected_experts == 8
+  assert point.useful_flops == 12.0 * 32 * 8 * 8 * 4
+  records = {r["case"]: r for r in moe_layer.run_point(
+      point, dispatches=("sorted",), jits=(False,), reps=1, matmul_size=0,
+      clock="cpu")}
+  _finite_positive(records["moe_sorted_nojit"], "speed_vs_dense")
+  with pytest.raises(ValueError, match="--top_ks=9 with --experts=8"):
+    moe_layer.LayerPoint(num_experts=8, top_k=9)
+
+
 @pytest.fixture(scope="module")
 def one_layer_configs(tmp_path_factory):
   """tiny/moe and tiny/dense flagfiles cut to one layer each (an MoE one)."""

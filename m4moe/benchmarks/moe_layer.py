@@ -42,8 +42,10 @@ class LayerPoint:
     if self.num_tokens % self.group_size:
       raise ValueError(f"--num_tokens={self.num_tokens} must be a multiple of "
                        f"--group_size={self.group_size}")
-    if self.top_k not in (1, 2):
-      raise ValueError(f"--top_k={self.top_k}: use 1 (top1) or 2 (top2)")
+    if not 1 <= self.top_k <= self.num_experts:
+      raise ValueError(f"--top_ks={self.top_k} with --experts="
+                       f"{self.num_experts}: use a k from 1 to the number "
+                       "of experts (1: top1, 2: top2, more: topk)")
 
   @property
   def capacity(self) -> int:
@@ -58,9 +60,16 @@ class LayerPoint:
 
 
 def model_config(point: LayerPoint, *, dispatch: str) -> config_lib.ModelConfig:
-  """A ModelConfig whose MoE layer is ``point`` (deterministic top-k)."""
-  router = ["--router=top2", "--second_expert_policy=all"] if (
-      point.top_k == 2) else ["--router=top1"]
+  """A ModelConfig whose MoE layer is ``point`` (deterministic top-k).
+
+  k = 1 and 2 are Switch's and GShard's routers (every second choice
+  dispatched); a larger k is the token-choice ``topk`` router of the
+  fine-grained MoEs.
+  """
+  router = {1: ["--router=top1"],
+            2: ["--router=top2", "--second_expert_policy=all"]}.get(
+                point.top_k, ["--router=topk",
+                              f"--num_selected_experts={point.top_k}"])
   return config_lib.load_model_config("tiny/moe", extra_flags=[
       f"--d_model={point.model_dim}", f"--num_experts={point.num_experts}",
       f"--expert_hidden_dim={point.hidden_dim}",

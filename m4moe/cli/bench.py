@@ -1,7 +1,7 @@
 """m4moe-bench: performance benchmarks, one JSON line per measurement.
 
 Usage:
-  m4moe-bench moe_layer [--experts=8,32,128] [--top_ks=1,2]
+  m4moe-bench moe_layer [--experts=8,32,128] [--top_ks=1,2,8]
       [--dispatches=sorted,index,einsum] [--jit=on,off] [--model_dim=512]
       [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
       [--capacity_factor=1.25] [--matmul_size=2048] [--clock=wall|cpu]
@@ -100,7 +100,9 @@ _REPS = flags.DEFINE_integer("reps", 3, "Timed repetitions per case.",
 _WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls per case first.",
                                lower_bound=0)
 _EXPERTS = flags.DEFINE_list("experts", ["32"], "moe_layer: E values.")
-_TOP_KS = flags.DEFINE_list("top_ks", ["2"], "moe_layer: k values (1, 2).")
+_TOP_KS = flags.DEFINE_list(
+    "top_ks", ["2"], "moe_layer: k values (1: top1, 2: top2, more: the "
+    "token-choice topk router of fine-grained MoEs).")
 _DISPATCHES = flags.DEFINE_list(
     "dispatches", ["sorted", "index", "einsum"],
     "moe_layer: dispatch implementations (sorted is timed with --jit=off "

@@ -246,6 +246,18 @@ def test_cli_rejects_unknown_dispatch():
     flag_values["dispatches"].unparse()
 
 
+def test_cli_rejects_a_k_above_the_experts():
+  flag_values = bench.flags.FLAGS
+  flag_values(["m4moe-bench", "--experts=4", "--top_ks=5"])
+  try:
+    with pytest.raises(bench.app.UsageError,
+                       match="--top_ks=5 with --experts=4"):
+      bench.main(["m4moe-bench", "moe_layer"])
+  finally:
+    flag_values["experts"].unparse()
+    flag_values["top_ks"].unparse()
+
+
 def test_cli_rejects_cpu_clock_outside_the_clocked_benchmarks_and_zero_reps():
   flag_values = bench.flags.FLAGS
   flag_values(["m4moe-bench", "--clock=cpu"])

@@ -251,11 +251,14 @@ def _moe_layer() -> None:
         f"{','.join(config_lib.DISPATCH_IMPLEMENTATIONS)}")
   for e in _EXPERTS.value:
     for k in _TOP_KS.value:
-      point = moe_layer.LayerPoint(
-          num_experts=int(e), top_k=int(k), model_dim=_MODEL_DIM.value,
-          hidden_dim=_HIDDEN_DIM.value, num_tokens=_NUM_TOKENS.value,
-          group_size=_GROUP_SIZE.value,
-          capacity_factor=_CAPACITY_FACTOR.value)
+      try:
+        point = moe_layer.LayerPoint(
+            num_experts=int(e), top_k=int(k), model_dim=_MODEL_DIM.value,
+            hidden_dim=_HIDDEN_DIM.value, num_tokens=_NUM_TOKENS.value,
+            group_size=_GROUP_SIZE.value,
+            capacity_factor=_CAPACITY_FACTOR.value)
+      except ValueError as error:
+        raise app.UsageError(str(error)) from None
       for record in moe_layer.run_point(
           point, dispatches=tuple(_DISPATCHES.value), jits=_jits(),
           reps=_REPS.value, warmup=_WARMUP.value,

@@ -258,6 +258,21 @@ def test_cli_rejects_a_k_above_the_experts():
     flag_values["top_ks"].unparse()
 
 
+@pytest.mark.parametrize("flag, value", [("top_ks", "abc"), ("experts", "8,x"),
+                                         ("experts", "0"),
+                                         ("sharding_devices", "two")])
+def test_cli_names_the_list_flag_that_is_not_positive_integers(flag, value):
+  flag_values = bench.flags.FLAGS
+  flag_values(["m4moe-bench", f"--{flag}={value}"])
+  command = "sharding" if flag == "sharding_devices" else "moe_layer"
+  try:
+    with pytest.raises(bench.app.UsageError,
+                       match=f"--{flag}={value}: give positive integers"):
+      bench.main(["m4moe-bench", command])
+  finally:
+    flag_values[flag].unparse()
+
+
 def test_cli_rejects_cpu_clock_outside_the_clocked_benchmarks_and_zero_reps():
   flag_values = bench.flags.FLAGS
   flag_values(["m4moe-bench", "--clock=cpu"])

@@ -239,6 +239,20 @@ def _profile_point(point: moe_layer.LayerPoint, *,
                                               by="op_type")})
 
 
+def _positive_ints(holder: flags.FlagHolder[list[str]], *,
+                   example: str) -> list[int]:
+  """The integers of a list flag, or a usage error naming the flag."""
+  given = ",".join(holder.value)
+  try:
+    values = [int(v) for v in holder.value]
+  except ValueError:
+    values = []
+  if not values or min(values) < 1:
+    raise app.UsageError(f"--{holder.name}={given}: give positive integers "
+                         f"separated by commas, e.g. {example}")
+  return values
+
+
 def _moe_layer() -> None:
   from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import moe_layer  # pylint: disable=g-import-not-at-top
@@ -249,11 +263,11 @@ def _moe_layer() -> None:
     raise app.UsageError(
         f"--dispatches: unknown {', '.join(unknown)}; use any of "
         f"{','.join(config_lib.DISPATCH_IMPLEMENTATIONS)}")
-  for e in _EXPERTS.value:
-    for k in _TOP_KS.value:
+  for e in _positive_ints(_EXPERTS, example="8,32,128"):
+    for k in _positive_ints(_TOP_KS, example="1,2,8"):
       try:
         point = moe_layer.LayerPoint(
-            num_experts=int(e), top_k=int(k), model_dim=_MODEL_DIM.value,
+            num_experts=e, top_k=k, model_dim=_MODEL_DIM.value,
             hidden_dim=_HIDDEN_DIM.value, num_tokens=_NUM_TOKENS.value,
             group_size=_GROUP_SIZE.value,
             capacity_factor=_CAPACITY_FACTOR.value)
@@ -397,12 +411,7 @@ def _input_pipeline() -> None:
 def _sharding() -> None:
   from m4moe.benchmarks import sharding  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
-  try:
-    devices = [int(d) for d in _SHARDING_DEVICES.value]
-  except ValueError:
-    given = ",".join(_SHARDING_DEVICES.value)
-    raise app.UsageError(f"--sharding_devices={given}: give positive "
-                         "integers, e.g. 1,2,4,8") from None
+  devices = _positive_ints(_SHARDING_DEVICES, example="1,2,4,8")
   try:
     points = [sharding.ShardingPoint(
         devices=d, layout=layout, experts_per_device=_EXPERTS_PER_DEVICE.value,

@@ -161,3 +161,23 @@ def test_dev_ce_per_resource_third_at_the_best_checkpoint(tmp_path):
   plain = screening.candidate(recipe.models[1], "b_s1", landing.RunFiles(run_dir=run_dir),
                               ce_target=3.0, buckets=buckets)
   assert plain.bucket_dev_ce is None
+
+
+def test_bilingual_probes_are_bucketed_among_each_other(tmp_path):
+  # One language per run (a baseline probe per resource third): the thirds
+  # come from all runs' languages, not from the first run's one language.
+  run_dir = tmp_path / "run"
+  for run, lang, size in [("ru_s1", "ru", 900), ("kk_s1", "kk", 300),
+                          ("uz_s1", "uz", 30)]:
+    _run(run_dir, run, [(10, 3.0)], bleu={lang: 10.0}, sizes={lang: size})
+  files = landing.RunFiles(run_dir=run_dir)
+  buckets = screening.resource_buckets(files, ["kk_s1", "ru_s1", "uz_s1"])
+  assert buckets == {"ru": "high", "kk": "mid", "uz": "low"}
+  # Before any but the first has a dev eval, the others' thirds are empty.
+  only = screening.resource_buckets(files, ["ru_s1", "missing_s1"])
+  assert only == {"ru": "high"}
+  recipe_path = tmp_path / "screen.toml"
+  recipe_path.write_text(_RECIPE)
+  table = screening.markdown(recipes_lib.load_recipe(str(recipe_path)), [],
+                             ce_target=3.0, buckets=only)
+  assert "high: ru; mid: -; low: -" in table

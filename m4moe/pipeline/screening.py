@@ -109,20 +109,22 @@ def resource_buckets(files: landing.RunFiles, runs: Sequence[str]
                      ) -> dict[str, str]:
   """Language -> ``high``/``mid``/``low``: terciles of the training pairs
   (:func:`m4moe.eval.comparison.tercile_bounds`, as the study reports
-  bucket languages), read from the first of ``runs`` with a dev eval JSON
-  that records them; {} while none has."""
+  bucket languages) over every language of ``runs``' dev eval JSONs that
+  record them (so bilingual probes of one language each are bucketed
+  among each other); {} while none has."""
+  sizes: dict[str, int] = {}
   for run in runs:
     path = files.eval_dev(run)
     if not path.is_file():
       continue
-    sizes = {lang: score.train_size for lang, score in
-             results_lib.read_eval_json(path).languages.items()
-             if score.train_size is not None}
-    if sizes:
-      ordered = comparison.order_languages(sizes)
-      bounds = comparison.tercile_bounds([sizes[l] for l in ordered])
-      return {lang: bounds.bucket(sizes[lang]) for lang in ordered}
-  return {}
+    for lang, score in results_lib.read_eval_json(path).languages.items():
+      if score.train_size is not None:
+        sizes.setdefault(lang, score.train_size)
+  if not sizes:
+    return {}
+  ordered = comparison.order_languages(sizes)
+  bounds = comparison.tercile_bounds([sizes[l] for l in ordered])
+  return {lang: bounds.bucket(sizes[lang]) for lang in ordered}
 
 
 def _bucket_dev_ce(records: Sequence[dict], step: int | None,
@@ -215,7 +217,7 @@ def _cell(value: Any, fmt: str) -> str:
 def _buckets_text(buckets: dict[str, str]) -> str:
   if not buckets:
     return ""
-  parts = [f"{b}: {', '.join(l for l, x in buckets.items() if x == b)}"
+  parts = [f"{b}: {', '.join(l for l, x in buckets.items() if x == b) or '-'}"
            for b in _BUCKETS]
   return (" Dev CE high / mid / low: token-weighted over each third of the "
           "languages by training pairs, at the best checkpoint ("

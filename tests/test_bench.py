@@ -259,16 +259,15 @@ def test_cli_rejects_a_k_above_the_experts():
 
 
 @pytest.mark.parametrize("flag, value", [("top_ks", "abc"), ("experts", "8,x"),
-                                         ("experts", "0"),
-                                         ("sharding_devices", "two")])
+                                         ("experts", "0")])
 def test_cli_names_the_list_flag_that_is_not_positive_integers(flag, value):
+  # (--sharding_devices: tests/test_bench_sharding.py)
   flag_values = bench.flags.FLAGS
   flag_values(["m4moe-bench", f"--{flag}={value}"])
-  command = "sharding" if flag == "sharding_devices" else "moe_layer"
   try:
     with pytest.raises(bench.app.UsageError,
                        match=f"--{flag}={value}: give positive integers"):
-      bench.main(["m4moe-bench", command])
+      bench.main(["m4moe-bench", "moe_layer"])
   finally:
     flag_values[flag].unparse()
 

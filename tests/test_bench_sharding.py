@@ -177,7 +177,7 @@ def test_views_of_tensors_the_step_did_not_compute_are_not_activations():
 
 @pytest.mark.parametrize("flag, message", [
     ("--sharding_devices=1,x", "positive integers"),
-    ("--sharding_devices=0", "must be >= 1"),
+    ("--sharding_devices=0", "--sharding_devices=0: give positive integers"),
     ("--sharding_layouts=model", "unknown"),
     ("--tokens_per_device=12", "multiple of --sequence_length=8"),
     ("--sequence_length=128", "multiple of --sequence_length=128"),

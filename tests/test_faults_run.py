@@ -23,7 +23,12 @@ def stop(signum, frame):
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
 print("STAGE", os.getpid(), flush=True)
-time.sleep(600)
+# Short sleeps: Python runs a handler between bytecodes, so a signal that
+# lands after the last check but before a sleep's syscall starts would wait
+# out the whole sleep; the next short one runs it.
+deadline = time.monotonic() + 600
+while time.monotonic() < deadline:
+  time.sleep(0.05)
 '''
 
 # The job: runs the stage through supervisor.run_stage_process, as m4moe-run.

@@ -224,7 +224,10 @@ def test_a_failing_lane_stops_the_others_and_records_neither(tmp_path):
           f"pathlib.Path({str(pid_file)!r}).write_text(repr(("
           "sorted(os.sched_getaffinity(0)), "
           "os.environ['TF_NUM_INTRAOP_THREADS'])))\n"
-          "time.sleep(300)\n",))
+          # short sleeps: a SIGTERM landing just before a long sleep's
+          # syscall would wait it out (handlers run between bytecodes)
+          "deadline = time.monotonic() + 300\n"
+          "while time.monotonic() < deadline: time.sleep(0.05)\n",))
   fast_ok = _ScriptStage(name="ok", description="", tool="eval", lane=0,
                          args=("print('fine')",))
   bad = _ScriptStage(name="bad", description="", tool="eval", lane=0,

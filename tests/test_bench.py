@@ -1,6 +1,6 @@
 """Smoke tests of m4moe-bench: each sub-benchmark runs at tiny sizes and
-prints JSON lines carrying its config and the issue-7 ratios (no timing
-assertions)."""
+prints JSON lines carrying its config and the ratios its comparison is
+about (no timing assertions)."""
 
 import io
 import json
@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from m4moe import config as config_lib
 from m4moe.model import losses
+from m4moe.model import numerics
 from m4moe.benchmarks import decode
 from m4moe.benchmarks import dropout
 from m4moe.benchmarks import input_pipeline
@@ -104,6 +105,49 @@ def test_moe_layer_fine_grained_top_k():
   _finite_positive(records["moe_sorted_nojit"], "speed_vs_dense")
   with pytest.raises(ValueError, match="--top_ks=9 with --experts=8"):
     moe_layer.LayerPoint(num_experts=8, top_k=9)
+
+
+def test_moe_layer_parts_split_the_layer():
+  point = moe_layer.LayerPoint(num_experts=4, model_dim=8, hidden_dim=16,
+                               num_tokens=32, group_size=16, top_k=2)
+  records = {r["case"]: r for r in moe_layer.run_point(
+      point, dispatches=("sorted", "index"), jits=(False,), reps=1,
+      matmul_size=0, clock="cpu", parts=True)}
+  assert set(records) == {
+      "moe_sorted_nojit", "moe_index_nojit", "moe_sorted_noexperts_nojit",
+      "moe_index_noexperts_nojit", "router_nojit", "dense_nojit"}
+  assert set(records["router_nojit"]["share_of_layer"]) == {
+      "moe_sorted_nojit", "moe_index_nojit"}
+  assert set(records["moe_index_noexperts_nojit"]["share_of_layer"]) == {
+      "moe_index_nojit"}
+  for name in ("router_nojit", "moe_sorted_noexperts_nojit"):
+    for share in records[name]["share_of_layer"].values():
+      assert np.isfinite(share) and share > 0
+    _finite_positive(records[name], "speed_vs_dense")
+    assert "useful_gflops_per_sec" not in records[name]
+
+
+@pytest.mark.parametrize("dispatch", ["sorted", "index", "einsum"])
+def test_pass_through_experts_leave_routing_dispatch_and_combine(dispatch):
+  # With identity experts each token's output is its input times the summed
+  # combine weights of its dispatched choices: a capacity factor of 0.5
+  # drops choices, so some tokens get less than their full weight.
+  point = moe_layer.LayerPoint(num_experts=4, model_dim=8, hidden_dim=16,
+                               num_tokens=32, group_size=16, top_k=2,
+                               capacity_factor=0.5)
+  layer = moe_layer.build_layer(point, dispatch=dispatch, experts=False)
+  x = tf.random.stateless_normal([2, 16, 8], seed=[3, 4])
+  mask = tf.ones([2, 16])
+  out = layer(x, padding_mask=mask, training=True,
+              seed=tf.constant([1, 2])).outputs
+  result = layer.router(x, padding_mask=mask, capacity=point.capacity,
+                        training=True, seed=numerics.fold_seed(
+                            tf.constant([1, 2]), 0), group_capacity=None)
+  kept = result.buffer_position.numpy() >= 0
+  weight = (result.combine_weights.numpy() * kept).sum(-1)  # [G, S]
+  assert 0 < kept.mean() < 1  # some choices dropped, some dispatched
+  np.testing.assert_allclose(out.numpy(), x.numpy() * weight[..., None],
+                             rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,13 @@ tokens: exactly the useful FLOPs of the MoE layer (each token through K
 experts of width H), ``12*N*M*K*H`` for forward+backward. A square matmul
 (``--matmul_size``) times the machine's attainable GFLOP/s. All cases of one
 point are timed interleaved (see :mod:`m4moe.benchmarks.timing`).
+
+With ``parts``, two more cases split the layer's time: ``router`` (the
+router alone: logits, choices, capacity placement, balancing loss) and
+``moe_<dispatch>_noexperts`` (the whole layer with its experts replaced by
+the identity: routing, dispatch and combine, no expert matmuls). Each part
+reports its ``share_of_layer`` (its median over the full layer's), so what
+the experts cost is one minus the no-experts share.
 """
 
 from __future__ import annotations
@@ -87,12 +94,57 @@ def _inputs(point: LayerPoint) -> tf.Tensor:
        point.model_dim)), tf.float32)
 
 
-def moe_case(point: LayerPoint, *, dispatch: str,
-             jit: bool) -> Callable[[], Any]:
-  """A blocking zero-argument call: MoE forward+backward (x and weights)."""
+class PassThroughExperts:
+  """The identity in place of the experts (:class:`m4moe.moe.dispatch.Experts`).
+
+  The layer with these runs its router, dispatch and combine exactly as
+  with real experts, so its time is the layer's minus the expert matmuls;
+  each token's output is its input times the combine weights of its
+  dispatched choices.
+  """
+  dropout_rate = 0.0
+
+  def __call__(self, dispatched: tf.Tensor, *, output_layout: str,
+               training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+    """<dtype>[E, G, C, M] buffers -> the same, in ``output_layout``."""
+    del training, seed
+    if output_layout == "GECM":
+      return tf.transpose(dispatched, [1, 0, 2, 3])
+    return dispatched
+
+  def rows(self, rows: tf.Tensor, counts: tf.Tensor, **unused: Any
+           ) -> tf.Tensor:
+    """<dtype>[T, M] sorted rows -> the same, zeros past ``sum(counts)``."""
+    del unused
+    used = tf.range(tf.shape(rows)[0]) < tf.reduce_sum(counts)
+    return tf.where(used[:, tf.newaxis], rows, tf.zeros_like(rows))
+
+  def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor, **unused: Any
+             ) -> tf.Tensor:
+    """<dtype>[X, R, M] blocks -> the same."""
+    del block_expert, unused
+    return blocks
+
+
+def build_layer(point: LayerPoint, *, dispatch: str,
+                experts: bool = True) -> moe_layer.MoeLayer:
+  """The point's MoE layer, seeded; ``experts=False``: PassThroughExperts."""
   tf.random.set_seed(0)  # seeded init: works with op determinism enabled
   layer = moe_layer.MoeLayer(config=model_config(point, dispatch=dispatch),
                              causal=False)
+  if not experts:
+    layer.experts = PassThroughExperts()
+  return layer
+
+
+def moe_case(point: LayerPoint, *, dispatch: str, jit: bool,
+             experts: bool = True) -> Callable[[], Any]:
+  """A blocking zero-argument call: MoE forward+backward (x and weights).
+
+  ``experts=False`` times the layer without its expert matmuls
+  (:class:`PassThroughExperts`).
+  """
+  layer = build_layer(point, dispatch=dispatch, experts=experts)
   x = _inputs(point)
   mask = tf.ones(x.shape[:2], tf.float32)
   seed = tf.constant([1, 2], tf.int32)
@@ -104,6 +156,31 @@ def moe_case(point: LayerPoint, *, dispatch: str,
       tape.watch(x)
       out = layer(x, padding_mask=mask, training=True, seed=seed)
       loss = tf.reduce_sum(out.outputs * out.outputs) + out.weighted_loss
+    grads = tape.gradient(loss, [x] + variables)
+    return tf.add_n([tf.reduce_sum(g) for g in grads])
+  return lambda: step(x).numpy()
+
+
+def router_case(point: LayerPoint, *, jit: bool) -> Callable[[], Any]:
+  """The router alone, forward+backward through its combine weights and loss.
+
+  The inputs are already the layer's groups (``<float32>[N/S, S, M]``, no
+  padding), so this is the router call of :func:`moe_case` on the same
+  tokens.
+  """
+  layer = build_layer(point, dispatch="index")
+  x = _inputs(point)
+  mask = tf.ones(x.shape[:2], tf.float32)
+  seed = tf.constant([1, 2], tf.int32)
+  variables = list(layer.router.trainable_variables)
+
+  @tf.function(jit_compile=jit)
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      result = layer.router(x, padding_mask=mask, capacity=point.capacity,
+                            training=True, seed=seed, group_capacity=None)
+      loss = tf.reduce_sum(result.combine_weights) + result.aux_loss
     grads = tape.gradient(loss, [x] + variables)
     return tf.add_n([tf.reduce_sum(g) for g in grads])
   return lambda: step(x).numpy()
@@ -167,33 +244,66 @@ def buffer_bytes(point: LayerPoint, *, dispatch: str) -> dict[str, int]:
           "total_bytes": routing_bytes + buffers}
 
 
+def _jit_name(jit: bool) -> str:
+  return "jit" if jit else "nojit"
+
+
 def cases(point: LayerPoint, *, dispatches: tuple[str, ...],
-          jits: tuple[bool, ...],
-          matmul_size: int) -> dict[str, Callable[[], Any]]:
+          jits: tuple[bool, ...], matmul_size: int,
+          parts: bool = False) -> dict[str, Callable[[], Any]]:
   """The blocking zero-argument calls :func:`run_point` times, by case name.
 
   ``moe_<dispatch>_<jit|nojit>`` (no ``sorted`` under XLA: its per-expert
   row counts are dynamic), ``dense_<jit|nojit>``, and ``matmul`` (the GFLOP/s
-  reference) if ``matmul_size``.
+  reference) if ``matmul_size``. With ``parts`` also
+  ``moe_<dispatch>_noexperts_<jit|nojit>`` and ``router_<jit|nojit>``.
   """
   out = {}
   for dispatch, jit in itertools.product(dispatches, jits):
     if dispatch == "sorted" and jit:
       continue  # dynamic per-expert row counts: not compilable by XLA
-    out[f"moe_{dispatch}_{'jit' if jit else 'nojit'}"] = moe_case(
+    out[f"moe_{dispatch}_{_jit_name(jit)}"] = moe_case(
         point, dispatch=dispatch, jit=jit)
+    if parts:
+      out[f"moe_{dispatch}_noexperts_{_jit_name(jit)}"] = moe_case(
+          point, dispatch=dispatch, jit=jit, experts=False)
   for jit in jits:
-    out[f"dense_{'jit' if jit else 'nojit'}"] = dense_case(point, jit=jit)
+    out[f"dense_{_jit_name(jit)}"] = dense_case(point, jit=jit)
+    if parts:
+      out[f"router_{_jit_name(jit)}"] = router_case(point, jit=jit)
   if matmul_size:
     out["matmul"] = matmul_case(matmul_size)
   return out
+
+
+def _case_fields(name: str, *, point: LayerPoint, times: timing.Timings,
+                 layers: list[str]) -> dict[str, Any]:
+  """The ratios of one case's record (see :func:`run_point`)."""
+  jit = name.rsplit("_", 1)[-1]
+  gflops = {"useful_gflops_per_sec":
+                point.useful_flops / times.median(name) / 1e9}
+  if name.startswith("dense_"):
+    return gflops
+  fields = {"speed_vs_dense": times.ratio(f"dense_{jit}", name)}
+  if name.startswith("router_"):
+    fields["share_of_layer"] = {layer: times.ratio(name, layer)
+                                for layer in layers
+                                if layer.endswith(f"_{jit}")}
+  elif "_noexperts_" in name:
+    layer = name.replace("_noexperts", "")
+    fields["share_of_layer"] = {layer: times.ratio(name, layer)}
+  else:  # a whole layer
+    fields.update(gflops)
+    fields.update(buffer_bytes(point, dispatch=name.split("_")[1]))
+  return fields
 
 
 def run_point(point: LayerPoint, *,
               dispatches: tuple[str, ...] = ("sorted", "index", "einsum"),
               jits: tuple[bool, ...] = (True, False), reps: int = 3,
               warmup: int = 1, matmul_size: int = 2048,
-              clock: str = "wall") -> Iterator[dict[str, Any]]:
+              clock: str = "wall", parts: bool = False
+              ) -> Iterator[dict[str, Any]]:
   """Times one point's cases interleaved; yields one JSON record per case.
 
   ``sorted`` is timed without XLA only (dynamic shapes). Each MoE record
@@ -201,27 +311,28 @@ def run_point(point: LayerPoint, *,
   ratio the layer's speed targets are stated in; results/benchmarks/) and
   ``fraction_of_matmul`` = useful GFLOP/s / the square matmul's GFLOP/s;
   seconds are ``clock`` seconds (:data:`timing.CLOCKS`; with "cpu" the
-  GFLOP/s are per CPU-second of the process, not per second).
+  GFLOP/s are per CPU-second of the process, not per second). With
+  ``parts``, the ``router`` and ``noexperts`` records have
+  ``share_of_layer``: {full layer case: median(part) / median(layer)}.
   """
   calls = cases(point, dispatches=dispatches, jits=jits,
-                matmul_size=matmul_size)
+                matmul_size=matmul_size, parts=parts)
   times = timing.interleaved(calls, reps=reps, warmup=warmup, clock=clock)
   matmul_gflops = (2.0 * matmul_size ** 3 / times.median("matmul") / 1e9
                    if matmul_size else None)
   base = {"benchmark": "moe_layer", **dataclasses.asdict(point),
           "capacity": point.capacity, "reps": reps, "clock": clock,
           **timing.machine()}
+  layers = [name for name in calls
+            if name.startswith("moe_") and "_noexperts_" not in name]
   for name in calls:
     if name == "matmul":
       continue
-    gflops = point.useful_flops / times.median(name) / 1e9
     record = {**base, "case": name, "median_sec": times.median(name),
-              "useful_gflops_per_sec": gflops, "seconds": times.seconds[name]}
-    if matmul_gflops:
-      record["fraction_of_matmul"] = gflops / matmul_gflops
+              "seconds": times.seconds[name],
+              **_case_fields(name, point=point, times=times, layers=layers)}
+    if matmul_gflops and "useful_gflops_per_sec" in record:
+      record["fraction_of_matmul"] = (record["useful_gflops_per_sec"] /
+                                      matmul_gflops)
       record["matmul_gflops_per_sec"] = matmul_gflops
-    if name.startswith("moe_"):
-      _, dispatch, jit = name.split("_")
-      record["speed_vs_dense"] = times.ratio(f"dense_{jit}", name)
-      record.update(buffer_bytes(point, dispatch=dispatch))
     yield record

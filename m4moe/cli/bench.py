@@ -5,7 +5,7 @@ Usage:
       [--dispatches=sorted,index,einsum] [--jit=on,off] [--model_dim=512]
       [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
       [--capacity_factor=1.25] [--matmul_size=2048] [--clock=wall|cpu]
-      [--profile_dir=DIR [--profile_top=10]]
+      [--parts] [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench train_step [--batch_size=64] [--sequence_length=32]
   m4moe-bench loss [--batch_size=64] [--sequence_length=64]
       [--vocab_size=8000] [--model_dim=128] [--clock=wall|cpu]
@@ -34,6 +34,12 @@ Every sub-benchmark times the cases it compares interleaved in one process
 warm-up calls, plus the ratios the comparison is about (``speed_vs_dense``
 of the MoE layer, ``cached_speedup`` of decoding, ...; each module of
 ``m4moe/benchmarks`` documents its own).
+
+``moe_layer --parts`` splits the layer's time: the router alone
+(``router_*``) and the layer with its experts replaced by the identity
+(``moe_<dispatch>_noexperts_*``: routing, dispatch and combine), each with
+its ``share_of_layer`` of the whole layer, timed interleaved with it
+(``m4moe/benchmarks/moe_layer.py``).
 
 ``loss`` and ``loss_step`` time the one-pass cross-entropy of
 ``m4moe.model.losses`` against the log-softmax formulation the trainer used
@@ -125,6 +131,10 @@ _CAPACITY_FACTOR = flags.DEFINE_float("capacity_factor", 1.25,
 _MATMUL_SIZE = flags.DEFINE_integer(
     "matmul_size", 2048, "moe_layer: square matmul for the GFLOP/s reference "
     "(0: none).")
+_PARTS = flags.DEFINE_bool(
+    "parts", False, "moe_layer: also time the router alone and the layer "
+    "with identity experts (routing + dispatch + combine), each as a share "
+    "of the whole layer.")
 _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir", None, "moe_layer: after timing each point, trace each of "
     "its cases for --reps calls with tf.profiler into "
@@ -226,7 +236,7 @@ def _profile_point(point: moe_layer.LayerPoint, *,
   from m4moe.benchmarks import profile  # pylint: disable=g-import-not-at-top
   from m4moe.benchmarks import timing  # pylint: disable=g-import-not-at-top
   calls = moe_layer.cases(point, dispatches=tuple(_DISPATCHES.value),
-                          jits=_jits(), matmul_size=0)
+                          jits=_jits(), matmul_size=0, parts=_PARTS.value)
   for case, fn in calls.items():
     trace = profile.profile_call(
         fn, logdir=profile_dir / f"{_point_name(point)}_{case}",
@@ -276,7 +286,8 @@ def _moe_layer() -> None:
       for record in moe_layer.run_point(
           point, dispatches=tuple(_DISPATCHES.value), jits=_jits(),
           reps=_REPS.value, warmup=_WARMUP.value,
-          matmul_size=_MATMUL_SIZE.value, clock=_CLOCK.value):
+          matmul_size=_MATMUL_SIZE.value, clock=_CLOCK.value,
+          parts=_PARTS.value):
         timing.emit(record)
       if _PROFILE_DIR.value:
         _profile_point(point, profile_dir=pathlib.Path(_PROFILE_DIR.value))

@@ -184,6 +184,22 @@ def test_tested_runs_land_in_the_layout_restore_reads_back(tmp_path):
   assert not (out / "metrics" / "b_s1.jsonl").exists()
 
 
+def test_a_second_run_directory_on_the_same_bytes_adds_runs(tmp_path):
+  # A seed trained in a run directory of its own, on a corpus built again
+  # with the same bytes, lands beside the first directory's runs; the
+  # corpus record stays the first directory's.
+  first, second, out = tmp_path / "first", tmp_path / "second", tmp_path / "o"
+  _tested_run_dir(first, {"a_s1": ("eval", "eval_ood")})
+  _tested_run_dir(second, {"a_s2": ("eval", "eval_ood")})
+  assert landing.land_tested(first, out)[0] == ["a_s1"]
+  record = (out / "stages" / "corpus.json").read_text()
+  assert f"{first}/corpus" in record
+  assert landing.land_tested(second, out)[0] == ["a_s2"]
+  assert (out / "stages" / "corpus.json").read_text() == record
+  assert (out / "metrics" / "a_s1.jsonl").is_file()
+  assert (out / "eval" / "a_s2" / "pt.hyp").read_text() == "a_s2 eval\n"
+
+
 def test_the_tool_lands_tested_runs_and_names_a_missing_corpus_record(
     tmp_path):
   run_dir = tmp_path / "run"

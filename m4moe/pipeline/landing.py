@@ -41,7 +41,9 @@ hypotheses in ``<split>/<run>/``, the run directory's ``report*/``
 folders and ``inputs.sha256``; it refuses a run directory whose corpus or
 vocabularies differ from a manifest already there (runs on other bytes
 must not be pooled) and a folder landed in the other layout, and writes
-nothing when no run has finished its test evals. On a new machine ``restore --results`` puts the
+nothing when no run has finished its test evals. Runs of a second run
+directory on the same bytes land beside the first's (the corpus record
+landed first stays). On a new machine ``restore --results`` puts the
 runs back, so ``m4moe-run`` trains only the rest and the report still
 has every run's hypotheses.
 """
@@ -210,7 +212,12 @@ def _manifest(run_dir: pathlib.Path) -> str:
 
 def _land_inputs(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   """The manifest and the corpus record of ``run_dir`` into ``output``,
-  refusing a manifest there that names other bytes."""
+  refusing a manifest there that names other bytes.
+
+  A corpus record already landed stays: a second run directory on the same
+  bytes (its manifest is equal) adds runs, and the record keeps naming the
+  build the first landing came from.
+  """
   corpus = run_dir / "stages" / "corpus.json"
   if not corpus.is_file():
     raise ValueError(f"{corpus} does not exist: land runs of a run "
@@ -225,7 +232,8 @@ def _land_inputs(run_dir: pathlib.Path, output: pathlib.Path) -> None:
   tmp = path.with_name(path.name + ".landing")
   tmp.write_text(manifest, encoding="utf-8")
   tmp.replace(path)
-  _copy(corpus, output / "stages" / "corpus.json")
+  if not (output / "stages" / "corpus.json").is_file():
+    _copy(corpus, output / "stages" / "corpus.json")
 
 
 def _land_tested_run(run_dir: pathlib.Path, output: pathlib.Path,

@@ -98,7 +98,8 @@ class PassThroughExperts:
   """The identity in place of the experts (:class:`m4moe.moe.dispatch.Experts`).
 
   The layer with these runs its router, dispatch and combine exactly as
-  with real experts, so its time is the layer's minus the expert matmuls;
+  with real experts, so its time is the layer's minus the experts' work
+  (their matmuls, and the sorted path's split of the rows per expert);
   each token's output is its input times the combine weights of its
   dispatched choices.
   """
@@ -114,10 +115,15 @@ class PassThroughExperts:
 
   def rows(self, rows: tf.Tensor, counts: tf.Tensor, **unused: Any
            ) -> tf.Tensor:
-    """<dtype>[T, M] sorted rows -> the same, zeros past ``sum(counts)``."""
-    del unused
-    used = tf.range(tf.shape(rows)[0]) < tf.reduce_sum(counts)
-    return tf.where(used[:, tf.newaxis], rows, tf.zeros_like(rows))
+    """<dtype>[T, M] sorted rows -> the same, dropped rows included.
+
+    The rows past ``sum(counts)`` are not zeroed, as real experts'
+    outputs are: their choices' combine weight is 0, so they add nothing
+    to the outputs and get no gradient, and zeroing them would time a
+    select that no real path runs.
+    """
+    del counts, unused
+    return rows
 
   def blocks(self, blocks: tf.Tensor, block_expert: tf.Tensor, **unused: Any
              ) -> tf.Tensor:

@@ -316,6 +316,17 @@ def test_cli_names_the_list_flag_that_is_not_positive_integers(flag, value):
     flag_values[flag].unparse()
 
 
+def test_cli_rejects_parts_outside_moe_layer():
+  flag_values = bench.flags.FLAGS
+  flag_values(["m4moe-bench", "--parts"])
+  try:
+    with pytest.raises(bench.app.UsageError, match="--parts splits the "
+                       "moe_layer benchmark only, not train_step"):
+      bench.main(["m4moe-bench", "train_step"])
+  finally:
+    flag_values["parts"].unparse()
+
+
 def test_cli_rejects_cpu_clock_outside_the_clocked_benchmarks_and_zero_reps():
   flag_values = bench.flags.FLAGS
   flag_values(["m4moe-bench", "--clock=cpu"])

@@ -472,6 +472,9 @@ def main(argv: Sequence[str]) -> None:
   if _PROFILE_DIR.value and argv[1] not in PROFILED:
     raise app.UsageError(f"--profile_dir profiles {', '.join(PROFILED)} "
                          f"only, not {argv[1]}: drop the flag")
+  if _PARTS.value and argv[1] != "moe_layer":
+    raise app.UsageError(f"--parts splits the moe_layer benchmark only, not "
+                         f"{argv[1]}: drop the flag")
   if _CLOCK.value != "wall" and argv[1] not in CLOCKED:
     raise app.UsageError(f"--clock={_CLOCK.value} times {', '.join(CLOCKED)} "
                          f"only; {argv[1]} times wall-clock seconds: drop "

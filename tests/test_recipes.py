@@ -25,9 +25,19 @@ def test_study3_confirmation_dense_is_the_baselines_recipes_dense(tmp_path):
           recipes_lib.load_recipe(name), run_dir=tmp_path,
           cache_dir=tmp_path / "cache")}
       for name in ("study3", "study3_baselines")}
-  for stage in ("corpus", "vocab", "train_dense_lr4x_ffn8th_s1"):
+  # The ru baseline is the probe that chose the high third's recipe.
+  for stage in ("corpus", "vocab", "train_dense_lr4x_ffn8th_s1",
+                "train_bilingual_ru_lr4x_ffn8th_s1"):
     assert commands["study3"][stage] == commands["study3_baselines"][stage]
   confirm = {m.name: m for m in recipes_lib.load_recipe("study3").models}
+  # The bilingual baselines keep study v2's recipe (early stopping on dev
+  # CE within 3000 steps), one per high-resource language.
+  baselines = {name: confirm.pop(name) for name in list(confirm)
+               if confirm[name].bilingual}
+  assert sorted(m.languages[0] for m in baselines.values()) == sorted(
+      ["pt", "de", "ru", "ja", "fi", "ar"])
+  assert all(m.train_steps == 3000 and m.early_stopping_patience == 3
+             for m in baselines.values())
   # Every confirmation model trains the same fixed budget (equal steps),
   # but the continuations of the same runs: the dense model's to the MoE's
   # CPU time, and the longer budget's pair, whose steps keep that ratio.

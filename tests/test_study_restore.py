@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from m4moe.data import vocab as vocab_lib
 from m4moe.pipeline import restore as restore_lib
 import recipe_fixtures
 
@@ -266,3 +267,42 @@ def test_a_recipe_check_without_a_run_dir_to_copy_from_is_refused(tmp_path):
       check=False)
   assert proc.returncode != 0 and "drop --recipe" in proc.stderr
   assert not (run_dir / "stages").exists()
+
+
+def _spm_model(path: pathlib.Path, *, prefix: str, pieces: list[str]) -> str:
+  """A SentencePiece model file with these pieces, trained to ``prefix``;
+  returns its sha256."""
+  proto = vocab_lib.sentencepiece_model_pb2.ModelProto()
+  for piece in pieces:
+    proto.pieces.add(piece=piece, score=0.0)
+  proto.trainer_spec.model_prefix = prefix
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(proto.SerializeToString())
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_copied_runs_vocabulary_fingerprint_names_the_models_here(
+    tmp_path):
+  # Rebuilt vocabularies hold the same pieces as the source's but record
+  # another training path, so their bytes differ: the decoder, which checks
+  # the run's fingerprint byte for byte, must see this directory's files.
+  source, run_dir = tmp_path / "old", tmp_path / "new"
+  old_src = _spm_model(source / "vocab" / "source.model",
+                       prefix="/tmp/a/source", pieces=["<unk>", "a", "b"])
+  new_src = _spm_model(run_dir / "vocab" / "source.model",
+                       prefix="/tmp/b/source", pieces=["<unk>", "a", "b"])
+  old_tgt = _spm_model(source / "vocab" / "target.model",
+                       prefix="/tmp/a/target", pieces=["<unk>", "c"])
+  new_tgt = _spm_model(run_dir / "vocab" / "target.model",
+                       prefix="/tmp/a/target", pieces=["<unk>", "d"])
+  assert old_src != new_src and old_tgt != new_tgt
+  assert restore_lib.vocabulary_digests(source, run_dir) == {
+      old_src: new_src}  # the target models hold other pieces: not equal
+  _trained(source, "a", ["py", f"--model_dir={source}/models/a"])
+  (source / "models" / "a" / "run.json").write_text(json.dumps(
+      {"vocab": {"source": {"sha256": old_src}, "target":
+                 {"sha256": old_tgt}}}))
+  assert restore_lib.import_runs(source, run_dir) == ["a"]
+  copied = json.loads((run_dir / "models" / "a" / "run.json").read_text())
+  assert copied["vocab"]["source"]["sha256"] == new_src
+  assert copied["vocab"]["target"]["sha256"] == old_tgt

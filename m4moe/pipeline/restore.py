@@ -30,7 +30,11 @@ and ``vocab/`` is compared): each finished training run there (its train
 stage record and model directory, checkpoints included) is copied with
 paths rewritten, so a later recipe that trains the same run with the same
 command (e.g. study v3's confirmation, whose baselines were trained by
-``study3_baselines``) skips the training and only decodes. With
+``study3_baselines``) skips the training and only decodes. The
+vocabularies are compared by content (a SentencePiece model records the
+path it was trained to), and a copied run's vocabulary fingerprint is
+rewritten to name this directory's models, so that the decoder's byte
+check accepts them. With
 ``--recipe``, every run to copy must have the exact training command that
 recipe plans for ``--run_dir`` (any other is refused before anything is
 copied)::
@@ -118,13 +122,36 @@ def _decoded_any(eval_json: pathlib.Path) -> bool:
 
 
 def _copy_text(src: pathlib.Path, dst: pathlib.Path, *, old: str,
-               new: str) -> None:
-  """``src`` to ``dst`` with ``old`` paths replaced by ``new`` (atomic)."""
+               new: str, digests: Mapping[str, str] | None = None) -> None:
+  """``src`` to ``dst`` with ``old`` paths replaced by ``new`` and each key
+  of ``digests`` by its value (atomic)."""
   dst.parent.mkdir(parents=True, exist_ok=True)
   tmp = dst.with_name(dst.name + ".restoring")
-  tmp.write_text(src.read_text(encoding="utf-8").replace(old, new),
-                 encoding="utf-8")
+  text = src.read_text(encoding="utf-8").replace(old, new)
+  for was, now in (digests or {}).items():
+    text = text.replace(was, now)
+  tmp.write_text(text, encoding="utf-8")
   tmp.replace(dst)
+
+
+def vocabulary_digests(source: pathlib.Path, run_dir: pathlib.Path
+                       ) -> dict[str, str]:
+  """sha256 of each ``vocab/*.model`` of ``source`` -> that of the same
+  model of ``run_dir``, where the bytes differ but the content is equal
+  (:func:`m4moe.data.vocab.model_digest`: a model records the path it was
+  trained to). A copied run's vocabulary fingerprint names the source's
+  bytes; rewritten with this map, it names the models it is decoded with
+  here, which encode every text the same way."""
+  mapping = {}
+  for model in sorted((source / "vocab").glob("*.model")):
+    here = run_dir / "vocab" / model.name
+    if not here.is_file():
+      continue
+    was, now = landing.sha256(model), landing.sha256(here)
+    if was != now and (landing.input_digest(model) ==
+                       landing.input_digest(here)):
+      mapping[was] = now
+  return mapping
 
 
 def _matches(run: str, patterns: Sequence[str]) -> bool:
@@ -185,13 +212,13 @@ def finished_runs(source: pathlib.Path) -> list[str]:
 
 
 def _copy_model_dir(src: pathlib.Path, dst: pathlib.Path, *, old: str,
-                    new: str) -> None:
+                    new: str, digests: Mapping[str, str]) -> None:
   for path in sorted(src.rglob("*")):
     if path.is_dir() or path.name in _NOT_COPIED:
       continue
     target = dst / path.relative_to(src)
     if path.suffix in _TEXT_SUFFIXES or path.name == "checkpoint":
-      _copy_text(path, target, old=old, new=new)
+      _copy_text(path, target, old=old, new=new, digests=digests)
       continue
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".restoring")
@@ -213,7 +240,9 @@ def import_runs(source: pathlib.Path, run_dir: pathlib.Path, *,
                 ) -> list[str]:
   """Copies the finished training runs of ``source`` matching ``patterns``
   into ``run_dir`` (model directory first, stage record last); returns
-  their names. A run that ``run_dir`` has a record or model directory of
+  their names. Paths are rewritten to ``run_dir``, and so are the
+  digests of vocabulary models equal in content
+  (:func:`vocabulary_digests`). A run that ``run_dir`` has a record or model directory of
   is left alone. ``expected``: stage name -> the command a recipe plans
   for ``run_dir``; every run to copy must have it (the Python executable
   aside).
@@ -240,9 +269,10 @@ def import_runs(source: pathlib.Path, run_dir: pathlib.Path, *,
     if wrong:
       raise ValueError(f"{len(wrong)} run(s) of {source} are not the runs "
                        "the recipe would train: " + "; ".join(wrong))
+  digests = vocabulary_digests(source, run_dir)
   for run in chosen:
     _copy_model_dir(source / "models" / run, run_dir / "models" / run,
-                    old=old, new=new)
+                    old=old, new=new, digests=digests)
     _copy_text(source / "stages" / f"train_{run}.json",
                run_dir / "stages" / f"train_{run}.json", old=old, new=new)
   return chosen

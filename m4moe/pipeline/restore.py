@@ -242,8 +242,8 @@ def import_runs(source: pathlib.Path, run_dir: pathlib.Path, *,
   into ``run_dir`` (model directory first, stage record last); returns
   their names. Paths are rewritten to ``run_dir``, and so are the
   digests of vocabulary models equal in content
-  (:func:`vocabulary_digests`). A run that ``run_dir`` has a record or model directory of
-  is left alone. ``expected``: stage name -> the command a recipe plans
+  (:func:`vocabulary_digests`). A run that ``run_dir`` has a record or
+  model directory of is left alone. ``expected``: stage name -> the command a recipe plans
   for ``run_dir``; every run to copy must have it (the Python executable
   aside).
 

@@ -243,9 +243,9 @@ def import_runs(source: pathlib.Path, run_dir: pathlib.Path, *,
   their names. Paths are rewritten to ``run_dir``, and so are the
   digests of vocabulary models equal in content
   (:func:`vocabulary_digests`). A run that ``run_dir`` has a record or
-  model directory of is left alone. ``expected``: stage name -> the command a recipe plans
-  for ``run_dir``; every run to copy must have it (the Python executable
-  aside).
+  model directory of is left alone. ``expected``: stage name -> the
+  command a recipe plans for ``run_dir``; every run to copy must have it
+  (the Python executable aside).
 
   Raises:
     ValueError: with ``expected``, runs it does not plan or plans with

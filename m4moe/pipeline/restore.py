@@ -25,16 +25,17 @@ earlier session's run directory are rewritten to ``--run_dir``.
 ``--runs='bilingual_*'``).
 
 ``--from_run_dir`` seeds it instead from another *run directory* whose
-corpus and vocabularies are the same bytes (every file under ``corpus/``
-and ``vocab/`` is compared): each finished training run there (its train
+corpus files are the same bytes and whose vocabularies hold the same
+content (every file under ``corpus/`` and ``vocab/`` is compared): each
+finished training run there (its train
 stage record and model directory, checkpoints included) is copied with
 paths rewritten, so a later recipe that trains the same run with the same
 command (e.g. study v3's confirmation, whose baselines were trained by
-``study3_baselines``) skips the training and only decodes. The
-vocabularies are compared by content (a SentencePiece model records the
-path it was trained to), and a copied run's vocabulary fingerprint is
-rewritten to name this directory's models, so that the decoder's byte
-check accepts them. With
+``study3_baselines``) skips the training and only decodes. A
+SentencePiece model records the path it was trained to, so vocabularies
+rebuilt elsewhere differ in bytes only; a copied run's vocabulary
+fingerprint is rewritten to name this directory's models, so that the
+decoder's byte check accepts them. With
 ``--recipe``, every run to copy must have the exact training command that
 recipe plans for ``--run_dir`` (any other is refused before anything is
 copied)::

@@ -1005,9 +1005,8 @@ def _gather_evidence(comp: comparison_lib.Comparison, *,
                      bootstrap_seed: int) -> _Evidence:
   """Reads the training logs and decoded outputs and computes what they
   give (see :func:`write_report` for where each is found)."""
-  logs = run_logs_lib.find_training_logs(groups, training_log_paths)
-  baseline_logs = run_logs_lib.find_training_logs(
-      run_logs_lib.single_run_groups(baselines), {})
+  logs, baseline_logs = run_logs_lib.find_all_training_logs(
+      groups, run_logs_lib.single_run_groups(baselines), training_log_paths)
   dev = dev_ce_lib.compare_dev_ce(
       comp, model_runs=run_logs_lib.seed_mean_dev_ce(logs),
       baselines=baselines,
@@ -1187,8 +1186,10 @@ def write_report(output_dir: str | pathlib.Path, *,
   :func:`.examples.find_hypotheses_dir`) and ``corpus_dir``'s test text.
 
   Raises (before ``output_dir`` is created or written):
-    ValueError: invalid comparison inputs, unknown runs in or a wrong
-      log count for a model in ``training_log_paths``, unknown runs in
+    ValueError: invalid comparison inputs, a name in
+      ``training_log_paths`` that is neither a model nor a baseline (or
+      that several baselines share), a wrong log count for a model in
+      it, unknown runs in
       ``hypotheses_dirs``, two baselines on one language, a seed given
       twice, or paths lists of the wrong length.
     FileNotFoundError: a log in ``training_log_paths`` does not exist.

@@ -5,6 +5,8 @@ has its own training log (``metrics.jsonl``). :func:`find_training_logs`
 pairs every run with its log: the paths given for its model (one per run,
 in the order the runs were given), else ``<metadata.model_dir>/
 metrics.jsonl`` of the run's eval JSON when that file exists.
+:func:`find_all_training_logs` does so for the models and the bilingual
+baselines together, the given paths naming either.
 
 What the report takes from the logs, and from which runs:
 
@@ -97,6 +99,45 @@ def find_training_logs(groups: Sequence[seeds_lib.ModelGroup],
   return {g.name: _group_logs(g, _given_paths(given[g.name])
                               if g.name in given else None)
           for g in groups}
+
+
+def find_all_training_logs(groups: Sequence[seeds_lib.ModelGroup],
+                           baseline_groups: Sequence[seeds_lib.ModelGroup],
+                           given: Mapping[str, str | Sequence[str]]
+                           ) -> tuple[dict[str, tuple[RunLog, ...]],
+                                      dict[str, tuple[RunLog, ...]]]:
+  """(the models' logs, the baselines' logs), ``given`` naming either.
+
+  A landed baseline's eval JSON names the model directory it was trained
+  in, which another machine does not have; naming the baseline (its model
+  name, one log) lets a report read its dev CE from a landed copy of the
+  log. A name that is both a model and a baseline is the model's.
+
+  Raises:
+    ValueError: ``given`` names neither a model nor a baseline, or a
+      name several baselines share (each needs its own log), or gives a
+      model another number of logs than it has runs.
+    FileNotFoundError: a given log does not exist.
+  """
+  names = {g.name for g in groups}
+  baseline_names = [g.name for g in baseline_groups]
+  unknown = set(given) - names - set(baseline_names)
+  if unknown:
+    raise ValueError(f"--training_logs names unknown models: "
+                     f"{sorted(unknown)}; name a model of --models or a "
+                     "baseline of --baselines by its model name")
+  shared = sorted(n for n in set(given) - names
+                  if baseline_names.count(n) > 1)
+  if shared:
+    raise ValueError(f"--training_logs names {shared}, a model name that "
+                     "several baselines share: give those baselines "
+                     "distinct --model_name values, or leave them out to "
+                     "read each one's metadata.model_dir/metrics.jsonl")
+  return (find_training_logs(
+              groups, {k: v for k, v in given.items() if k in names}),
+          find_training_logs(
+              baseline_groups,
+              {k: v for k, v in given.items() if k not in names}))
 
 
 def single_run_groups(runs: Sequence[results.EvalResult]

@@ -1,5 +1,6 @@
 """m4moe-report on hand-made eval JSONs: averages, ordering, files, figure."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -234,6 +235,30 @@ def test_report_rejects_unknown_training_log_model(tmp_path):
   with pytest.raises(ValueError, match="unknown models"):
     report.write_report(tmp_path / "o", models=[model_a],
                         training_log_paths={"nope": str(tmp_path)})
+
+
+def test_a_baselines_log_can_be_given_by_its_model_name(tmp_path):
+  # bi-sw's model directory has no log (a landed baseline on another
+  # machine): naming it reads its dev CE from the given copy.
+  models, baselines = _dev_ce_inputs(tmp_path)
+  _write_dev_log(tmp_path / "landed", {"sw": 5.0})
+  files = report.write_report(
+      tmp_path / "out", models=models, baselines=baselines, bounds=BOUNDS,
+      training_log_paths={"bi-sw": str(tmp_path / "landed/metrics.jsonl")})
+  summary = json.loads(files.summary.read_text())["dev_ce"]
+  assert summary["baseline"]["sw"] == 5.0
+  assert summary["averaged"] == ["de", "fr", "ru", "zh", "sw"]
+  assert summary["models"]["moe"]["delta"]["sw"] == 1.0
+  assert summary["models"]["dense"]["delta"]["sw"] == 0.5
+
+
+def test_a_log_name_that_several_baselines_share_is_refused(tmp_path):
+  models, baselines = _dev_ce_inputs(tmp_path)
+  same = [dataclasses.replace(b, model="bi") for b in baselines]
+  with pytest.raises(ValueError, match="several baselines share"):
+    report.write_report(tmp_path / "o", models=models, baselines=same,
+                        training_log_paths={"bi": str(tmp_path)})
+  assert not (tmp_path / "o").exists()
 
 
 def test_report_cli(tmp_path):

@@ -66,8 +66,9 @@ _BUCKET_BOUNDS = flags.DEFINE_list(
 _TRAINING_LOGS = flags.DEFINE_list(
     "training_logs", [],
     "MODEL=metrics.jsonl pairs; a model with several seeds is named once "
-    "per seed, in the order of its --models files (default: each eval "
-    "JSON's metadata.model_dir/metrics.jsonl).")
+    "per seed, in the order of its --models files; a bilingual baseline "
+    "is named by its model name, e.g. to read a landed copy of its log "
+    "(default: each eval JSON's metadata.model_dir/metrics.jsonl).")
 _CE_THRESHOLDS = flags.DEFINE_list(
     "ce_thresholds", ["0.7", "0.6", "0.5"],
     "Training cross-entropy thresholds for the tokens-to-reach table.")

@@ -5,7 +5,8 @@ name: runs of one model trained with different seeds. :func:`group_models`
 groups them (input order kept) and merges each group into one
 :class:`~m4moe.eval.results.EvalResult` whose BLEU and chrF++ per language
 are the means over the seeds, so the comparison, figure and tables use
-seed means. A run's seed is ``metadata.seed`` of its eval JSON, else
+seed means. A run's seed is ``metadata.seed`` of its eval JSON (m4moe-eval
+records it, so a landed JSON keeps it away from its run directory), else
 ``train.seed`` of ``<metadata.model_dir>/config.json`` (written by
 m4moe-train), else unknown; two runs of one model with the same known seed
 are an error (the same run given twice). Everything else about the merged
@@ -149,8 +150,13 @@ def seed_of(result: results.EvalResult) -> int | None:
     config = jsonfile.load(path, what="the run's config.json", fix="")
   except jsonfile.JSONFileError:
     return None  # no seed recorded: the run is still reported
-  seed = config.get("train", {}).get("seed") if isinstance(
-      config, dict) else None
+  return config_seed(config)
+
+
+def config_seed(run_config: Any) -> int | None:
+  """``train.seed`` of a run's ``config.json`` contents (None: not there)."""
+  train = run_config.get("train") if isinstance(run_config, dict) else None
+  seed = train.get("seed") if isinstance(train, dict) else None
   return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 

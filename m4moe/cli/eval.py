@@ -36,6 +36,7 @@ from m4moe.cli import translation_flags
 from m4moe.eval import evaluate as evaluate_lib
 from m4moe.eval import results
 from m4moe.eval import scoring
+from m4moe.eval import seeds as seeds_lib
 from m4moe.eval import testsets as testsets_lib
 from m4moe.eval import textio
 from m4moe.eval import translator as translator_lib
@@ -76,6 +77,11 @@ def _metadata(files: rundir.RunFiles,
       "corpus_dir": _CORPUS_DIR.value, "split": _SPLIT.value,
       "direction": _DIRECTION.value, "max_sentences": _MAX_SENTENCES.value,
   }
+  # The training seed travels with the JSON, so that a report on landed
+  # files tells seeds apart without the run directory.
+  seed = seeds_lib.config_seed(files.run_config)
+  if seed is not None:
+    meta["seed"] = seed
   try:
     from m4moe.cost import model as cost  # pylint: disable=g-import-not-at-top
     meta["num_params"] = cost.num_params(config)

@@ -51,6 +51,9 @@ def main(report_dirs: list[str]) -> None:
             "directories that m4moe-report --baselines wrote")
     for report_dir in report_dirs:
         path = pathlib.Path(report_dir) / "summary.json"
+        if not path.is_file():
+            raise SystemExit(f"{path}: no such file; give a directory "
+                             "that m4moe-report --baselines wrote")
         summary = json.loads(path.read_text(encoding="utf-8"))
         print("\n".join(_rows(summary, summary["split"])))
 

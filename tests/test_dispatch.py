@@ -288,8 +288,8 @@ def test_no_drop_layer_uses_blocks_and_equals_buffer_path():
   rng = np.random.default_rng(3)
   x = tf.constant(rng.normal(size=(3, 5, M)), tf.float32)
   mask = tf.constant(rng.random((3, 5)) > 0.3, tf.float32)
-  grouped, grouped_mask, _ = layer._group(tf.reshape(x, [-1, M]),
-                                          tf.reshape(mask, [-1]))
+  grouped, grouped_mask, _, _ = layer._group(tf.reshape(x, [-1, M]),
+                                             tf.reshape(mask, [-1]))
   result = layer.router(grouped, padding_mask=grouped_mask,
                         capacity=grouped.shape[1], training=False)
   layout = dispatch.BufferLayout(
@@ -533,6 +533,17 @@ def test_resolver_decisions(requested, backend, router, training, dropout,
   assert dispatch.resolve_dispatch(
       requested=requested, backend=backend, router=router, training=training,
       expert_dropout_rate=dropout, layout=layout) == expected
+
+
+def test_bfloat16_runs_the_static_buffers_instead_of_sorted_rows():
+  # oneDNN builds a bfloat16 matmul per new row count: static shapes win.
+  def resolve(dtype, requested="sorted"):
+    return dispatch.resolve_dispatch(
+        requested=requested, backend="none", router="topk", training=True,
+        expert_dropout_rate=0.0, activation_dtype=dtype)
+  assert resolve("float32") == "sorted"
+  assert resolve("bfloat16") == "index"
+  assert resolve("bfloat16", "einsum") == "einsum"
 
 
 def test_resolver_and_layout_reject_bad_values():

@@ -71,8 +71,9 @@ def test_each_group_holds_tokens_of_one_shard_real_ones_first():
   tokens[:, 0] = index
   _, mask = _batch()
   mask = tf.reshape(mask, [-1])
-  grouped, grouped_mask, position = layer._group(  # pylint: disable=protected-access
+  grouped, grouped_mask, position, source = layer._group(  # pylint: disable=protected-access
       tf.constant(tokens), mask, shards=2)
+  assert source is None  # on a mesh: batched gathers, autodiff gradients
   # 12 tokens per shard, S = 4: 3 groups per shard, G = 6.
   assert grouped.shape == (6, 4, M) and position.shape == (2, 12)
   token_of_slot = grouped.numpy()[..., 0].reshape(2, 12) - 1

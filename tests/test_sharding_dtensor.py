@@ -240,7 +240,7 @@ def _layer_layouts(mesh_text):
   rows = (sharding.batch_axis,)
   x, mask = sharding.put(x, rows), sharding.put(mask, rows)
   shards = layer.group_shards(8)
-  grouped, grouped_mask, position = layer._group(  # pylint: disable=protected-access
+  grouped, grouped_mask, position, _ = layer._group(  # pylint: disable=protected-access
       tf.reshape(x, [-1, 8]), tf.reshape(mask, [-1]), shards=shards)
   seen.update(shards=shards, grouped=describe(grouped),
               grouped_mask=describe(grouped_mask),

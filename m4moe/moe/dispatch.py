@@ -686,7 +686,8 @@ class BufferLayout:
 
 def resolve_dispatch(*, requested: str, backend: str, router: str,
                      training: bool, expert_dropout_rate: float,
-                     layout: BufferLayout | None = None) -> str:
+                     layout: BufferLayout | None = None,
+                     activation_dtype: str = "float32") -> str:
   """The dispatch path (a key of :data:`DISPATCH_PATHS`) a layer runs.
 
   The one place the choice is made, in this order:
@@ -700,7 +701,12 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
      expert-choice router gets here) and with the expert-choice router (no
      per-token view to sort); under the XLA backend that ``index`` computes
      the same values but is not partitioned per group (see
-     :func:`_mesh_dispatch`).
+     :func:`_mesh_dispatch`). It does so too with bfloat16 activations:
+     oneDNN builds a bfloat16 matmul for every new row count, and the
+     per-expert counts change with every batch, so the sorted rows' matmuls
+     cost more than the capacity buffers' static ones (the fine-grained
+     training step ran 2.2x slower; ``results/benchmarks/
+     sparse-step-cost.md``).
   4. ``index`` becomes ``block`` where :func:`_block_is_cheaper`.
   5. Otherwise ``requested``.
 
@@ -713,6 +719,7 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
     expert_dropout_rate: ``--expert_dropout_rate``.
     layout: the call's static sizes; None decides without them (never
       ``block``).
+    activation_dtype: ``--activation_dtype`` (float32 or bfloat16).
 
   Returns:
     "einsum", "index", "sorted", "block" or "grouped_index".
@@ -726,7 +733,9 @@ def resolve_dispatch(*, requested: str, backend: str, router: str,
   on_mesh = _mesh_dispatch(requested=requested, backend=backend, router=router)
   if on_mesh is not None:
     return on_mesh
-  if requested == "sorted" and (backend == "xla" or router == "expert_choice"):
+  if requested == "sorted" and (backend == "xla" or
+                                router == "expert_choice" or
+                                activation_dtype == "bfloat16"):
     return "index"
   if requested == "index" and _block_is_cheaper(
       backend=backend, training=training,

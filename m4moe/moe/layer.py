@@ -69,6 +69,7 @@ from typing import Any
 import tensorflow as tf
 
 from m4moe.moe import dispatch as dispatch_lib
+from m4moe.moe import grouping
 from m4moe.model import initializers
 from m4moe.model import layers
 from m4moe.moe import routing
@@ -147,7 +148,9 @@ class MoeOutput:
 # instead of 0.35-0.42x under XLA, 0.57x instead of 0.35x without). The
 # price is compile time: ~4x longer at E=128 (88-131 s instead of 22-27 s
 # under XLA on a loaded machine; results/benchmarks/README.md, "layer
-# table").
+# table"). In bfloat16 the batched einsum is faster (the fine-grained
+# layer's training step 0.84x instead of 0.82x the float32 dense step's
+# rate; results/benchmarks/sparse-step-cost.md), so the loop is float32's.
 _PER_EXPERT_MATMUL_MAX_EXPERTS = 128
 
 
@@ -283,6 +286,7 @@ class FeedForwardExperts(tf.Module):
     num_experts = self.wi.shape[0]
     # Per-expert matmuls would put every expert on every device when sharded.
     if (output_layout == "EGCM" and not shard.enabled and
+        dtype == tf.float32 and
         num_experts <= _PER_EXPERT_MATMUL_MAX_EXPERTS):
       return self._per_expert(dispatched, keep)
     wi = shard.shard(tf.cast(self.wi, dtype), ("expert", None, "model"),
@@ -543,38 +547,6 @@ def _buffer_layout(grouped: tf.Tensor,
       num_experts=result.num_experts, capacity=result.capacity)
 
 
-def _compaction_permutation(mask: tf.Tensor) -> tf.Tensor:
-  """New position of each token within its row: real tokens first, in order.
-
-  Args:
-    mask: <float32>[D, N] 1 for real tokens, one row per shard.
-
-  Returns:
-    <int32>[D, N] position of each token in its row after the compaction.
-  """
-  real = tf.cast(mask > 0, tf.int32)
-  real_position = tf.cumsum(real, axis=-1, exclusive=True)
-  pad_position = (tf.reduce_sum(real, axis=-1, keepdims=True) +
-                  tf.cumsum(1 - real, axis=-1, exclusive=True))
-  return tf.where(real > 0, real_position, pad_position)
-
-
-def _compaction_source(mask: tf.Tensor) -> tf.Tensor:
-  """The inverse of :func:`_compaction_permutation`, row by row.
-
-  A stable sort of the key "is padding" lists each row's real tokens, in
-  order, then its padding tokens, in order: the token at each new position.
-
-  Args:
-    mask: <float32>[D, N].
-
-  Returns:
-    <int32>[D, N] token (index within its row) at each new position.
-  """
-  padding = tf.cast(mask <= 0, tf.int32)
-  return tf.argsort(padding, axis=-1, stable=True)
-
-
 class MoeLayer(tf.Module):
   """GShard/Switch MoE layer replacing a Transformer feed-forward layer.
 
@@ -657,7 +629,8 @@ class MoeLayer(tf.Module):
         requested=moe.dispatch, backend=self.sharding.backend,
         router=moe.router, training=training,
         expert_dropout_rate=self.experts.dropout_rate,
-        layout=layout if self.allow_block_dispatch else None)
+        layout=layout if self.allow_block_dispatch else None,
+        activation_dtype=self.config.activation_dtype)
 
   def uses_randomness(self, *, training: bool) -> bool:
     return (self.router.uses_randomness(training=training) or
@@ -696,8 +669,9 @@ class MoeLayer(tf.Module):
       ValueError: ``--route_by=language`` without ``languages``.
     """
     self._check_seed(seed, training=training)
-    grouped, grouped_mask, position, group_capacity = self._grouped_inputs(
-        x, padding_mask, training=training, group_per_row=group_per_row)
+    grouped, grouped_mask, position, source, group_capacity = (
+        self._grouped_inputs(x, padding_mask, training=training,
+                             group_per_row=group_per_row))
     router_inputs = grouped
     if self.config.moe.route_by == "language":
       router_inputs = self._language_router_inputs(
@@ -720,7 +694,7 @@ class MoeLayer(tf.Module):
     combined = _split_groups(self.sharding, combined, dim=0, name="combined")
     moe = self.config.moe
     return MoeOutput(
-        outputs=self._ungroup(combined, position, like=x),
+        outputs=self._ungroup(combined, position, source, like=x),
         aux_loss=result.aux_loss, z_loss=result.z_loss,
         weighted_loss=(moe.aux_loss_weight * result.aux_loss +
                        moe.z_loss_weight * result.z_loss),
@@ -742,7 +716,8 @@ class MoeLayer(tf.Module):
   def _grouped_inputs(
       self, x: tf.Tensor, padding_mask: tf.Tensor, *, training: bool,
       group_per_row: bool,
-  ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor | None]:
+  ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor | None,
+             tf.Tensor | None]:
     """Splits the batch into routing groups, laid out over the mesh.
 
     One place decides between per-row groups (each row its own capacity,
@@ -756,13 +731,14 @@ class MoeLayer(tf.Module):
       group_per_row: route each row as its own group.
 
     Returns:
-      ``(grouped, grouped_mask, position, group_capacity)``:
+      ``(grouped, grouped_mask, position, source, group_capacity)``:
       <activation dtype>[G, S, M] groups, <float32>[G, S] their mask,
       <int32>[D, B*L/D] each token's row in its shard's flattened groups
-      (D = 1 with per-row groups), and <int32>[G] per-group capacity with
-      per-row groups, else None.
+      (D = 1 with per-row groups), <int32>[G*S] the token in each slot
+      (B*L: none) for groups formed on one device, else None, and
+      <int32>[G] per-group capacity with per-row groups, else None.
     """
-    group_capacity = None
+    group_capacity, source = None, None
     if group_per_row:
       grouped, grouped_mask, position, group_capacity = self._group_rows(
           x, padding_mask, training=training)
@@ -770,16 +746,16 @@ class MoeLayer(tf.Module):
     else:
       tokens = tf.reshape(x, [-1, x.shape[-1]])
       mask = tf.reshape(tf.cast(padding_mask, tf.float32), [-1])
-      grouped, grouped_mask, position = self._group(
+      grouped, grouped_mask, position, source = self._group(
           tokens, mask, shards=self.group_shards(x.shape[0]))
     grouped = _split_groups(self.sharding, grouped, dim=0, name="groups")
     grouped_mask = _split_groups(self.sharding, grouped_mask, dim=0,
                                  name="group_mask")
-    return grouped, grouped_mask, position, group_capacity
+    return grouped, grouped_mask, position, source, group_capacity
 
   @staticmethod
-  def _ungroup(combined: tf.Tensor, position: tf.Tensor, *,
-               like: tf.Tensor) -> tf.Tensor:
+  def _ungroup(combined: tf.Tensor, position: tf.Tensor,
+               source: tf.Tensor | None, *, like: tf.Tensor) -> tf.Tensor:
     """Puts the combined outputs back in the inputs' [B, L, M] order.
 
     Each token reads its row of its own shard's groups (batched over D), so
@@ -788,11 +764,18 @@ class MoeLayer(tf.Module):
     Args:
       combined: <activation dtype>[G, S, M] the layer's per-group outputs.
       position: <int32>[D, B*L/D] from :meth:`_grouped_inputs`.
+      source: <int32>[G*S] from :meth:`_grouped_inputs`: with it (groups
+        formed on one device) the gather's gradient is the gather by it
+        (:func:`m4moe.moe.grouping.permuted_gather`).
       like: <activation dtype>[B, L, M] the layer's inputs (for the shape).
 
     Returns:
       <activation dtype>[B, L, M].
     """
+    if source is not None:
+      return tf.reshape(
+          grouping.ungroup_one_device(combined, position, source),
+          tf.shape(like))
     model_dim = like.shape[-1]
     outputs = tf.gather(
         tf.reshape(combined, [position.shape[0], -1, model_dim]),
@@ -871,7 +854,7 @@ class MoeLayer(tf.Module):
       grouped, _, _, _ = self._group_rows(one_hot, padding_mask,
                                           training=training)
     else:
-      grouped, _, _ = self._group(
+      grouped, _, _, _ = self._group(
           tf.reshape(one_hot, [-1, one_hot.shape[-1]]),
           tf.reshape(tf.cast(padding_mask, tf.float32), [-1]))
     return _split_groups(self.sharding, grouped, dim=0, name="router_groups")
@@ -958,12 +941,17 @@ class MoeLayer(tf.Module):
        g // G_local;
        grouped mask <float32>[G, S];
        position <int32>[D, N/D] of each token in its shard's flattened
-       G_local*S order).
+       G_local*S order;
+       source <int32>[G*S] the token in each slot (N: none) without a
+       mesh, where :func:`m4moe.moe.grouping.group_one_device` forms the
+       groups with gather-only gradients; None on a mesh).
     """
     model_dim = tokens.shape[-1]
     num_tokens_static = tokens.shape[0]
     group_size = self.group_size(
         None if num_tokens_static is None else num_tokens_static // shards)
+    if not self.sharding.enabled:
+      return grouping.group_one_device(tokens, mask, group_size=group_size)
     # Shard d on data device d (annotations; D = 1 is left whole).
     tokens = _split_groups(self.sharding,
                            tf.reshape(tokens, [shards, -1, model_dim]),
@@ -972,8 +960,9 @@ class MoeLayer(tf.Module):
                          dim=0, name="shard_mask")  # [D, N/D]
     num_tokens = tf.shape(mask)[1]
     num_groups = (num_tokens + group_size - 1) // group_size
-    position = _compaction_permutation(mask)
-    source = _compaction_source(mask)  # token at each position
+    position = grouping.compaction_permutation(mask)
+    # The token at each position.
+    source = grouping.compaction_source(mask, position, one_device=False)
     slot = tf.range(num_groups * group_size)
     source = tf.gather(source, tf.minimum(slot, num_tokens - 1), axis=1)
     valid = tf.cast(slot < num_tokens, tf.float32)
@@ -981,4 +970,4 @@ class MoeLayer(tf.Module):
                          [-1, group_size, model_dim])
     grouped_mask = tf.reshape(tf.gather(mask, source, batch_dims=1) * valid,
                               [-1, group_size])
-    return grouped, grouped_mask, position
+    return grouped, grouped_mask, position, None

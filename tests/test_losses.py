@@ -81,8 +81,10 @@ def _reference_losses(logits, targets, eps):
   return nll, (1 - eps) * nll - eps * tf.reduce_mean(log_probs, axis=-1)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_one_pass_losses_and_gradient_equal_the_autodiff_reference(eps):
+def test_one_pass_losses_and_gradient_equal_the_autodiff_reference(eps,
+                                                                   fused):
   rng = np.random.default_rng(3)
   logits = tf.Variable(rng.normal(scale=4.0, size=(3, 5, 13)).astype(
       np.float32))
@@ -91,7 +93,8 @@ def test_one_pass_losses_and_gradient_equal_the_autodiff_reference(eps):
   up_nll = tf.constant(rng.normal(size=(3, 5)).astype(np.float32))
   up_smooth = tf.constant(rng.normal(size=(3, 5)).astype(np.float32))
   with tf.GradientTape(persistent=True) as tape:
-    got = losses.per_token_losses(logits, targets, label_smoothing=eps)
+    got = losses.per_token_losses(logits, targets, label_smoothing=eps,
+                                  fused=fused)
     want = _reference_losses(logits, targets, eps)
     got_obj = tf.reduce_sum(got.nll * up_nll + got.smoothed * up_smooth)
     want_obj = tf.reduce_sum(want[0] * up_nll + want[1] * up_smooth)
@@ -110,7 +113,8 @@ def test_one_pass_losses_and_gradient_equal_the_autodiff_reference(eps):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_one_pass_losses_repeated_target_rows_and_bfloat16_gradient():
+@pytest.mark.parametrize("fused", [False, True])
+def test_one_pass_losses_repeated_target_rows_and_bfloat16_gradient(fused):
   # Every row targets the same id (the scatter must not merge rows), and
   # bfloat16 logits get a bfloat16 gradient of the right values.
   logits = tf.Variable(tf.constant([[[1.0, 2.0, 0.5], [0.0, 0.0, 3.0]]],
@@ -118,7 +122,7 @@ def test_one_pass_losses_repeated_target_rows_and_bfloat16_gradient():
   targets = tf.constant([[2, 2]])
   with tf.GradientTape() as tape:
     loss = tf.reduce_sum(losses.per_token_losses(
-        logits, targets, label_smoothing=0.3).smoothed)
+        logits, targets, label_smoothing=0.3, fused=fused).smoothed)
   grad = tape.gradient(loss, logits)
   assert grad.dtype == tf.bfloat16
   probs = tf.nn.softmax(tf.cast(logits, tf.float32)).numpy()[0]

@@ -25,6 +25,7 @@ Dimensions (letters of the glossary in :mod:`m4moe`):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -87,7 +88,8 @@ class TokenLosses(NamedTuple):
 
 
 def per_token_losses(logits: tf.Tensor, targets: tf.Tensor, *,
-                     label_smoothing: float = 0.0) -> TokenLosses:
+                     label_smoothing: float = 0.0,
+                     fused: bool = False) -> TokenLosses:
   """Plain and label-smoothed cross-entropy of every position, one pass.
 
   Differentiable once in ``logits`` (no second derivatives).
@@ -96,6 +98,10 @@ def per_token_losses(logits: tf.Tensor, targets: tf.Tensor, *,
     logits: <float32 or bfloat16>[..., V] (cast to float32).
     targets: <int32>[...] ids in [0, V).
     label_smoothing: eps in [0, 1).
+    fused: compute the forward and the gradient each as one XLA
+      computation (:func:`_fused_passes`); for one device (a DTensor mesh
+      keeps the op-by-op form, whose layouts it propagates). Same values
+      up to float rounding.
 
   Returns:
     TokenLosses of <float32>[...] tensors.
@@ -106,11 +112,23 @@ def per_token_losses(logits: tf.Tensor, targets: tf.Tensor, *,
   if not 0.0 <= label_smoothing < 1.0:
     raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1)")
   eps = float(label_smoothing)
-  logits = tf.cast(logits, tf.float32)
   lead_shape = tf.shape(targets)
   vocab = tf.shape(logits)[-1]
-  flat_logits = tf.reshape(logits, [-1, vocab])  # <float32>[N, V]
+  flat_logits = tf.reshape(logits, [-1, vocab])  # [N, V]
   flat_targets = tf.reshape(tf.cast(targets, tf.int32), [-1])  # <int32>[N]
+  if fused:
+    nll, smoothed = _fused_losses(flat_logits, flat_targets, eps=eps)
+  else:
+    nll, smoothed = _op_losses(tf.cast(flat_logits, tf.float32),
+                               flat_targets, eps=eps)
+  return TokenLosses(nll=tf.reshape(nll, lead_shape),
+                     smoothed=tf.reshape(smoothed, lead_shape))
+
+
+def _op_losses(flat_logits: tf.Tensor, flat_targets: tf.Tensor, *,
+               eps: float) -> tuple[tf.Tensor, tf.Tensor]:
+  """(nll, smoothed) <float32>[N] from <float32>[N, V], op by op."""
+  vocab = tf.shape(flat_logits)[-1]
 
   @tf.custom_gradient
   def _losses(z):
@@ -139,9 +157,65 @@ def per_token_losses(logits: tf.Tensor, targets: tf.Tensor, *,
 
     return (nll, smoothed), grad
 
-  nll, smoothed = _losses(flat_logits)
-  return TokenLosses(nll=tf.reshape(nll, lead_shape),
-                     smoothed=tf.reshape(smoothed, lead_shape))
+  return _losses(flat_logits)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_passes(eps: float):
+  """The XLA forward and gradient computations for one eps.
+
+  Op by op, the loss and its gradient read and write the whole ``[N, V]``
+  logits about ten times (shift, exp, sums, the gradient's scale, the
+  one-hot); each XLA computation reads them once or twice and keeps the
+  ``[N, V]`` probabilities out of memory (the gradient recomputes them from
+  the logits and the log-normaliser). At the tiny models' V = 8000 this
+  took about a tenth of a CPU training step (results/benchmarks/README.md,
+  "fused loss").
+  """
+  @tf.function(jit_compile=True, autograph=False)
+  def forward(z, y):
+    z = tf.cast(z, tf.float32)
+    shift = tf.reduce_max(z, axis=-1)
+    total = tf.reduce_sum(tf.exp(z - shift[:, tf.newaxis]), axis=-1)
+    lse = tf.math.log(total) + shift
+    z_target = tf.gather(z, y, axis=1, batch_dims=1)
+    nll = lse - z_target
+    smoothed = nll + eps * (z_target - tf.reduce_mean(z, axis=-1))
+    return nll, smoothed, lse
+
+  @tf.function(jit_compile=True, autograph=False)
+  def backward(z, y, lse, d_nll, d_smoothed):
+    z = tf.cast(z, tf.float32)
+    vocab = z.shape[-1] or tf.cast(tf.shape(z)[-1], tf.float32)
+    probs = tf.exp(z - lse[:, tf.newaxis])
+    dz = (probs * (d_nll + d_smoothed)[:, tf.newaxis] -
+          (d_smoothed * (eps / vocab))[:, tf.newaxis])
+    at_target = d_nll + (1.0 - eps) * d_smoothed
+    hit = tf.equal(tf.range(tf.shape(z)[-1])[tf.newaxis, :], y[:, tf.newaxis])
+    return dz - tf.where(hit, at_target[:, tf.newaxis], 0.0)
+
+  return forward, backward
+
+
+def _fused_losses(flat_logits: tf.Tensor, flat_targets: tf.Tensor, *,
+                  eps: float) -> tuple[tf.Tensor, tf.Tensor]:
+  """(nll, smoothed) <float32>[N] from <float32 or bfloat16>[N, V] (XLA)."""
+  forward, backward = _fused_passes(eps)
+
+  @tf.custom_gradient
+  def _losses(z):
+    nll, smoothed, lse = forward(z, flat_targets)
+
+    def grad(d_nll, d_smoothed):
+      d_nll = tf.zeros_like(nll) if d_nll is None else d_nll
+      d_smoothed = (tf.zeros_like(nll) if d_smoothed is None
+                    else d_smoothed)
+      dz = backward(z, flat_targets, lse, d_nll, d_smoothed)
+      return tf.cast(dz, z.dtype)
+
+    return (nll, smoothed), grad
+
+  return _losses(flat_logits)
 
 
 def per_token_soft_cross_entropy(logits: tf.Tensor,

@@ -192,7 +192,8 @@ class StepRunner:
       # One pass over the [B, L, V] logits gives both the metric and the
       # label-smoothed objective.
       per_token = losses.per_token_losses(
-          out.logits, local["targets"], label_smoothing=self.label_smoothing)
+          out.logits, local["targets"], label_smoothing=self.label_smoothing,
+          fused=not self.sharding.enabled)
       ce_sum = tf.reduce_sum(per_token.nll * weights)
       if self.token_loss is not None:
         ls_sum = self.token_loss(logits=out.logits, batch=local,

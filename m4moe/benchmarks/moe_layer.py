@@ -36,7 +36,14 @@ from m4moe.benchmarks import timing
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerPoint:
   """One MoE configuration (defaults: the Transformer-base width of the
-  performance table in docs/performance.md)."""
+  performance table in docs/performance.md).
+
+  ``input_batches``: the MoE calls cycle through this many random batches.
+  With one, every call routes alike, so the ``sorted`` path's per-expert
+  row counts repeat and oneDNN reuses each matmul it built; in training
+  they change with every batch and it builds new ones (in bfloat16 that
+  cost more than the products; results/benchmarks/sparse-step-cost.md).
+  """
   num_experts: int = 32
   model_dim: int = 512
   hidden_dim: int = 2048
@@ -44,8 +51,13 @@ class LayerPoint:
   group_size: int = 1024
   capacity_factor: float = 1.25
   top_k: int = 2
+  input_batches: int = 1
 
   def __post_init__(self) -> None:
+    if self.input_batches < 1:
+      raise ValueError(f"--input_batches={self.input_batches}: use 1 (the "
+                       "same batch every call) or more (a new routing per "
+                       "call, as in training)")
     if self.num_tokens % self.group_size:
       raise ValueError(f"--num_tokens={self.num_tokens} must be a multiple of "
                        f"--group_size={self.group_size}")
@@ -86,9 +98,13 @@ def model_config(point: LayerPoint, *, dispatch: str) -> config_lib.ModelConfig:
       "--attention_dropout_rate=0", *router])
 
 
-def _inputs(point: LayerPoint) -> tf.Tensor:
-  """<float32>[N/S, S, M] random tokens (B = N/S rows of length S)."""
-  rng = np.random.default_rng(0)
+def _inputs(point: LayerPoint, *, batch: int = 0) -> tf.Tensor:
+  """<float32>[N/S, S, M] random tokens (B = N/S rows of length S).
+
+  Batch 0 is the one the dense and router cases use; ``batch`` selects
+  another draw (:attr:`LayerPoint.input_batches`).
+  """
+  rng = np.random.default_rng(batch)
   return tf.constant(rng.standard_normal(
       (point.num_tokens // point.group_size, point.group_size,
        point.model_dim)), tf.float32)
@@ -151,8 +167,8 @@ def moe_case(point: LayerPoint, *, dispatch: str, jit: bool,
   (:class:`PassThroughExperts`).
   """
   layer = build_layer(point, dispatch=dispatch, experts=experts)
-  x = _inputs(point)
-  mask = tf.ones(x.shape[:2], tf.float32)
+  batches = [_inputs(point, batch=b) for b in range(point.input_batches)]
+  mask = tf.ones(batches[0].shape[:2], tf.float32)
   seed = tf.constant([1, 2], tf.int32)
   variables = list(layer.trainable_variables)
 
@@ -164,7 +180,8 @@ def moe_case(point: LayerPoint, *, dispatch: str, jit: bool,
       loss = tf.reduce_sum(out.outputs * out.outputs) + out.weighted_loss
     grads = tape.gradient(loss, [x] + variables)
     return tf.add_n([tf.reduce_sum(g) for g in grads])
-  return lambda: step(x).numpy()
+  calls = itertools.cycle(batches)
+  return lambda: step(next(calls)).numpy()
 
 
 def router_case(point: LayerPoint, *, jit: bool) -> Callable[[], Any]:

@@ -5,7 +5,7 @@ Usage:
       [--dispatches=sorted,index,einsum] [--jit=on,off] [--model_dim=512]
       [--hidden_dim=2048] [--num_tokens=4096] [--group_size=1024]
       [--capacity_factor=1.25] [--matmul_size=2048] [--clock=wall|cpu]
-      [--parts] [--profile_dir=DIR [--profile_top=10]]
+      [--input_batches=1] [--parts] [--profile_dir=DIR [--profile_top=10]]
   m4moe-bench train_step [--batch_size=64] [--sequence_length=32]
   m4moe-bench loss [--batch_size=64] [--sequence_length=64]
       [--vocab_size=8000] [--model_dim=128] [--clock=wall|cpu]
@@ -128,6 +128,11 @@ _NUM_TOKENS = flags.DEFINE_integer("num_tokens", 4096, "moe_layer: N.")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 1024, "moe_layer: S.")
 _CAPACITY_FACTOR = flags.DEFINE_float("capacity_factor", 1.25,
                                       "moe_layer: training capacity factor.")
+_INPUT_BATCHES = flags.DEFINE_integer(
+    "input_batches", 1, "moe_layer: the MoE cases cycle through this many "
+    "random batches: 1 routes every call alike (the sorted path's "
+    "per-expert row counts repeat), more gives each call a new routing, as "
+    "in training.")
 _MATMUL_SIZE = flags.DEFINE_integer(
     "matmul_size", 2048, "moe_layer: square matmul for the GFLOP/s reference "
     "(0: none).")
@@ -280,7 +285,8 @@ def _moe_layer() -> None:
             num_experts=e, top_k=k, model_dim=_MODEL_DIM.value,
             hidden_dim=_HIDDEN_DIM.value, num_tokens=_NUM_TOKENS.value,
             group_size=_GROUP_SIZE.value,
-            capacity_factor=_CAPACITY_FACTOR.value)
+            capacity_factor=_CAPACITY_FACTOR.value,
+            input_batches=_INPUT_BATCHES.value)
       except ValueError as error:
         raise app.UsageError(str(error)) from None
       for record in moe_layer.run_point(

@@ -287,9 +287,10 @@ class _Job:
     self.start = time.monotonic()
     self.corpus_checked = False
 
-  def check_corpus(self) -> None:
+  def check_corpus(self, *, allow_reduced: bool) -> None:
     """Stops the job when the corpus is below the recipe's minimums
-    (once per job; nothing to check before the corpus is built)."""
+    unless ``allow_reduced`` (--allow_reduced_corpus), which only warns.
+    Once per job; nothing to check before the corpus is built."""
     if self.corpus_checked:
       return
     corpus_dir = self.run_dir / "corpus"
@@ -303,7 +304,7 @@ class _Job:
     found = corpus_check.shortfalls(self.recipe, report)
     if not found:
       return
-    if not _ALLOW_REDUCED_CORPUS.value:
+    if not allow_reduced:
       raise SystemExit(corpus_check.message(
           self.recipe, found=found, report=report, corpus_dir=corpus_dir))
     below = corpus_check.describe(self.recipe, found)
@@ -551,7 +552,7 @@ def _run_block(job: _Job, block: list[list[main_job.Stage]]) -> None:
             "the other", flush=True)
   if not _DRY_RUN.value and any(stage.name != "corpus" for lane in block
                                 for stage in lane):
-    job.check_corpus()
+    job.check_corpus(allow_reduced=_ALLOW_REDUCED_CORPUS.value)
   if _DRY_RUN.value:
     for index, lane in enumerate(block):
       for stage in lane:

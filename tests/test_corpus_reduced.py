@@ -260,3 +260,28 @@ def test_the_pypi_demos_languages_meet_its_minimums_in_the_pypi_half():
              test >= recipe.min_eval_sentences]
   trains = [counts[lang][0] for lang in meeting]
   assert counts["pt"][0] == max(trains) and counts["el"][0] == min(trains)
+
+
+def test_a_report_on_a_reduced_corpus_says_so_in_its_header(tmp_path):
+  # pylint: disable-next=g-import-not-at-top
+  from test_report_v2 import DE_TEST, _eval_json, _write, _write_corpus
+  corpus_dir = _write_corpus(tmp_path / "corpus", {"de": DE_TEST})
+  moe = _eval_json(tmp_path, "moe", {"de": ["Open file", "Save all", "x"]},
+                   corpus=corpus_dir)
+  base = _eval_json(tmp_path, "bi-de", {"de": ["File", "All", "Page"]},
+                    corpus=corpus_dir, kind="bilingual")
+  whole = _write(tmp_path, "whole", [moe], [base], corpus_dir=corpus_dir,
+                 bootstrap_samples=0)
+  assert "Data reduced" not in whole.markdown.read_text(encoding="utf-8")
+  lines = ["skipped 134 of 134 Debian sources of the corpus recipe (x)",
+           "de: 3 training pairs built (test: 3 sentences); the full "
+           "recipe yields 500 training pairs"]
+  (corpus_dir / "report.json").write_text(json.dumps({"reduced": {
+      "reduced": True, "warnings": lines}}))
+  files = _write(tmp_path, "reduced", [moe], [base], corpus_dir=corpus_dir,
+                 bootstrap_samples=0)
+  md = files.markdown.read_text(encoding="utf-8")
+  assert md.index("## Data reduced") < md.index("Inputs: ")
+  for line in lines:
+    assert f"- {line}" in md
+    assert line in files.html.read_text(encoding="utf-8")

@@ -14,6 +14,9 @@ from m4moe.data import corpus
 from m4moe.data import corpus_coverage
 from m4moe.data import fixtures
 from m4moe.data import sources
+from m4moe.eval import report as report_lib
+from m4moe.eval import results
+from m4moe.eval import scoring
 from m4moe.pipeline import corpus_check
 from m4moe.pipeline import plan as plan_lib
 from m4moe.pipeline import recipes as recipes_lib
@@ -262,24 +265,41 @@ def test_the_pypi_demos_languages_meet_its_minimums_in_the_pypi_half():
   assert counts["pt"][0] == max(trains) and counts["el"][0] == min(trains)
 
 
+def _eval(tmp_path: pathlib.Path, name: str, hyps: list[str], *,
+          refs: list[str], kind: str):
+  """An eval JSON of one language (de) scoring ``hyps``; (path, result)."""
+  result = results.EvalResult(
+      model=name, kind=kind, metadata={}, languages={
+          "de": scoring.score_language(hyps, refs, source_lang="de",
+                                       target_lang="en", train_size=3)})
+  path = tmp_path / "evals" / f"{name}.json"
+  results.write_eval_json(result, path)
+  return path, results.read_eval_json(path, kind=kind)
+
+
 def test_a_report_on_a_reduced_corpus_says_so_in_its_header(tmp_path):
-  # pylint: disable-next=g-import-not-at-top
-  from test_report_v2 import DE_TEST, _eval_json, _write, _write_corpus
-  corpus_dir = _write_corpus(tmp_path / "corpus", {"de": DE_TEST})
-  moe = _eval_json(tmp_path, "moe", {"de": ["Open file", "Save all", "x"]},
-                   corpus=corpus_dir)
-  base = _eval_json(tmp_path, "bi-de", {"de": ["File", "All", "Page"]},
-                    corpus=corpus_dir, kind="bilingual")
-  whole = _write(tmp_path, "whole", [moe], [base], corpus_dir=corpus_dir,
-                 bootstrap_samples=0)
-  assert "Data reduced" not in whole.markdown.read_text(encoding="utf-8")
+  corpus_dir = tmp_path / "corpus"
+  (corpus_dir / "test").mkdir(parents=True)
+  refs = ["Open the file", "Save all files", "Print the page"]
+  (corpus_dir / "test" / "de.tsv").write_text(
+      "".join(f"{en}\tx {en}\n" for en in refs))
+  moe = _eval(tmp_path, "moe", ["Open file", "Save all", "x"], refs=refs,
+              kind="multilingual")
+  base = _eval(tmp_path, "bi-de", ["File", "All", "Page"], refs=refs,
+               kind="bilingual")
+
+  def write(out: str):
+    return report_lib.write_report(
+        tmp_path / out, models=[moe[1]], baselines=[base[1]],
+        model_paths=[moe[0]], baseline_paths=[base[0]],
+        corpus_dir=corpus_dir, bootstrap_samples=0)
+  assert "Data reduced" not in write("whole").markdown.read_text()
   lines = ["skipped 134 of 134 Debian sources of the corpus recipe (x)",
            "de: 3 training pairs built (test: 3 sentences); the full "
            "recipe yields 500 training pairs"]
   (corpus_dir / "report.json").write_text(json.dumps({"reduced": {
       "reduced": True, "warnings": lines}}))
-  files = _write(tmp_path, "reduced", [moe], [base], corpus_dir=corpus_dir,
-                 bootstrap_samples=0)
+  files = write("reduced")
   md = files.markdown.read_text(encoding="utf-8")
   assert md.index("## Data reduced") < md.index("Inputs: ")
   for line in lines:

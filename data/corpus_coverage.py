@@ -74,8 +74,7 @@ def _fix(kind: str, reason: str) -> str:
   """How to get the skipped sources of ``kind`` back."""
   if kind == "debian" and reason == APT_MISSING:
     return ("run the build on a Debian/Ubuntu machine (apt-get and dpkg-deb "
-            "on PATH), or use the PyPI-only demo, which needs only pip: "
-            "m4moe-run --recipe=demo_pypi")
+            "on PATH)")
   if kind == "debian" and reason == APT_DISABLED:
     return "build without --nouse_apt on a Debian/Ubuntu machine"
   if kind == "debian":
@@ -85,8 +84,17 @@ def _fix(kind: str, reason: str) -> str:
           "NAME==VERSION) and build again")
 
 
+def _instead(kind: str, reason: str) -> str:
+  """What to run where the skipped sources cannot be had."""
+  if kind == "debian" and reason == APT_MISSING:
+    return ("; or use the PyPI-only demo, which needs only pip: m4moe-run "
+            "--recipe=demo_pypi")
+  return ""
+
+
 def skipped_sources(fetched: Iterable[Mapping]) -> list[dict]:
-  """One entry per source kind with skipped pins: how many, why, the fix.
+  """One entry per source kind with skipped pins: how many, why, the fix
+  (``what``: the first two; ``message``: the line the build prints).
 
   Args:
     fetched: the report's ``sources`` (one :class:`sources.FetchResult` as
@@ -108,13 +116,13 @@ def skipped_sources(fetched: Iterable[Mapping]) -> list[dict]:
     reason, _ = reasons[kind].most_common(1)[0]
     why = reason + (f"; and {len(reasons[kind]) - 1} other reason(s), see "
                     "report.json sources" if len(reasons[kind]) > 1 else "")
+    what = (f"skipped {skipped} of {total[kind]} {_KIND_NAMES[kind]} "
+            f"sources of the corpus recipe ({why})")
     fix = _fix(kind, reason)
     out.append({
         "kind": kind, "skipped": skipped, "of": total[kind], "reason": why,
-        "fix": fix,
-        "message": f"skipped {skipped} of {total[kind]} "
-                   f"{_KIND_NAMES[kind]} sources of the corpus recipe "
-                   f"({why}); to include them, {fix}"})
+        "fix": fix, "what": what,
+        "message": f"{what}; to include them, {fix}{_instead(kind, reason)}"})
   return out
 
 

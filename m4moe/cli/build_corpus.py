@@ -7,7 +7,7 @@ Examples:
 
   # The PyPI half of the recipe only (no apt needed; what --recipe=demo_pypi
   # of m4moe-run builds):
-  m4moe-build-corpus --recipe_parts=pypi --languages=pt,ru,ja,ar \
+  m4moe-build-corpus --recipe_parts=pypi --languages=pt,zh_Hans,ru,el \
       --output_dir=corpus_pypi
 
   # Local catalogs and TSV files only, a few languages:

@@ -79,8 +79,8 @@ def describe(recipe: Recipe, found: Sequence[Shortfall]) -> str:
 def _ways_out(recipe: Recipe, report: Mapping) -> list[str]:
   """What the user can do, the recipe's own data first."""
   skipped = report.get("reduced", {}).get("skipped_sources", [])
-  ways = [f"get the skipped sources ({s['fix']}) and re-run this command "
-          "with --restart_from=corpus" for s in skipped]
+  ways = [f"{s['fix']}, then re-run this command with "
+          "--restart_from=corpus" for s in skipped]
   if not skipped:
     ways.append("build the languages from more sources, or name languages "
                 "that have enough data in a recipe file of your own")
@@ -97,10 +97,11 @@ def message(recipe: Recipe, *, found: Sequence[Shortfall], report: Mapping,
             corpus_dir: pathlib.Path) -> str:
   """The one message ``m4moe-run`` stops with."""
   skipped = report.get("reduced", {}).get("skipped_sources", [])
-  why = (" Its build " + "; ".join(s["message"] for s in skipped) + "."
+  why = (" Its build " + "; ".join(s["what"] for s in skipped) + "."
          if skipped else "")
   ways = "; ".join(f"({i}) {way}" for i, way in enumerate(
       _ways_out(recipe, report), start=1))
   return (f"m4moe-run: stopped before training: the corpus at {corpus_dir} "
-          f"is below recipe {recipe.name!r}'s minimums ({_minimums(recipe)})"
-          f" in {describe(recipe, found)}.{why} Ways out: {ways}.")
+          f"is below the minimums of recipe {recipe.name!r} "
+          f"({_minimums(recipe)}) in {describe(recipe, found)}.{why} Ways "
+          f"out: {ways}.")

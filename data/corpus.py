@@ -81,6 +81,7 @@ from absl import logging
 from m4moe import jsonfile
 from m4moe.data import catalogs
 from m4moe.data import cleaning
+from m4moe.data import corpus_coverage
 from m4moe.data import languages
 from m4moe.data import sources
 from m4moe.data import split
@@ -131,6 +132,9 @@ class BuildConfig:
     languages: keep only these normalised codes (empty: all).
     min_pairs: languages with fewer deduplicated pairs are left out.
     use_apt: False skips the Debian half of the recipe (reported).
+    recipe_parts: the halves of the recipe this build is made of
+      (``debian``, ``pypi``); a half left out is not part of the recipe
+      built, so it is neither fetched nor reported as skipped.
     split_keys: frozen split-key file; None (or a missing file) chooses
       dev/test afresh with ``split_config``.
     split_config: dev/test sizes when choosing afresh.
@@ -149,6 +153,7 @@ class BuildConfig:
   languages: tuple[str, ...] = ()
   min_pairs: int = 1
   use_apt: bool = True
+  recipe_parts: tuple[str, ...] = corpus_coverage.ALL_PARTS
   split_keys: pathlib.Path | None = None
   split_config: split.SplitConfig = split.SplitConfig()
   ood_packages: pathlib.Path | None = None
@@ -162,6 +167,10 @@ class BuildConfig:
     for src in self.sources:
       if not src.exists():
         raise ValueError(f"--sources: {src} does not exist")
+    unknown = set(self.recipe_parts) - set(corpus_coverage.ALL_PARTS)
+    if unknown or not self.recipe_parts:
+      raise ValueError(f"--recipe_parts={','.join(self.recipe_parts)}: give "
+                       "one or both of debian,pypi")
     if self.min_pairs < 1 or self.workers < 1:
       raise ValueError("--min_pairs and --workers must be >= 1")
     if self.ood_packages is not None and not self.ood_packages.is_file():
@@ -288,10 +297,12 @@ def _fetch_recipe(config: BuildConfig, problems: _Problems,
                   report: dict) -> list[tuple[str, pathlib.Path]]:
   """Downloads/extracts the recipe; returns (package name, catalog
   directory) per usable pin."""
-  pins = sources.read_recipe_dir(config.recipe_dir)
+  pins = [pin for pin in sources.read_recipe_dir(config.recipe_dir)
+          if pin.kind in config.recipe_parts]
   apt_ok, apt_reason = sources.apt_usable()
   apt_ok = apt_ok and config.use_apt
-  apt_reason = apt_reason or ("disabled by --nouse_apt" if not apt_ok else "")
+  apt_reason = apt_reason or (corpus_coverage.APT_DISABLED if not apt_ok
+                              else "")
   dirs, fetched = [], []
   refreshed = False
   for pin in pins:
@@ -714,14 +725,18 @@ def build_corpus(config: BuildConfig) -> dict:
   The report (also written to ``output_dir/report.json``) has ``summary``,
   ``counts`` (every rule and problem counter), ``problems`` (the first files
   / lines skipped, with reasons), ``languages`` (per-language split sizes),
-  ``sources`` (each recipe pin: status, version used, archive) and
-  ``seconds``.
+  ``sources`` (each recipe pin: status, version used, archive),
+  ``reduced`` (the skipped sources and the languages that lost pairs by
+  it, :mod:`m4moe.data.corpus_coverage`), ``warnings`` (every warning the
+  build prints) and ``seconds``.
 
   Raises:
     OutputDirError: ``output_dir`` must not be replaced (see
       :func:`check_output_dir`); raised before anything is read or written.
     SplitKeysError: the ``split_keys`` file is malformed (before anything
       is read or written, too).
+    sources.RecipeError: the recipe's ``expected_pairs.txt`` is malformed
+      (before anything is read or written, too).
     run_lock.RunLockedError: another build of ``output_dir`` is running
       (its lock ``.<name>.lock`` is beside ``output_dir``).
     BuildInterrupted: SIGTERM (main thread only); workers and the temporary
@@ -731,6 +746,8 @@ def build_corpus(config: BuildConfig) -> dict:
   check_output_dir(config)
   frozen = _frozen_split_keys(config)
   ood_packages = _ood_packages(config)
+  corpus_coverage.read_expected_pairs(  # a bad file fails before the build
+      config.recipe_dir, parts=config.recipe_parts)
   output_dir = config.output_dir.resolve()
   output_dir.parent.mkdir(parents=True, exist_ok=True)
   # Beside output_dir, which is replaced by renaming; held for the build,
@@ -787,6 +804,13 @@ def _build_into(tmp: pathlib.Path, config: BuildConfig,
       "not_found": sorted(ood_packages - set(ood_found))}
   shutil.rmtree(staging)
   report["language_coverage"] = _language_coverage(config, per_lang, counts)
+  report["reduced"] = corpus_coverage.reduced_section(
+      fetched=report.get("sources", []), per_lang=per_lang,
+      expected=corpus_coverage.read_expected_pairs(
+          config.recipe_dir, parts=config.recipe_parts),
+      requested=config.languages, parts=config.recipe_parts)
+  report["warnings"] = (report["reduced"]["warnings"] +
+                        report["language_coverage"]["warnings"])
   report.update(summary=_summary(per_lang), counts=dict(sorted(
       counts.items())), problems=problems.listed, languages=per_lang,
                 seconds=round(time.time() - start, 1))

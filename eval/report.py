@@ -61,9 +61,14 @@ evaluation, the checkpoint scored); training cost like Table 3 and tokens to rea
 cross-entropy thresholds like Table 2 and router statistics over training
 (load balance, dropped tokens, aux loss; from training metrics JSONL logs).
 Languages left out of averages, and why, are always listed.
-Section order: figure, models, buckets, per-language scores, confidence
-intervals, dev CE, source reliance, exclusions, training cost, router
-statistics, examples.
+A report on a corpus whose build skipped part of its recipe (the corpus
+report's ``reduced`` section, :mod:`m4moe.data.corpus_coverage`; read from
+``corpus_dir``) opens with a "Data reduced" header listing what was
+skipped and each language's training pairs against the recipe's, so its
+scores are never read as the recipe's.
+Section order: data reduced (if so), figure, models, buckets,
+per-language scores, confidence intervals, dev CE, source reliance,
+exclusions, training cost, router statistics, examples.
 """
 
 from __future__ import annotations
@@ -669,10 +674,12 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
                  runs: Sequence[examples_lib.RunOutputs] = (),
                  example_count: int = 0,
                  split: str = "test",
-                 stopping: Sequence[doc.Block] = ()) -> list[doc.Block]:
+                 stopping: Sequence[doc.Block] = (),
+                 reduced: Sequence[str] = ()) -> list[doc.Block]:
   """The report's content, shared by the Markdown and HTML renderings."""
   metric = comp.metric_name
   return [
+      *_reduced_blocks(reduced),
       doc.Paragraph("Inputs: " + ", ".join(inputs)),
       doc.Paragraph(f"Scored split: {split} "
                     f"({SPLIT_DESCRIPTIONS.get(split, split)})."),
@@ -705,6 +712,33 @@ def build_blocks(comp, models, *, figure: figure_lib.DeltaFigure, png: bytes,
       *_router_blocks(router or {}, router_png),
       *_examples_blocks(examples or {}, runs, count=example_count),
   ]
+
+
+def reduced_data(corpus_dir: str | pathlib.Path | None) -> tuple[str, ...]:
+  """The corpus build's warnings when it skipped part of its recipe
+  (its report's ``reduced`` section); () for a whole corpus, no
+  ``corpus_dir`` or a corpus without a build report."""
+  if corpus_dir is None:
+    return ()
+  path = pathlib.Path(corpus_dir) / "report.json"
+  if not path.is_file():
+    return ()
+  section = json.loads(path.read_text(encoding="utf-8")).get("reduced", {})
+  if not section.get("reduced"):
+    return ()
+  return tuple(section.get("warnings", ()))
+
+
+def _reduced_blocks(reduced: Sequence[str]) -> list[doc.Block]:
+  """The header of a report on a reduced corpus (:func:`reduced_data`)."""
+  if not reduced:
+    return []
+  return [doc.Heading("Data reduced"),
+          doc.Paragraph("The corpus build skipped part of its recipe: these "
+                        "scores are on less data than the recipe's and are "
+                        "not its result. What was skipped and what each "
+                        "language lost:"),
+          doc.Bullets(tuple(reduced))]
 
 
 def _dev_ce_summary(dev: dev_ce_lib.DevCeComparison | None
@@ -1042,7 +1076,7 @@ def _write_documents(output_dir: pathlib.Path, *, title: str,
                      baselines: Sequence[results.EvalResult],
                      evidence: _Evidence, trend_frac: float,
                      ce_thresholds: Sequence[float], inputs: Sequence[str],
-                     examples: int, split: str
+                     examples: int, split: str, reduced: Sequence[str] = ()
                      ) -> tuple[figure_lib.DeltaFigure, pathlib.Path]:
   """Writes the figures, report.md and report.html; returns the ΔBLEU
   figure and its PNG's path.
@@ -1068,7 +1102,7 @@ def _write_documents(output_dir: pathlib.Path, *, title: str,
       num_seeds={g.name: g.num_seeds for g in groups},
       reliance=evidence.reliance, examples=evidence.examples,
       runs=evidence.runs, example_count=examples, split=split,
-      stopping=_stopping_blocks(
+      reduced=reduced, stopping=_stopping_blocks(
           [r for logs in (evidence.logs, evidence.baseline_logs)
            for runs in logs.values() for r in runs]))
   textio.write_text_atomic(output_dir / "report.md",
@@ -1106,6 +1140,7 @@ class PreparedReport:
   split: str
   inputs: Sequence[str]
   examples: int
+  reduced: Sequence[str] = ()
 
 
 def prepare_report(*, models: Sequence[results.EvalResult],
@@ -1142,7 +1177,8 @@ def prepare_report(*, models: Sequence[results.EvalResult],
   return PreparedReport(
       comparison=comp, groups=tuple(groups), baselines=tuple(baselines),
       evidence=evidence, split=scored_split([*models, *baselines]),
-      inputs=tuple(inputs or [m.model for m in models]), examples=examples)
+      inputs=tuple(inputs or [m.model for m in models]), examples=examples,
+      reduced=reduced_data(corpus_dir))
 
 
 def write_prepared(output_dir: str | pathlib.Path, prepared: PreparedReport,
@@ -1159,7 +1195,7 @@ def write_prepared(output_dir: str | pathlib.Path, prepared: PreparedReport,
       output_dir, title=title, comp=p.comparison, groups=p.groups,
       baselines=p.baselines, evidence=p.evidence, trend_frac=trend_frac,
       ce_thresholds=ce_thresholds, inputs=p.inputs, examples=p.examples,
-      split=p.split)
+      split=p.split, reduced=p.reduced)
   return ReportFiles(
       markdown=output_dir / "report.md", html=output_dir / "report.html",
       png=png_path, summary=_write_summary(output_dir, p.comparison,

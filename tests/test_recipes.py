@@ -12,8 +12,9 @@ _MINIMAL = recipe_fixtures.MINIMAL
 
 
 def test_packaged_recipes_are_the_documented_ones():
-  assert recipes_lib.packaged_names() == ["demo", "smoke", "study", "study3",
-                                          "study3_baselines", "study3_screen"]
+  assert recipes_lib.packaged_names() == [
+      "demo", "demo_pypi", "smoke", "study", "study3", "study3_baselines",
+      "study3_screen"]
 
 
 def test_study3_confirmation_dense_is_the_baselines_recipes_dense(tmp_path):

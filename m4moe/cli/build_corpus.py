@@ -5,6 +5,11 @@ Examples:
   # The packaged recipe (Debian + PyPI catalogs), frozen split keys:
   m4moe-build-corpus --output_dir=corpus --cache_dir=corpus_cache
 
+  # The PyPI half of the recipe only (no apt needed; what --recipe=demo_pypi
+  # of m4moe-run builds):
+  m4moe-build-corpus --recipe_parts=pypi --languages=pt,zh_Hans,ru,el \
+      --output_dir=corpus_pypi
+
   # Local catalogs and TSV files only, a few languages:
   m4moe-build-corpus --norecipe --sources=po_dir,extra.tsv \
       --languages=de,fr,zh_Hans --output_dir=corpus_local
@@ -15,6 +20,16 @@ and written to ``<output_dir>/report.json``. A bad catalog or TSV line never
 stops the build: it is counted and listed under ``problems``. With
 --ood_packages the listed source packages are held out of train/dev/test and
 become the out-of-domain test split ``test_ood/<lang>.tsv``.
+
+A build that skips part of its recipe (the Debian half without apt-get and
+dpkg-deb, with --nouse_apt, or when empty package lists find no package; a
+PyPI pin pip cannot fetch) still writes the corpus, but ends with one
+warning per skipped source kind (how many, why, how to get them) and one
+line per requested language that lost training pairs (what the recipe
+yields, from the recipe's expected_pairs.txt, against what was built), on
+stderr and in ``report.json``'s ``warnings`` and ``reduced`` sections;
+m4moe-run refuses to train on such a corpus when it falls below the
+recipe's minimums.
 
 An empty result is an error: when no requested --languages (or, without
 --languages, no language at all) gets a pair, it exits 1 naming each
@@ -72,8 +87,13 @@ _LANGUAGES = flags.DEFINE_list(
     "languages", [], "Keep only these normalised language codes.")
 _MIN_PAIRS = flags.DEFINE_integer("min_pairs", 1,
                                   "Drop languages with fewer pairs.")
-_USE_APT = flags.DEFINE_boolean("use_apt", True,
-                                "Fetch the Debian half of the recipe.")
+_USE_APT = flags.DEFINE_boolean(
+    "use_apt", True, "Fetch the Debian half of the recipe; --nouse_apt "
+    "skips it (and says so: the corpus is then reduced).")
+_RECIPE_PARTS = flags.DEFINE_list(
+    "recipe_parts", ["debian", "pypi"], "The halves of the recipe to build "
+    "from: debian,pypi (the whole recipe) or pypi (the PyPI half, which "
+    "needs only pip; its own recipe, so nothing is reported as skipped).")
 _SPLIT_KEYS = flags.DEFINE_string(
     "split_keys", "packaged", "Frozen split-key file; 'packaged' uses "
     "m4moe.data's committed file, '' chooses dev/test afresh.")
@@ -116,6 +136,7 @@ def _config() -> corpus.BuildConfig:
       languages=tuple(_LANGUAGES.value),
       min_pairs=_MIN_PAIRS.value,
       use_apt=_USE_APT.value,
+      recipe_parts=tuple(_RECIPE_PARTS.value),
       split_keys=split_keys,
       split_config=split.SplitConfig(dev_groups=_DEV_GROUPS.value,
                                      test_groups=_TEST_GROUPS.value),
@@ -159,7 +180,7 @@ def main(argv):
              and s["status"] != "downloaded"]
   problems = report["problems"]
   print(json.dumps({"summary": report["summary"],
-                    "warnings": report["language_coverage"]["warnings"],
+                    "warnings": report["warnings"],
                     "counts": report["counts"],
                     "sources_not_as_pinned": skipped,
                     "problems": problems[:_PRINTED_PROBLEMS],
@@ -168,6 +189,18 @@ def main(argv):
                     "seconds": report["seconds"]}, indent=1,
                    ensure_ascii=False))
   print(f"report: {config.output_dir / 'report.json'}")
+  _print_warnings(report)
+
+
+def _print_warnings(report: dict) -> None:
+  """The warnings once more, last on stderr: a reduced corpus must not pass
+  unnoticed under a long JSON summary."""
+  for warning in report["warnings"]:
+    print(f"m4moe-build-corpus: warning: {warning}", file=sys.stderr)
+  if report["reduced"]["reduced"]:
+    print("m4moe-build-corpus: warning: this corpus is smaller than its "
+          "recipe's; m4moe-run stops before training on it when a language "
+          "falls below the recipe's minimums", file=sys.stderr)
 
 
 def run():

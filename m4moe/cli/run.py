@@ -32,6 +32,12 @@ same signal (a training stage saves a checkpoint on SIGTERM) and exits with
 killed with kill -9, the kernel sends the stage SIGTERM (Linux), so no stage
 keeps running on its own.
 
+Before any stage after the corpus, the built corpus is checked against the
+recipe's minimums (training pairs and scored sentences per language): below
+them (e.g. the Debian half of the corpus recipe was skipped for want of
+apt-get) the job stops with one message naming the languages and the ways
+out, unless --allow_reduced_corpus is given.
+
 One job per run directory: the job holds an flock on <run_dir>/run.lock
 from before its first stage to its end (the kernel releases it however the
 job ends, kill -9 included). A second m4moe-run on the same --run_dir exits
@@ -59,6 +65,7 @@ from absl import logging
 
 from m4moe import cli
 from m4moe import jsonfile
+from m4moe.pipeline import corpus_check
 from m4moe.pipeline import plan as main_job
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.pipeline import supervisor
@@ -86,6 +93,13 @@ _ONLY = flags.DEFINE_list(
     "patterns (e.g. 'train_bilingual_*,eval*_bilingual_*': the baselines), "
     "in plan order and in their lanes; the others are left for a later "
     "run. Combines with --stop_after.")
+_ALLOW_REDUCED_CORPUS = flags.DEFINE_bool(
+    "allow_reduced_corpus", False, "Train and report even when the built "
+    "corpus is below the recipe's minimums (min_train_pairs, "
+    "min_eval_sentences), e.g. after its build skipped the Debian half "
+    "where apt is missing; the report's header then says the data was "
+    "reduced. Without it the job stops before the first stage after the "
+    "corpus, naming the languages below them and the ways out.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False,
                              "Print the stages and commands; run nothing.")
 _LANES = flags.DEFINE_bool(
@@ -225,6 +239,8 @@ def _ensure_apt_lists(recipe: recipes_lib.Recipe) -> None:
   """
   if not recipe.use_packaged_corpus_recipe or not shutil.which("apt-get"):
     return
+  if "debian" not in (recipe.corpus_recipe_parts or ("debian",)):
+    return  # a PyPI-only recipe needs no package lists
   lists = pathlib.Path("/var/lib/apt/lists")
   if lists.is_dir() and any(lists.glob("*_Packages*")):
     return
@@ -269,6 +285,31 @@ class _Job:
     self.number = {s.name: i for i, s in enumerate(stages, 1)}
     self.total = len(stages)
     self.start = time.monotonic()
+    self.corpus_checked = False
+
+  def check_corpus(self, *, allow_reduced: bool) -> None:
+    """Stops the job when the corpus is below the recipe's minimums
+    unless ``allow_reduced`` (--allow_reduced_corpus), which only warns.
+    Once per job; nothing to check before the corpus is built."""
+    if self.corpus_checked:
+      return
+    corpus_dir = self.run_dir / "corpus"
+    try:
+      report = corpus_check.read_corpus_report(corpus_dir)
+    except jsonfile.JSONFileError as e:
+      raise SystemExit(f"m4moe-run: {e}") from None
+    if report is None:
+      return
+    self.corpus_checked = True
+    found = corpus_check.shortfalls(self.recipe, report)
+    if not found:
+      return
+    if not allow_reduced:
+      raise SystemExit(corpus_check.message(
+          self.recipe, found=found, report=report, corpus_dir=corpus_dir))
+    below = corpus_check.describe(self.recipe, found)
+    print("m4moe-run: warning: going on below the recipe's minimums "
+          f"(--allow_reduced_corpus): {below}", file=sys.stderr, flush=True)
 
   def header(self, stage: main_job.Stage) -> str:
     return (f"[stage {self.number[stage.name]}/{self.total}] {stage.name}: "
@@ -509,6 +550,9 @@ def _run_block(job: _Job, block: list[list[main_job.Stage]]) -> None:
     except ValueError as e:
       print(f"m4moe-run: {e}: running the {len(block)} lanes one after "
             "the other", flush=True)
+  if not _DRY_RUN.value and any(stage.name != "corpus" for lane in block
+                                for stage in lane):
+    job.check_corpus(allow_reduced=_ALLOW_REDUCED_CORPUS.value)
   if _DRY_RUN.value:
     for index, lane in enumerate(block):
       for stage in lane:

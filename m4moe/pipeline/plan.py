@@ -22,6 +22,9 @@ Packaged recipes:
   run trained to early stopping on dev; scored on the in-domain test and on
   the out-of-domain test of held-out source packages. Several hours of a
   2-core machine in two lanes; every stage resumes.
+* ``demo_pypi``: the demo's stages and budget on the PyPI half of the
+  recipe only, so it runs wherever pip does (no apt); four languages the
+  PyPI catalogs cover well enough for the minimums (results/demo_pypi/).
 * ``smoke``: the same stages on a small generated catalog tree (no
   downloads), with micro models and a few steps: it checks the plumbing in
   about two minutes and is what the tests run.
@@ -79,6 +82,9 @@ def _corpus_stage(recipe: Recipe, run_dir: pathlib.Path,
           *_languages_flag(recipe)]
   if recipe.use_packaged_corpus_recipe:
     description = "build the offline corpus from the packaged recipe"
+    if recipe.corpus_recipe_parts:
+      args.append(f"--recipe_parts={','.join(recipe.corpus_recipe_parts)}")
+      description += f" ({' and '.join(recipe.corpus_recipe_parts)} only)"
     if recipe.ood_test or recipe.ood_holdout:
       args.append("--ood_packages=packaged")
       description += " (out-of-domain packages held out as test_ood)"

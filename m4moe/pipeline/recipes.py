@@ -193,6 +193,14 @@ class Recipe:
       (reporting) or ``dev`` (selection: a screening recipe chooses among
       candidates on dev and never reads a test split; ``eval_max_sentences``
       then caps the dev sentences per language).
+    corpus_recipe_parts: the halves of the packaged corpus recipe to build
+      from (``m4moe-build-corpus --recipe_parts``): ``["pypi"]`` needs only
+      pip (``demo_pypi``); empty: the whole recipe.
+    min_train_pairs, min_eval_sentences: the least training pairs and
+      sentences of the scored split (``eval_split``) every language needs;
+      ``m4moe-run`` checks the built corpus before the first stage after
+      it and stops below them (a corpus that lost sources would otherwise
+      be trained and reported on as if it were the recipe's). 0: no check.
   """
 
   name: str
@@ -217,8 +225,12 @@ class Recipe:
   ood_holdout: bool = False
   ood_eval_max_sentences: int = 1000
   eval_split: str = "test"
+  corpus_recipe_parts: tuple[str, ...] = ()
+  min_train_pairs: int = 0
+  min_eval_sentences: int = 0
 
   def __post_init__(self) -> None:
+    _check_corpus_fields(self)
     if self.eval_split not in ("test", "dev"):
       raise RecipeError(f"recipe {self.name!r}: eval_split must be 'test' or "
                         f"'dev', got {self.eval_split!r}")
@@ -300,6 +312,22 @@ class Recipe:
             lane=lanes.get(lang, self.baseline.lane),
             extra_flags=(*self.baseline.extra_flags, *extra.get(lang, ())))
         for lang in self.languages)
+
+
+def _check_corpus_fields(recipe: Recipe) -> None:
+  """The corpus parts and minimums: known parts, counts >= 0."""
+  where = f"recipe {recipe.name!r}"
+  unknown = sorted(set(recipe.corpus_recipe_parts) - {"debian", "pypi"})
+  if unknown:
+    raise RecipeError(f"{where}: corpus_recipe_parts has {unknown}; give "
+                      "[\"pypi\"], [\"debian\"] or both (empty: both)")
+  if recipe.corpus_recipe_parts and not recipe.use_packaged_corpus_recipe:
+    raise RecipeError(f"{where}: corpus_recipe_parts needs "
+                      "use_packaged_corpus_recipe = true; drop it")
+  for field in ("min_train_pairs", "min_eval_sentences"):
+    if getattr(recipe, field) < 0:
+      raise RecipeError(f"{where}: {field} must be >= 0 (0: no minimum), "
+                        f"got {getattr(recipe, field)}")
 
 
 def _check_upcycling_flags(recipe: str, model: ModelRun) -> None:

@@ -389,13 +389,15 @@ def test_row_groups_are_resolved_and_run_from_the_registry(monkeypatch):
   assert sorted(ran) == sorted(DISPATCH_IMPLEMENTATIONS)
 
 
-def test_expert_sorted_order_by_hand():
-  # Choices 0..5 to experts 2, 0, 2, 1, 0, 1; choice 3 dropped.
-  order, counts = dispatch._expert_sorted_order(
-      tf.constant([2, 0, 2, 1, 0, 1]),
-      tf.constant([True, True, True, False, True, True]), num_experts=3)
-  # Expert 0: choices 1, 4; expert 1: 5; expert 2: 0, 2; dropped: 3.
-  assert order.numpy().tolist() == [1, 4, 5, 0, 2, 3]
+def test_slot_order_rows_by_hand():
+  # E = 3, G = 1, C = 2: slots e * 2 + c. Choices 0..5 go to experts
+  # 2, 0, 2, 1, 0, 1 at positions 1, 0, 0, -, 1, 0; choice 3 is dropped.
+  slots = tf.constant([5, 0, 4, 6, 1, 2])
+  row, counts = dispatch._slot_order_rows(slots, num_slots=6, num_experts=3)
+  # Rows in slot order: expert 0: choices 1, 4; expert 1: 5; expert 2:
+  # 2 (position 0), 0 (position 1); then the dropped choice 3.
+  order = np.argsort(row.numpy())
+  assert order.tolist() == [1, 4, 5, 2, 0, 3]
   assert counts.numpy().tolist() == [2, 1, 2, 1]
 
 

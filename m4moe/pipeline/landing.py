@@ -1,8 +1,8 @@
 r"""Landed copies of a recipe's runs: what survives a lost run directory.
 
-A study runs for several sessions, and a session's machine may be a new
-one whose run directory (checkpoints included) is gone. What the analysis
-tools (:mod:`m4moe.pipeline.screening`, :mod:`m4moe.pipeline.curves`)
+A run directory (checkpoints included) is too large to commit and lives
+on the machine that trained it; a study whose runs outlast that machine
+must keep the rest in the repository. What the analysis tools (:mod:`m4moe.pipeline.screening`, :mod:`m4moe.pipeline.curves`)
 read of a finished run is small: its training log, its dev eval JSON and
 its training stage record. ``land`` copies those three into a committed
 results folder, one directory per run::
@@ -38,7 +38,10 @@ reads back (``--results``)::
 writes ``stages/`` (the corpus record and each run's train and eval
 records), ``metrics/<run>.jsonl``, ``<split>/<run>.json`` with the
 hypotheses in ``<split>/<run>/``, the run directory's ``report*/``
-folders and ``inputs.sha256``; it refuses a run directory whose corpus or
+folders and ``inputs.sha256``. The copies keep the paths the tools
+wrote: relative to the run directory (stage records) or to the JSON's own
+directory (eval JSONs, training logs), so they name the same files under
+``--output`` as in the run directory. It refuses a run directory whose corpus or
 vocabularies differ from a manifest already there (runs on other bytes
 must not be pooled) and a folder landed in the other layout, and writes
 nothing when no run has finished its test evals. Runs of a second run

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Sparse -> dense distillation (issue 17 §3) on the demo languages: how much
+# Sparse -> dense distillation on the demo languages: how much
 # of the MoE teacher's quality gain a dense student keeps.
 #
-#   results/distill/run.sh [OUT_DIR] [STEPS]
+#   results/archive/distill/run.sh OUT_DIR [STEPS]
 #
-# Teacher: the demo MoE ($DEMO/models/moe, default DEMO=/work/runs/demo3:
+# Teacher: the demo MoE ($DEMO/models/moe, default DEMO=runs/demo3:
 # tiny/moe at 2+2 layers, 8 experts in every other FFN, 3000 steps;
 # m4moe-run --recipe=demo). Two tiny/dense students at the teacher's 2+2
 # layers (d_ff 512: the teacher's active FLOPs per token) get the same STEPS
@@ -13,20 +13,20 @@
 #   distilled      m4moe-distill: the teacher's non-expert weights, target
 #                  0.25 teacher + 0.75 ground truth (Switch §4.2)
 # All three are scored on the same 200 test sentences per language (beam 4,
-# sacrebleu) and summarize.py writes results/distill/distill.json: the
+# sacrebleu) and summarize.py writes results/archive/distill/distill.json: the
 # models' dev CE / BLEU / chrF++ and the fraction of the gain kept,
 # (student - scratch) / (teacher - scratch).
 #
 # The shared machine: one training process at a time. Re-running resumes
 # killed runs exactly (both tools resume) and skips finished evaluations.
 # dense_scratch keeps its step-STEPS checkpoint, which
-# results/upcycling/run.sh reuses (as a copy) as its dense base.
+# results/archive/upcycling/run.sh reuses (as a copy) as its dense base.
 set -euo pipefail
-demo=${DEMO:-/work/runs/demo3}
+demo=${DEMO:-runs/demo3}
 teacher=$demo/models/moe
 corpus=$demo/corpus
 vocab=$demo/vocab
-out=${1:-/work/runs/lang17/distill}
+out=${1:?usage: $0 OUT_DIR [STEPS] (e.g. runs/distill 1000)}
 steps=${2:-1000}
 here=$(cd "$(dirname "$0")" && pwd)
 langs=pt,kk,si,ia

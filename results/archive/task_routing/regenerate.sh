@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Task-level routing with per-language extraction (issue 17 §2) on the demo
+# Task-level routing with per-language extraction on the demo
 # corpus: a tiny 2+2 MoE trained with --route_by=language, one SavedModel per
 # language (m4moe-export --language=xx), then full vs extracted BLEU/chrF++
 # and identical outputs on the first 200 test pairs (measure.py).
-#   results/task_routing/regenerate.sh [DEMO_RUN] [WORK_DIR] [STEPS]
+#   results/archive/task_routing/regenerate.sh DEMO_RUN WORK_DIR [STEPS]
 set -euo pipefail
-demo=${1:-/work/runs/demo3}; work=${2:-/work/runs/lang17/task_routing}
+demo=${1:?usage: $0 DEMO_RUN WORK_DIR [STEPS]}; work=${2:?usage: $0 DEMO_RUN WORK_DIR [STEPS]}
 steps=${3:-600}
 here=$(cd "$(dirname "$0")" && pwd)
 m4moe-train --config=tiny/moe --route_by=language --num_encoder_layers=2 \

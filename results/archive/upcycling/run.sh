@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Dense -> MoE upcycling (issue 17 §4) on the demo languages: upcycled MoE vs
+# Dense -> MoE upcycling on the demo languages: upcycled MoE vs
 # MoE from scratch vs continuing the dense model, at equal extra steps.
 #
-#   results/upcycling/run.sh [OUT_DIR] [EXTRA] [DENSE_RUN]
+#   results/archive/upcycling/run.sh OUT_DIR [EXTRA] [DENSE_RUN]
 #
 # The base is a multilingual tiny/dense model at the demo's 2+2 layers
 # (d_ff 512) on pt, kk, si, ia (4096 tokens per batch, seed 0). By default it
-# is the dense_scratch run of results/distill/run.sh (1000 steps, the
+# is the dense_scratch run of results/archive/distill/run.sh (1000 steps, the
 # same flags), copied to OUT_DIR/dense and never modified; if DENSE_RUN does
 # not exist, it is trained here for BASE (env, default 1000) steps. Then each
 # run gets the same EXTRA steps (default 500) on the same data:
@@ -19,16 +19,16 @@
 #   moe_scratch      the same MoE config from a random init
 # Each is scored on the first 200 test sentences per language (beam 4,
 # sacrebleu), the MoE runs get a routing-by-language analysis on dev, and
-# summarize.py writes results/upcycling/upcycling.json.
+# summarize.py writes results/archive/upcycling/upcycling.json.
 #
-# DEMO (env, default /work/runs/demo3) gives the corpus and vocabularies.
+# DEMO (env, default runs/demo3) gives the corpus and vocabularies.
 # One training process at a time; re-running resumes killed runs
 # (m4moe-train resumes) and skips finished evaluations.
 set -euo pipefail
-demo=${DEMO:-/work/runs/demo3}
+demo=${DEMO:-runs/demo3}
 corpus=$demo/corpus; vocab=$demo/vocab
-out=${1:-/work/runs/lang17/upcycling}; extra=${2:-500}
-dense_run=${3:-/work/runs/lang17/distill/dense_scratch}
+out=${1:?usage: $0 OUT_DIR [EXTRA] [DENSE_RUN]}; extra=${2:-500}
+dense_run=${3:-runs/distill/dense_scratch}
 base=${BASE:-1000}
 here=$(cd "$(dirname "$0")" && pwd)
 langs=pt,kk,si,ia

@@ -1,6 +1,6 @@
 """Upcycled MoE vs MoE from scratch vs continued dense, at equal extra steps.
 
-  python results/upcycling/summarize.py OUT_DIR --corpus_dir=CORPUS \
+  python results/archive/upcycling/summarize.py OUT_DIR --corpus_dir=CORPUS \
       --output=PATH
 
 Reads what ``run.sh`` left in OUT_DIR:
@@ -12,7 +12,7 @@ Reads what ``run.sh`` left in OUT_DIR:
   ``<name>.json`` and ``<name>.hyp/`` (m4moe-eval: test BLEU and chrF++ of
   the first sentences per language, with sacrebleu's 95% bootstrap
   intervals and paired differences to dense_continued and to moe_scratch,
-  as ``results/distill/summarize.py`` computes them);
+  as ``results/archive/distill/summarize.py`` computes them);
 * ``<name>.routing/routing.json`` of the MoE runs (m4moe-analyze-routing):
   the normalised language-expert mutual information per MoE layer.
 

@@ -1,4 +1,4 @@
-"""Full vs per-language SavedModels of a --route_by=language run (issue 17 §2).
+"""Full vs per-language SavedModels of a --route_by=language run.
 
   python measure.py --model_dir=RUN --export_root=DIR --corpus_dir=CORPUS \
       --split=test --max_sentences=200 --output=task_routing.json

@@ -1,6 +1,6 @@
 """What share of the MoE teacher's quality gain a distilled dense student keeps.
 
-  python3 results/distill/summarize.py OUT_DIR TEACHER_DIR --output PATH
+  python3 results/archive/distill/summarize.py OUT_DIR TEACHER_DIR --output PATH
 
 Reads, for the three models of ``run.sh``:
 

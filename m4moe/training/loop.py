@@ -72,7 +72,7 @@ class NonFiniteError(RuntimeError):
 
 # Below this many dev target tokens, early stopping gets a warning: the demo's
 # ia dev set (137 tokens) moved by more between evaluations than training
-# changed it (results/demo/stopping/README.md).
+# changed it (results/archive/demo_stopping/README.md).
 MIN_STOPPING_DEV_TOKENS = 1000
 
 

@@ -1,6 +1,6 @@
 """Does dev cross-entropy (the demo's stopping rule) track test BLEU?
 
-  python3 results/demo/stopping/summarize.py --run_dir=RUN \
+  python3 results/archive/demo_stopping/summarize.py --run_dir=RUN \
       --work_dir=WORK --output_dir=DIR
 
 Reads ``WORK/<model>.<step>.json`` (m4moe-eval of checkpoint ``<step>`` of

@@ -5,12 +5,12 @@
 # then summarize.py pairs each with the dev CE of the same step from the
 # training log and writes stopping.json and stopping.md here.
 #
-#   results/demo/stopping/run.sh [RUN_DIR] [WORK_DIR]
+#   results/archive/demo_stopping/run.sh RUN_DIR WORK_DIR
 #
 # RUN_DIR: a finished `m4moe-run --recipe=demo` run (read only). Re-running
 # skips the checkpoints already scored.
 set -euo pipefail
-run=${1:-/work/runs/demo3}; work=${2:-/work/runs/stopping}
+run=${1:?usage: $0 RUN_DIR WORK_DIR}; work=${2:?usage: $0 RUN_DIR WORK_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
 for model_dir in "$run"/models/*/; do

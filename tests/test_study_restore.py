@@ -26,7 +26,7 @@ _OLD = "/old/runs/study2"
 def _marker(path: pathlib.Path, stage: str, *args: str) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps({"stage": stage, "command": [
-      "/venv/bin/python3", "-m", "m4moe.cli.x", *args], "seconds": 1.0}))
+      "python3", "-m", "m4moe.cli.x", *args], "seconds": 1.0}))
 
 
 def _committed(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:

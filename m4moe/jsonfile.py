@@ -113,10 +113,10 @@ def relative_path(path: str | os.PathLike[str], *,
 
 def relative_command(command: Sequence[str], *,
                      start: str | os.PathLike[str]) -> list[str]:
-  """A command line as a record holds it: the interpreter as
-  :data:`INTERPRETER`, and every absolute path (an argument, or a
-  ``--flag=`` value) relative to ``start``. Relative arguments are kept,
-  so a command already in this form comes back unchanged."""
+  """A command line as a record holds it: a Python interpreter in first
+  place as :data:`INTERPRETER`, and every absolute path (an argument, or
+  a ``--flag=`` value) relative to ``start``. Relative arguments are
+  kept, so a command already in this form comes back unchanged."""
   def arg(value: str) -> str:
     flag, sep, rest = value.partition("=")
     if sep and flag.startswith("-") and os.path.isabs(rest):
@@ -126,4 +126,7 @@ def relative_command(command: Sequence[str], *,
     return value
   if not command:
     return []
-  return [INTERPRETER, *(arg(a) for a in command[1:])]
+  first = command[0]
+  if os.path.basename(first).startswith("python"):
+    first = INTERPRETER
+  return [arg(first), *(arg(a) for a in command[1:])]

@@ -16,6 +16,9 @@ import sys
 import pytest
 
 from m4moe import jsonfile
+from m4moe.benchmarks import peak_rss
+from m4moe.benchmarks.peer import select
+from m4moe.benchmarks.peer import selection
 from m4moe.cli import run as run_cli
 from m4moe.eval import report
 from m4moe.eval import results
@@ -58,6 +61,9 @@ def test_relative_command_keeps_relative_arguments(tmp_path):
                  "--model_dir=models/moe", "--steps=3", "corpus",
                  "--corpus_dir=corpus"]
   assert jsonfile.relative_command(got, start=tmp_path) == got
+  # A command that is not run by Python keeps its program.
+  assert jsonfile.relative_command(["m4moe-train", f"--x={tmp_path}/a"],
+                                   start=tmp_path) == ["m4moe-train", "--x=a"]
 
 
 def test_a_stage_record_holds_paths_relative_to_the_run_dir(tmp_path):
@@ -73,6 +79,26 @@ def test_a_stage_record_holds_paths_relative_to_the_run_dir(tmp_path):
                                    "--cache_dir=../cache"]
   # The same stage is not taken for a changed one on the next run.
   assert run_cli._first_changed([stage], tmp_path) is None  # pylint: disable=protected-access
+
+
+def test_peak_rss_record_names_no_interpreter_path():
+  record = peak_rss.measure([sys.executable, "-c", "print('x')"],
+                            interval=0.05)
+  assert absolute_paths(record) == []
+  assert record["command"][:2] == ["python3", "-c"]
+
+
+def test_peer_selection_manifest_names_its_corpus_relatively(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(selection, "write_selection_corpus",
+                      lambda **kwargs: {"language": "de", "permille": 10})
+  run_dir = tmp_path / "runs" / "select"
+  manifest = select.prepare_data(corpus_dir=tmp_path / "corpus",
+                                 run_dir=run_dir, language="de", permille=10)
+  written = json.loads((run_dir / "data" / "manifest.json").read_text())
+  assert absolute_paths(written) == []
+  assert manifest["source_corpus"] == os.path.join("..", "..", "..",
+                                                   "corpus")
 
 
 @pytest.fixture(scope="module")

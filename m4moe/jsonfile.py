@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 from typing import Any, Sequence
 
 
@@ -130,3 +131,26 @@ def relative_command(command: Sequence[str], *,
   if os.path.basename(first).startswith("python"):
     first = INTERPRETER
   return [arg(first), *(arg(a) for a in command[1:])]
+
+
+# An absolute path inside a text: not preceded by a word character, a dot,
+# a colon or a slash (so neither "1/8" nor a URL's "//host"), up to a
+# blank, a quote, a colon (e.g. "file.po:3") or a closing bracket.
+_ABSOLUTE_IN_TEXT = re.compile(r"(?<![\w./:~-])/(?!/)[^\s'\",;:)\]]+")
+
+
+def relative_paths_in(value: Any, *, start: str | os.PathLike[str]) -> Any:
+  """``value`` (parsed JSON) with every absolute path inside its strings,
+  messages included (e.g. ``"CatalogError: /x/a.po: bad"``), made
+  relative to ``start``; numbers and the structure are kept. For a report
+  whose messages quote the files they are about."""
+  if isinstance(value, str):
+    return _ABSOLUTE_IN_TEXT.sub(
+        lambda m: relative_path(m.group(0), start=start), value)
+  if isinstance(value, list):
+    return [relative_paths_in(item, start=start) for item in value]
+  if isinstance(value, dict):
+    return {relative_paths_in(key, start=start):
+            relative_paths_in(item, start=start)
+            for key, item in value.items()}
+  return value

@@ -66,6 +66,19 @@ def test_relative_command_keeps_relative_arguments(tmp_path):
                                    start=tmp_path) == ["m4moe-train", "--x=a"]
 
 
+def test_relative_paths_in_rewrites_paths_inside_messages(tmp_path):
+  report = {"where": f"{tmp_path}/src/a.po:3",
+            "reason": f"CatalogError: {tmp_path}/src/a.po: cannot parse",
+            "n": 1.5, "share": "1/8", "url": "https://deb.debian.org/x",
+            f"{tmp_path}/k": [f"--x={tmp_path}/out/b"]}
+  got = jsonfile.relative_paths_in(report, start=tmp_path / "out")
+  assert got == {"where": "../src/a.po:3",
+                 "reason": "CatalogError: ../src/a.po: cannot parse",
+                 "n": 1.5, "share": "1/8", "url": "https://deb.debian.org/x",
+                 "../k": ["--x=b"]}
+  assert absolute_paths(got) == []
+
+
 def test_a_stage_record_holds_paths_relative_to_the_run_dir(tmp_path):
   stage = plan.Stage(name="train_moe", description="", tool="train",
                      args=(f"--model_dir={tmp_path / 'models' / 'moe'}",

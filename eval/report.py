@@ -1083,9 +1083,9 @@ def _write_summary(output_dir: pathlib.Path, comp: comparison_lib.Comparison,
                    evidence: _Evidence, *, split: str,
                    groups: Sequence[seeds_lib.ModelGroup]) -> pathlib.Path:
   """Writes summary.json as strict JSON (non-finite numbers are refused,
-  since other JSON readers reject NaN). Each run's hypotheses ``dir`` is
-  relative to ``output_dir``, so the summary reads the same when the
-  report is committed."""
+  since other JSON readers reject NaN). Each run's hypotheses ``dir``, and
+  any path in its messages, is relative to ``output_dir``, so the summary
+  reads the same when the report is committed."""
   path = output_dir / "summary.json"
   summary = strict_summary(_summary(
       comp, evidence.dev, split=split, groups=groups,
@@ -1094,6 +1094,8 @@ def _write_summary(output_dir: pathlib.Path, comp: comparison_lib.Comparison,
   for run in summary["hypotheses"].values():
     if run["dir"] is not None:
       run["dir"] = jsonfile.relative_path(run["dir"], start=output_dir)
+  summary["hypotheses"] = jsonfile.relative_paths_in(  # messages too
+      summary["hypotheses"], start=output_dir)
   textio.write_text_atomic(path, json.dumps(
       summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
   return path

@@ -168,6 +168,18 @@ def test_report_summary_names_hypotheses_relative_to_itself(tmp_path):
   assert absolute_paths(summary) == []
   assert summary["hypotheses"]["moe"]["dir"] == os.path.join(
       "..", "evals", "moe")
+  # A run without hypotheses: the message names the places searched.
+  gone = tmp_path / "evals2" / "gone.json"
+  results.write_eval_json(results.EvalResult(
+      model="gone", metadata={"hypotheses_dir": str(tmp_path / "nowhere")},
+      languages={"de": score}), gone)
+  files = report.write_report(
+      tmp_path / "out2", models=[results.read_eval_json(gone)],
+      baselines=[], model_paths=[gone], baseline_paths=[],
+      corpus_dir=corpus, bootstrap_samples=0)
+  summary = json.loads(files.summary.read_text(encoding="utf-8"))
+  assert "does not exist" in summary["hypotheses"]["gone"]["missing"]
+  assert absolute_paths(summary) == []
 
 
 def test_committed_results_json_hold_no_absolute_paths():

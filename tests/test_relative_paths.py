@@ -91,7 +91,8 @@ def test_a_stage_record_holds_paths_relative_to_the_run_dir(tmp_path):
   assert record["command"][3:] == ["--model_dir=models/moe",
                                    "--cache_dir=../cache"]
   # The same stage is not taken for a changed one on the next run.
-  assert run_cli._first_changed([stage], tmp_path) is None  # pylint: disable=protected-access
+  changed = run_cli._first_changed  # pylint: disable=protected-access
+  assert changed([stage], tmp_path) is None
 
 
 def test_peak_rss_record_names_no_interpreter_path():

@@ -46,9 +46,9 @@ _PAPER_BEFORE = re.compile(
     r"(GShard|Switch|Transformer|paper|et al\.|V-MoE|DeepSeek[\w-]*|"
     r"\(\d{4},?|Lepikhin)[^§]{0,30}$")
 _CPU_MODEL = re.compile(
-    r"\b(?:Xe" + r"on|EP" + r"YC|Ry" + r"zen|Core\(TM\)|Intel\(R\)|"
-    r"Sapphire Rapids|Cascade Lake|Ice Lake|Skylake|Cooper Lake|"
-    r"Emerald Rapids|Granite Rapids)\b")
+    r"\b(?:Xe" + r"on|EP" + r"YC|Ry" + r"zen|Core\(T" + r"M\)|"
+    r"Inte" + r"l\(R\)|Sky" + r"lake|(?:Sapph" + r"ire|Emer" + r"ald|"
+    r"Gran" + r"ite) Rapids|(?:Casc" + r"ade|Ic" + r"e|Coop" + r"er) Lake)(?!\w)")
 # Decoded translations quote software strings ("this session").
 _TRANSLATIONS = (".hyp", ".tsv")
 

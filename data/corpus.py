@@ -722,7 +722,8 @@ def _remove_stale_temporaries(output_dir: pathlib.Path) -> None:
 def build_corpus(config: BuildConfig) -> dict:
   """Builds the corpus described by ``config``; returns the build report.
 
-  The report (also written to ``output_dir/report.json``) has ``summary``,
+  The report (also written to ``output_dir/report.json``, with every path
+  in it relative to ``output_dir``) has ``summary``,
   ``counts`` (every rule and problem counter), ``problems`` (the first files
   / lines skipped, with reasons), ``languages`` (per-language split sizes),
   ``sources`` (each recipe pin: status, version used, archive),
@@ -814,8 +815,11 @@ def _build_into(tmp: pathlib.Path, config: BuildConfig,
   report.update(summary=_summary(per_lang), counts=dict(sorted(
       counts.items())), problems=problems.listed, languages=per_lang,
                 seconds=round(time.time() - start, 1))
-  (tmp / "report.json").write_text(
-      json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+  # Paths relative to the corpus directory: the report is copied into
+  # results/ and read on other machines.
+  (tmp / "report.json").write_text(json.dumps(
+      jsonfile.relative_paths_in(report, start=config.output_dir),
+      indent=1, ensure_ascii=False), encoding="utf-8")
   _write_marker(tmp)
 
 

@@ -81,6 +81,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from m4moe import jsonfile
 from m4moe.eval import comparison as comparison_lib
 from m4moe.eval import dev_ce as dev_ce_lib
 from m4moe.eval import document as doc
@@ -1116,12 +1117,19 @@ def _write_summary(output_dir: pathlib.Path, comp: comparison_lib.Comparison,
                    evidence: _Evidence, *, split: str,
                    groups: Sequence[seeds_lib.ModelGroup]) -> pathlib.Path:
   """Writes summary.json as strict JSON (non-finite numbers are refused,
-  since other JSON readers reject NaN)."""
+  since other JSON readers reject NaN). Each run's hypotheses ``dir``, and
+  any path in its messages, is relative to ``output_dir``, so the summary
+  reads the same when the report is committed."""
   path = output_dir / "summary.json"
   summary = strict_summary(_summary(
       comp, evidence.dev, split=split, groups=groups,
       intervals=evidence.intervals, reliance=evidence.reliance,
       examples=evidence.examples, runs=evidence.runs))
+  for run in summary["hypotheses"].values():
+    if run["dir"] is not None:
+      run["dir"] = jsonfile.relative_path(run["dir"], start=output_dir)
+  summary["hypotheses"] = jsonfile.relative_paths_in(  # messages too
+      summary["hypotheses"], start=output_dir)
   textio.write_text_atomic(path, json.dumps(
       summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
   return path

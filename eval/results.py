@@ -21,6 +21,12 @@ One file per model::
 
 Bilingual baselines are one file per language pair (``kind: bilingual``)
 or one file holding several languages; the report merges them.
+
+The paths in ``metadata`` (``PATH_FIELDS``: ``model_dir``, ``checkpoint``,
+``corpus_dir``, ``hypotheses_dir``) are written relative to the JSON's own
+directory (m4moe-eval), so the file and its hypotheses beside it can be
+copied into ``results/`` and read on another machine;
+:func:`read_eval_json` joins them to that directory again.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from m4moe.eval import scoring
 from m4moe.eval import textio
 
 SCHEMA = "m4moe.eval/1"
+# Metadata paths, relative to the eval JSON's directory.
+PATH_FIELDS = ("model_dir", "checkpoint", "corpus_dir", "hypotheses_dir")
 KINDS = ("multilingual", "bilingual")
 
 
@@ -160,6 +168,19 @@ def _language_problems(where: str, values: Any) -> list[str]:
   return problems
 
 
+def _joined(metadata: Any, directory: pathlib.Path) -> Any:
+  """``metadata`` with each relative path of ``PATH_FIELDS`` joined to
+  ``directory`` (the eval JSON's); absolute ones (older files) kept."""
+  if not isinstance(metadata, dict):
+    return metadata
+  out = dict(metadata)
+  for name in PATH_FIELDS:
+    value = out.get(name)
+    if isinstance(value, str) and value and not os.path.isabs(value):
+      out[name] = os.path.normpath(directory / value)
+  return out
+
+
 def read_eval_json(path: str | os.PathLike[str], *,
                    kind: str | None = None) -> EvalResult:
   """Reads and validates an eval JSON (:func:`validate_eval_dict`).
@@ -185,6 +206,7 @@ def read_eval_json(path: str | os.PathLike[str], *,
                  for lang, values in data.get("languages", {}).items()}
     return EvalResult(model=data.get("model", path.stem),
                       kind=kind or data.get("kind", "multilingual"),
-                      metadata=data.get("metadata", {}), languages=languages)
+                      metadata=_joined(data.get("metadata", {}), path.parent),
+                      languages=languages)
   except (TypeError, ValueError) as e:
     raise ValueError(f"{path}: {e}") from e

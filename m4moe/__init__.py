@@ -8,7 +8,8 @@ used by every subpackage):
 * ``flagutil``: config dataclasses as absl flags.
 * ``errors``: ``ConfigError`` and ``require``, the one validation helper;
   the one-line account of a full disk.
-* ``jsonfile``: the one reader of the JSON files tools pass each other.
+* ``jsonfile``: the one reader of the JSON files tools pass each other,
+  and the rule for the paths in them (relative, never a machine's).
 * ``moe``: routers, dispatch paths, the MoE layer and its experts, task
   routing, upcycling.
 * ``model``: the encoder-decoder Transformer, its layers, losses,

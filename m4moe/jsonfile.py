@@ -1,4 +1,4 @@
-"""The one reader of the JSON files tools hand to each other.
+"""The JSON files tools hand to each other: one reader, one path rule.
 
 A corpus ``report.json``, a run's ``config.json``, ``m4moe-run``'s stage
 records, eval JSONs and the averaging record are all read through
@@ -11,6 +11,13 @@ It is a module of its own rather than part of :mod:`m4moe.errors`, which
 is about flag values and is imported by every config dataclass: file
 reading is a different concern with its own callers. Its error is a
 ``ValueError``, so a tool's existing ``except ValueError`` catches it.
+
+These files are copied into ``results/`` and read on other machines, so
+the paths a tool writes into them are relative (:func:`relative_path`,
+:func:`relative_command`): an absolute path would name a directory of the
+machine the run happened on, which a reader elsewhere does not have.
+Each tool's docstring says what its paths are relative to (the run
+directory, or the JSON file's own directory).
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from typing import Any
+import re
+from typing import Any, Sequence
 
 
 class JSONFileError(ValueError):
@@ -89,4 +97,60 @@ def load(path: str | os.PathLike[str], *, what: str, fix: str,
   if expect is not None and not isinstance(value, expect):
     fail(f"holds a JSON {type(value).__name__}, expected a JSON "
          f"{'object' if expect is dict else expect.__name__}")
+  return value
+
+
+# What a recorded command names its interpreter: the virtualenv's path says
+# nothing about the run, and differs on every machine.
+INTERPRETER = "python3"
+
+
+def relative_path(path: str | os.PathLike[str], *,
+                  start: str | os.PathLike[str]) -> str:
+  """``path`` relative to the directory ``start`` (both may be relative
+  to the working directory), e.g. ``"../models/moe"``."""
+  return os.path.relpath(os.path.abspath(path), os.path.abspath(start))
+
+
+def relative_command(command: Sequence[str], *,
+                     start: str | os.PathLike[str]) -> list[str]:
+  """A command line as a record holds it: a Python interpreter in first
+  place as :data:`INTERPRETER`, and every absolute path (an argument, or
+  a ``--flag=`` value) relative to ``start``. Relative arguments are
+  kept, so a command already in this form comes back unchanged."""
+  def arg(value: str) -> str:
+    flag, sep, rest = value.partition("=")
+    if sep and flag.startswith("-") and os.path.isabs(rest):
+      return f"{flag}={relative_path(rest, start=start)}"
+    if os.path.isabs(value):
+      return relative_path(value, start=start)
+    return value
+  if not command:
+    return []
+  first = command[0]
+  if os.path.basename(first).startswith("python"):
+    first = INTERPRETER
+  return [arg(first), *(arg(a) for a in command[1:])]
+
+
+# An absolute path inside a text: not preceded by a word character, a dot,
+# a colon or a slash (so neither "1/8" nor a URL's "//host"), up to a
+# blank, a quote, a colon (e.g. "file.po:3") or a closing bracket.
+_ABSOLUTE_IN_TEXT = re.compile(r"(?<![\w./:~-])/(?!/)[^\s'\",;:)\]]+")
+
+
+def relative_paths_in(value: Any, *, start: str | os.PathLike[str]) -> Any:
+  """``value`` (parsed JSON) with every absolute path inside its strings,
+  messages included (e.g. ``"CatalogError: /x/a.po: bad"``), made
+  relative to ``start``; numbers and the structure are kept. For a report
+  whose messages quote the files they are about."""
+  if isinstance(value, str):
+    return _ABSOLUTE_IN_TEXT.sub(
+        lambda m: relative_path(m.group(0), start=start), value)
+  if isinstance(value, list):
+    return [relative_paths_in(item, start=start) for item in value]
+  if isinstance(value, dict):
+    return {relative_paths_in(key, start=start):
+            relative_paths_in(item, start=start)
+            for key, item in value.items()}
   return value

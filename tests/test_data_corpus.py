@@ -204,6 +204,13 @@ def test_bad_inputs_are_counted_with_file_and_line(tmp_path):
   reasons = " ".join(p["reason"] for p in report["problems"])
   assert "line 3" in reasons  # polib names the line of the syntax error.
   assert report["summary"]["languages"] == 2
+  # The written report (copied into results/) names them relative to the
+  # corpus directory, in the messages too.
+  written = (tmp_path / "out" / "report.json").read_text(encoding="utf-8")
+  assert str(tmp_path) not in written
+  where = {p["where"] for p in json.loads(written)["problems"]}
+  assert "../src/fr/LC_MESSAGES/corrupt.po" in where
+  assert "../extra.tsv:2" in where
 
 
 def test_min_pairs_and_language_subset(tmp_path):

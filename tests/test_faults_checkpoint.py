@@ -111,11 +111,11 @@ def test_damaged_newest_checkpoint_falls_back_and_is_kept_aside(
   assert start["step"] == 4
   assert start["resumed_from"].endswith("ckpt-4")
   [skipped] = start["damaged_checkpoints"]
-  assert skipped["path"] == str(run / "ckpt-6")
+  assert skipped["path"] == "ckpt-6"  # relative to the model dir
   assert reason in skipped["reason"]
   # The damaged files are kept, byte for byte, under damaged/ckpt-6/.
   if damaged_bytes:
-    assert skipped["moved_to"] == str(run / "damaged" / "ckpt-6")
+    assert skipped["moved_to"] == "damaged/ckpt-6"
     kept = run / "damaged" / "ckpt-6"
     assert sorted(p.name for p in kept.iterdir()) == sorted(damaged_bytes)
     for name, raw in damaged_bytes.items():
@@ -201,7 +201,7 @@ def test_no_intact_checkpoint_stops_until_a_backup_is_put_back(tmp_path):
   for path in backup.iterdir():
     shutil.copy(path, run / path.name)
   assert _train(run, train_steps=6, keep_checkpoints=1).step == 6
-  assert _start_records(run)[-1]["resumed_from"] == str(run / "ckpt-2")
+  assert _start_records(run)[-1]["resumed_from"] == "ckpt-2"
 
 
 def test_lost_checkpoints_with_metrics_are_not_silently_restarted(tmp_path):

@@ -110,7 +110,7 @@ def test_the_tool_lands_and_reports_what_it_skipped(tmp_path):
 def _record(path, stage, *args):
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps({"stage": stage, "command": [
-      "/venv/bin/python3", "-m", "m4moe.cli.x", *args], "seconds": 1.0}))
+      "python3", "-m", "m4moe.cli.x", *args], "seconds": 1.0}))
 
 
 def _tested_run_dir(run_dir, runs_and_splits):

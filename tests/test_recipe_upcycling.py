@@ -314,8 +314,8 @@ def test_m4moe_run_upcycles_then_resumes_the_upcycled_run(tmp_path):
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   up = run_dir / "models" / "up"
   starts = _starts(up)
-  assert starts[0]["warm_start"]["init_from_dense"] == str(
-      run_dir / "models" / "dense")
+  # Relative to the upcycled run's model directory.
+  assert starts[0]["warm_start"]["init_from_dense"] == "../dense"
   # The dense run's 20 steps came first; the schedule went on from them.
   assert starts[0]["warm_start"]["dense_step"] == 20
   assert starts[0]["warm_start"]["optimizer_iterations"] == 20
@@ -329,7 +329,7 @@ def test_m4moe_run_upcycles_then_resumes_the_upcycled_run(tmp_path):
   assert [(r["kind"], r["step"]) for r in starts] == [
       ("start", 0), ("end", 10), ("start", 10), ("end", 14)]
   assert starts[2]["warm_start"] is None
-  assert starts[2]["resumed_from"] == str(up / "ckpt-10")
+  assert starts[2]["resumed_from"] == "ckpt-10"
   reader = tf.train.load_checkpoint(str(up / "ckpt-14"))
   assert reader.get_tensor("optimizer/iterations/.ATTRIBUTES/"
                            "VARIABLE_VALUE") == 34

@@ -26,12 +26,15 @@ _OLD = "/old/runs/study2"
 def _marker(path: pathlib.Path, stage: str, *args: str) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps({"stage": stage, "command": [
-      "/venv/bin/python3", "-m", "m4moe.cli.x", *args], "seconds": 1.0}))
+      "python3", "-m", "m4moe.cli.x", *args], "seconds": 1.0}))
 
 
-def _committed(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+def _committed(tmp_path: pathlib.Path, old: str = _OLD
+               ) -> tuple[pathlib.Path, pathlib.Path]:
   """A results dir with one whole run (a) and one without its ood eval (b),
-  and a run dir whose corpus/vocab match the manifest."""
+  and a run dir whose corpus/vocab match the manifest. ``old``: the run
+  directory the records name ("": records relative to their run dir)."""
+  prefix = f"{old}/" if old else ""
   results, run_dir = tmp_path / "v2", tmp_path / "run"
   files = {"corpus/test/pt.tsv": "o\tx\n", "vocab/source.vocab": "spm"}
   lines = []
@@ -42,23 +45,45 @@ def _committed(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
   results.mkdir()
   (results / "inputs.sha256").write_text("\n".join(lines) + "\n")
   _marker(results / "stages" / "corpus.json", "corpus",
-          f"--output_dir={_OLD}/corpus")
+          f"--output_dir={prefix}corpus")
   for run in ("a", "b"):
     _marker(results / "stages" / f"train_{run}.json", f"train_{run}",
-            f"--model_dir={_OLD}/models/{run}")
+            f"--model_dir={prefix}models/{run}")
     (results / "metrics").mkdir(exist_ok=True)
     (results / "metrics" / f"{run}.jsonl").write_text(
         json.dumps({"kind": "end", "reason": "done"}) + "\n")
     splits = ("eval", "eval_ood") if run == "a" else ("eval",)
     for split in splits:
       _marker(results / "stages" / f"{split}_{run}.json", f"{split}_{run}",
-              f"--output={_OLD}/{split}/{run}.json")
+              f"--output={prefix}{split}/{run}.json")
       (results / split / run).mkdir(parents=True, exist_ok=True)
       (results / split / run / "pt.hyp").write_text(f"hyp {split}\n")
       (results / split / f"{run}.json").write_text(json.dumps(
-          {"metadata": {"hypotheses_dir": f"{_OLD}/{split}/{run}"},
+          {"metadata": {"hypotheses_dir": f"{prefix}{split}/{run}"},
            "languages": {"pt": {"num_segments": 1}}}))
   return results, run_dir
+
+
+def test_checkout_relative_records_are_rewritten_to_the_run_dir(tmp_path):
+  # Committed records name their run directory relative to the checkout
+  # (runs/study2/...), as results/ keeps them.
+  restore = _module()
+  results, run_dir = _committed(tmp_path, old="runs/study2")
+  assert restore.recorded_run_dir(results) == "runs/study2"
+  assert restore.restore(results, run_dir) == ["a"]
+  marker = json.loads((run_dir / "stages" / "eval_ood_a.json").read_text())
+  assert marker["command"][-1] == f"--output={run_dir}/eval_ood/a.json"
+
+
+def test_run_dir_relative_records_are_copied_as_they_are(tmp_path):
+  restore = _module()
+  results, run_dir = _committed(tmp_path, old="")
+  assert restore.recorded_run_dir(results) == "."
+  assert restore.restore(results, run_dir) == ["a"]
+  marker = json.loads((run_dir / "stages" / "eval_ood_a.json").read_text())
+  assert marker["command"][-1] == "--output=eval_ood/a.json"
+  evaluation = json.loads((run_dir / "eval" / "a.json").read_text())
+  assert evaluation["metadata"]["hypotheses_dir"] == "eval/a"
 
 
 def test_whole_runs_are_restored_with_their_paths_rewritten(tmp_path):

@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Sequence, TextIO
 
+from m4moe import jsonfile
+
 
 @dataclasses.dataclass(frozen=True)
 class RssSample:
@@ -82,7 +84,9 @@ def measure(command: Sequence[str], *, interval: float = 0.5,
   peak = _plateau_end(samples)
   before = [text for t, text in lines if t <= peak.seconds]
   return {
-      "benchmark": "peak_rss", "command": list(command),
+      "benchmark": "peak_rss",
+      # As run from the working directory, with no machine's paths in it.
+      "command": jsonfile.relative_command(command, start=os.getcwd()),
       "returncode": proc.returncode, "max_rss_kb": usage.ru_maxrss,
       "peak_sampled_rss_kb": peak.rss_kb,
       "peak_time_sec": round(peak.seconds, 1),

@@ -9,7 +9,10 @@ Writes one eval JSON (schema in m4moe.eval.results): per-language BLEU and
 chrF++ with sacrebleu signatures (BLEU tokenizer chosen by the target
 language: 13a, zh, ja-mecab, ko-mecab), segments, training size from the
 corpus build report, and the model's config and decoding settings. With
---hypotheses_dir the decoded lines are kept as <dir>/<lang>.hyp.
+--hypotheses_dir the decoded lines are kept as <dir>/<lang>.hyp. The paths
+in its metadata (model_dir, checkpoint, corpus_dir, hypotheses_dir) are
+relative to the JSON's own directory, so a copy of the JSON with its
+hypotheses beside it (results/) still finds them on another machine.
 
 Before decoding it checks that --output and --hypotheses_dir can be
 written, that the vocabulary is the run's (recorded sha256) and that the
@@ -31,6 +34,7 @@ from absl import app
 from absl import flags
 
 from m4moe import cli
+from m4moe import jsonfile
 from m4moe.training import rundir
 from m4moe.cli import translation_flags
 from m4moe.eval import evaluate as evaluate_lib
@@ -64,17 +68,26 @@ _HYPOTHESES_DIR = flags.DEFINE_string("hypotheses_dir", None,
                                       "Also write <lang>.hyp files here.")
 
 
+def _here(path: str | pathlib.Path | None) -> str | None:
+  """``path`` relative to --output's directory (None stays None)."""
+  if path is None:
+    return None
+  return jsonfile.relative_path(
+      path, start=pathlib.Path(_OUTPUT.value).parent)
+
+
 def _metadata(files: rundir.RunFiles,
               translator: translator_lib.Translator) -> dict:
   config = files.config
   meta = {
-      "model_dir": str(files.model_dir), "checkpoint": files.checkpoint,
+      "model_dir": _here(files.model_dir),
+      "checkpoint": _here(files.checkpoint),
       "config": config.to_dict(), "num_experts": config.moe.num_experts,
       "num_layers": config.num_layers, "beam_size": translator.beam.beam_size,
       "alpha": translator.beam.alpha,
       "max_decode_length": translator.beam.max_decode_length,
       "decode_length_ratio": translator.length_ratio,
-      "corpus_dir": _CORPUS_DIR.value, "split": _SPLIT.value,
+      "corpus_dir": _here(_CORPUS_DIR.value), "split": _SPLIT.value,
       "direction": _DIRECTION.value, "max_sentences": _MAX_SENTENCES.value,
   }
   # The training seed travels with the JSON, so that a report on landed
@@ -187,7 +200,7 @@ def _evaluate(translator: translator_lib.Translator, files: rundir.RunFiles,
   return dataclasses.replace(result, metadata={
       **result.metadata, "decode_stats": dataclasses.asdict(translator.stats),
       # Where <lang>.hyp lives (m4moe-report reads examples from it).
-      "hypotheses_dir": (str(hyp_dir.resolve()) if _HYPOTHESES_DIR.value
+      "hypotheses_dir": (_here(hyp_dir) if _HYPOTHESES_DIR.value
                          else None)})
 
 

@@ -12,8 +12,10 @@ Examples:
   # Show the stages and their commands without running them:
   m4moe-run --run_dir=runs/demo --dry_run
 
-A finished stage is recorded in <run_dir>/stages/<stage>.json and skipped on
-the next run; --restart_from=<stage> forgets it and every later stage;
+A finished stage is recorded in <run_dir>/stages/<stage>.json (its command,
+paths relative to the run directory and the interpreter as python3, so the
+record means the same when copied into results/) and skipped on the next
+run; --restart_from=<stage> forgets it and every later stage;
 --stop_after=<stage> runs the stages up to it and stops; --only=<patterns>
 runs just the stages whose names match (e.g. the baselines).
 
@@ -114,11 +116,17 @@ def _marker(run_dir: pathlib.Path, stage: main_job.Stage) -> pathlib.Path:
   return run_dir / "stages" / f"{stage.name}.json"
 
 
+def _recorded(stage: main_job.Stage, run_dir: pathlib.Path) -> list[str]:
+  """The stage's command as its record holds it (relative to run_dir)."""
+  return jsonfile.relative_command(stage.command(), start=run_dir)
+
+
 def _write_marker(path: pathlib.Path, stage: main_job.Stage,
                   seconds: float) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps({"stage": stage.name, "command": stage.command(),
+  command = _recorded(stage, path.parent.parent)
+  tmp.write_text(json.dumps({"stage": stage.name, "command": command,
                              "seconds": round(seconds, 1)}, indent=1))
   tmp.replace(path)  # atomic: a killed run never leaves a half marker
 
@@ -129,7 +137,9 @@ def _first_changed(stages: list[main_job.Stage],
 
   A recipe edited after a run (e.g. more training steps) must re-run that
   stage (a training stage resumes from its last checkpoint) and everything
-  after it, which consumed its outputs. The Python executable is ignored.
+  after it, which consumed its outputs. The Python executable is ignored,
+  and a record with absolute paths (written before records held relative
+  ones) matches the same command.
   """
   for stage in stages:
     marker = _marker(run_dir, stage)
@@ -141,7 +151,7 @@ def _first_changed(stages: list[main_job.Stage],
     except (jsonfile.JSONFileError, KeyError, TypeError) as e:
       print(f"m4moe-run: {e}", flush=True)
       return stage.name  # unreadable record: not trusted
-    if ran != stage.command()[1:]:
+    if ran not in (stage.command()[1:], _recorded(stage, run_dir)[1:]):
       return stage.name
   return None
 

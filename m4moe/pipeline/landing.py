@@ -1,10 +1,11 @@
 r"""Landed copies of a recipe's runs: what survives a lost run directory.
 
-A study runs for several sessions, and a session's machine may be a new
-one whose run directory (checkpoints included) is gone. What the analysis
-tools (:mod:`m4moe.pipeline.screening`, :mod:`m4moe.pipeline.curves`)
-read of a finished run is small: its training log, its dev eval JSON and
-its training stage record. ``land`` copies those three into a committed
+A run directory (checkpoints included) is too large to commit and lives
+on the machine that trained it; a study whose runs outlast that machine
+must keep the rest in the repository. What the analysis tools
+(:mod:`m4moe.pipeline.screening`, :mod:`m4moe.pipeline.curves`) read of a
+finished run is small: its training log, its dev eval JSON and its
+training stage record. ``land`` copies those three into a committed
 results folder, one directory per run::
 
   python3 -m m4moe.pipeline.landing --run_dir=runs/study3 \
@@ -38,10 +39,14 @@ reads back (``--results``)::
 writes ``stages/`` (the corpus record and each run's train and eval
 records), ``metrics/<run>.jsonl``, ``<split>/<run>.json`` with the
 hypotheses in ``<split>/<run>/``, the run directory's ``report*/``
-folders and ``inputs.sha256``; it refuses a run directory whose corpus or
-vocabularies differ from a manifest already there (runs on other bytes
-must not be pooled) and a folder landed in the other layout, and writes
-nothing when no run has finished its test evals. Runs of a second run
+folders and ``inputs.sha256``. The copies keep the relative paths the
+tools wrote (stage records: relative to the run directory; eval JSONs: to
+their own directory, so the hypotheses beside them are found in either
+place; training logs: to the model directory). It refuses a run
+directory whose corpus or vocabularies differ from a manifest already
+there (runs on other bytes must not be pooled) and a folder landed in
+the other layout, and writes nothing when no run has finished its test
+evals. Runs of a second run
 directory on the same bytes land beside the first's (the corpus record
 landed first stays). On a new machine ``restore --results`` puts the
 runs back, so ``m4moe-run`` trains only the rest and the report still

@@ -1,12 +1,12 @@
-"""Seeds a study run directory with the runs already committed under v2/.
+"""Seeds a run directory with runs already committed under ``results/``.
 
-The study takes more than one session, and the next session's machine may
-be a new one: its run directory, checkpoints included, is then gone, and
-only what ``regenerate.sh`` copied into ``v2/`` survives (stage records, eval JSONs,
-hypotheses, training logs). This script puts those back into a run
-directory so that ``m4moe-run --recipe=study`` skips the runs that landed
-and trains only the rest, and the report still has every run's hypotheses
-for its bootstrap intervals:
+A run directory is not committed (checkpoints are too large), so on
+another machine only what :mod:`m4moe.pipeline.landing` copied into a
+results folder exists: stage records, eval JSONs, hypotheses, training
+logs. A recipe whose runs are partly landed must still train only the
+rest, and its report needs every run's hypotheses for the bootstrap
+intervals. This tool puts the landed runs back into a run directory so
+that ``m4moe-run`` skips them:
 
   python3 -m m4moe.pipeline.restore --results=results/study/v2 \\
       --run_dir=RUN_DIR
@@ -14,12 +14,14 @@ for its bootstrap intervals:
 It must run after the corpus and vocab stages (``m4moe-run --recipe=study
 --stop_after=vocab``): it first checks that the corpus files and
 vocabularies built here are byte-identical to the ones the committed runs
-used (``v2/inputs.sha256``), since a new run must see the same test
+used (``inputs.sha256``), since a new run must see the same test
 sentences and pieces. A run is restored only whole: its train record and
 both of its eval records with their outputs; anything partial is left to
 train again. Nothing in the run directory is overwritten: a run that has a
-stage record there already is left as it is. Paths recorded under the
-earlier session's run directory are rewritten to ``--run_dir``.
+stage record there already is left as it is. Records hold paths relative
+to their run directory and are copied as they are; records that name
+another run directory (older ones: absolute, or relative to the checkout)
+have that directory rewritten to ``--run_dir``.
 
 ``--runs`` restores only the runs whose names match its patterns (e.g.
 ``--runs='bilingual_*'``).
@@ -83,7 +85,8 @@ def check_inputs(results: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
 
 
 def recorded_run_dir(results: pathlib.Path) -> str:
-  """The run directory the committed runs were written in (corpus record)."""
+  """The run directory the committed runs were written in (corpus record):
+  ``"."`` for records relative to their run directory."""
   record = jsonfile.load(results / "stages" / "corpus.json",
                          what="the corpus stage record",
                          fix="check out the committed study results again")
@@ -128,7 +131,9 @@ def _copy_text(src: pathlib.Path, dst: pathlib.Path, *, old: str,
   of ``digests`` by its value (atomic)."""
   dst.parent.mkdir(parents=True, exist_ok=True)
   tmp = dst.with_name(dst.name + ".restoring")
-  text = src.read_text(encoding="utf-8").replace(old, new)
+  text = src.read_text(encoding="utf-8")
+  if old not in ("", "."):  # "." : paths relative to the run directory
+    text = text.replace(old, new)
   for was, now in (digests or {}).items():
     text = text.replace(was, now)
   tmp.write_text(text, encoding="utf-8")
@@ -264,7 +269,11 @@ def import_runs(source: pathlib.Path, run_dir: pathlib.Path, *,
       want = expected.get(f"train_{run}")
       if want is None:
         wrong.append(f"{run} (the recipe has no such run)")
-      elif ran[1:] != list(want)[1:]:
+        continue
+      # Both as a record holds them: paths relative to run_dir.
+      ran = jsonfile.relative_command(ran, start=run_dir)
+      want = jsonfile.relative_command(want, start=run_dir)
+      if ran[1:] != want[1:]:
         wrong.append(f"{run} (trained with {' '.join(ran[1:])}; the recipe "
                      f"plans {' '.join(list(want)[1:])})")
     if wrong:

@@ -55,6 +55,7 @@ from absl import logging
 from m4moe import config as config_lib
 from m4moe import errors
 from m4moe import flagutil
+from m4moe import jsonfile
 from m4moe.training import optimizer as optimizer_lib
 from m4moe.parallel import sharding as sharding_lib
 from m4moe.training import checkpointing
@@ -71,7 +72,7 @@ class NonFiniteError(RuntimeError):
 
 # Below this many dev target tokens, early stopping gets a warning: the demo's
 # ia dev set (137 tokens) moved by more between evaluations than training
-# changed it (results/demo/stopping/README.md).
+# changed it (results/archive/demo_stopping/README.md).
 MIN_STOPPING_DEV_TOKENS = 1000
 
 
@@ -656,14 +657,31 @@ def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
              "device_kind": distribute.device_kind(strategy),
              "num_params": int(sum(np.prod(v.shape)
                                    for v in runner.variables)),
-             "resumed_from": resumed,
+             "resumed_from": _relative(resumed, model_dir),
              # What a fresh run's warm start did (e.g. upcycling: the
              # dense run and step it started from); None on a resume.
-             "warm_start": warm_record,
+             "warm_start": _relative_warm_start(warm_record, model_dir),
              "damaged_checkpoints": [
-                 {"path": d.path, "reason": d.reason,
-                  "moved_to": d.moved_to} for d in recovery.damaged]})
+                 {"path": _relative(d.path, model_dir), "reason": d.reason,
+                  "moved_to": _relative(d.moved_to, model_dir)}
+                 for d in recovery.damaged]})
   return loop
+
+
+def _relative(path: str | None, model_dir: pathlib.Path) -> str | None:
+  """A path for metrics.jsonl: relative to the model directory, since the
+  log is copied into results/ and read on other machines."""
+  return None if path is None else jsonfile.relative_path(path,
+                                                          start=model_dir)
+
+
+def _relative_warm_start(record: dict | None,
+                         model_dir: pathlib.Path) -> dict | None:
+  if record is None:
+    return None
+  return {key: (_relative(value, model_dir)
+                if key in ("init_from_dense", "checkpoint") else value)
+          for key, value in record.items()}
 
 
 def _run_loop(loop: _Loop, *, after_step) -> str:

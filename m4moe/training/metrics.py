@@ -48,7 +48,9 @@ dropped so every (kind, step) appears once:
   ``StepRunner.evaluate_with_source_reliance``).
 * ``{"kind": "start", "step", "time", "devices", "device_kind",
   "num_params", "resumed_from"}`` and ``{"kind": "end", "step", "time",
-  "reason"}`` (reason: ``done``, ``preempted``).
+  "reason"}`` (reason: ``done``, ``preempted``). Paths in a start record
+  (``resumed_from``, the warm start's, damaged checkpoints') are relative
+  to the model directory: the log is copied into ``results/``.
 """
 
 from __future__ import annotations

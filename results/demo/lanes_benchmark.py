@@ -7,8 +7,8 @@ Rounds alternate the two layouts (A B A B ...), so drift of the machine's
 speed hits both alike; each round prints one JSON line and the last line is
 the median ratio.
 
-  python results/demo/lanes_benchmark.py --corpus_dir=/work/runs/demo/corpus \
-      --vocab_dir=/work/runs/demo/vocab --work_dir=/tmp/lanes --rounds=2
+  python results/demo/lanes_benchmark.py --corpus_dir=runs/demo/corpus \
+      --vocab_dir=runs/demo/vocab --work_dir=runs/lanes --rounds=2
 
 Steps per second are taken between the first and the last logged training
 step of each run (start-up, compilation and the first steps excluded).

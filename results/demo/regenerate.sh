@@ -13,7 +13,7 @@
 # hypotheses, the dev evaluations of every training log, report.md,
 # summary.json and the figures (no checkpoints, no corpus).
 set -euo pipefail
-run=${1:-/work/runs/demo6}; cache=${2:-$run/cache}
+run=${1:-runs/demo}; cache=${2:-$run/cache}
 here=$(cd "$(dirname "$0")" && pwd)
 /usr/bin/time -v m4moe-run --recipe=demo --run_dir="$run" --cache_dir="$cache"
 mkdir -p "$here/eval" "$here/stages" "$here/logs"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Recipe ablation on the demo's pt->en pair (issue 12 §1): the 2+2-layer tiny
+# Recipe ablation on the demo's pt->en pair: the 2+2-layer tiny
 # dense model, 4096-token batches, one setting changed at a time from the
 # Adam-like probe, every run the same number of steps, then beam-4 decoding of
 # the same 200 test sentences and sacrebleu. Two runs at a time, each pinned
@@ -23,7 +23,7 @@ common=(--config=tiny/dense --num_encoder_layers=2 --num_decoder_layers=2
         # Pinned to what tiny/dense carried when this round ran (2026-11-23):
         # dropout 0.1 and no optimiser flags, i.e. the paper's Adafactor.
         --dropout_rate=0.1 --attention_dropout_rate=0.1)
-# The Adam-like probe of the issue: peak 5e-4 (0.00866/sqrt(300)), held for
+# The Adam-like probe first specified: peak 5e-4 (0.00866/sqrt(300)), held for
 # 300 steps then rsqrt decay; momentum, no factoring, parameter scaling or
 # update clipping; label smoothing 0.1.
 probe=(--learning_rate=0.00866 --warmup_steps=300 --label_smoothing=0.1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Recipe ablation, round 2 (issue 12 §1): the settings round 1 (ablation.sh)
+# Recipe ablation, round 2: the settings round 1 (ablation.sh)
 # did not isolate, each changed alone from the zoo's small-model recipe of
 # the time (pinned in $base below: peak 1e-3 held 300 steps then rsqrt decay,
 # beta1 0.9, unfactored, no parameter scaling or clipping, label smoothing
@@ -47,7 +47,7 @@ declare -A recipes=(
   [dropout0]="--dropout_rate=0 --attention_dropout_rate=0"
   [labelsmooth0]="--label_smoothing=0"
   # The MoE (tiny/moe 2+2, same active FLOPs) with the fixed initializer
-  # and with the defect issue 15 removed: router and expert weights drawn
+  # and with the since-fixed defect: router and expert weights drawn
   # with the nominal, not the realised, sigma, i.e. 0.8796x narrower
   # (scale 0.8796^2 = 0.7737).
   [moe]=""

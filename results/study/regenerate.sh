@@ -12,7 +12,7 @@
 #    SentencePiece vocabularies.
 # 2. restore.py puts the runs already committed in v2/ back into RUN_DIR
 #    (after checking the corpus and vocabularies against v2/inputs.sha256),
-#    so a sitting on a new machine trains only what has not landed.
+#    so a run directory on a new machine trains only what has not landed.
 # 3. `m4moe-run --recipe=study` trains the 2+2-layer dense and MoE models
 #    with seeds 1-3 each and the 16 bilingual baselines, every run to early
 #    stopping on dev; decodes every in-domain test sentence and the first
@@ -27,9 +27,9 @@
 #    vocabularies' sha256 (v2/inputs.sha256).
 #
 # COPY_ONLY=1 skips steps 1-4 and copies what has landed so far, so results
-# can be committed as they land during a study that takes several sittings.
+# can be committed as they land, before the whole study has run.
 #
-# About 10 h of both cores of the Intel Xeon of 2026-11-26, in sittings
+# About 10 h of both cores of a 2-core machine, in as many runs as needed
 # (README.md in this directory has the measured stage times).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/v2"
@@ -39,7 +39,7 @@ cache_dir="${2:-${run_dir}/cache}"
 study=(--recipe=study --run_dir="${run_dir}" --cache_dir="${cache_dir}")
 if [[ -z "${COPY_ONLY:-}" ]]; then
   # The corpus and vocabularies first; then, on a machine that lost an
-  # earlier sitting's run directory, the runs already committed in v2/ are
+  # earlier run directory, the runs already committed in v2/ are
   # put back (after checking that the corpus and vocabularies are the same
   # bytes), so only the rest trains.
   m4moe-run "${study[@]}" --stop_after=vocab
@@ -64,11 +64,11 @@ fi
 if [[ ! -d "${run_dir}/stages" ]]; then
   echo "regenerate.sh: ${run_dir} has no stages/ directory, so no study" \
     "run to copy from; give the RUN_DIR the study ran in" \
-    "(e.g. COPY_ONLY=1 bash $0 /work/runs/study2)" >&2
+    "(e.g. COPY_ONLY=1 bash $0 runs/study2)" >&2
   exit 1
 fi
 
-# What the runs read: later sittings check their corpus and vocabularies
+# What the runs read: later run directories check their corpus and vocabularies
 # against it (restore.py).
 if [[ -d "${run_dir}/vocab" ]]; then
   inputs="$(cd "${run_dir}" && sha256sum corpus/*/*.tsv vocab/*.vocab)"

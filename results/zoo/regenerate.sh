@@ -9,7 +9,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 : > "$here/info.jsonl"
-for config in tiny/dense tiny/moe gshard/moe_128e_12l gshard/moe_128e_36l \
+for config in tiny/dense tiny/moe tiny/moe_fine gshard/moe_128e_12l \
+    gshard/moe_128e_36l \
     gshard/moe_512e_12l gshard/moe_512e_36l gshard/moe_2048e_12l \
     gshard/moe_2048e_36l gshard/moe_2048e_60l; do
   m4moe-info --config="$config" --json | python3 -c \

@@ -51,6 +51,7 @@ from typing import Any, Sequence
 from absl import app
 from absl import flags
 
+from m4moe import jsonfile
 from m4moe.benchmarks.peer import final
 from m4moe.benchmarks.peer import selection
 from m4moe.benchmarks.peer import systems
@@ -162,7 +163,10 @@ def prepare_data(*, corpus_dir: pathlib.Path, run_dir: pathlib.Path,
   manifest = selection.write_selection_corpus(
       corpus_dir=corpus_dir, output_dir=run_dir / "data" / "selection_corpus",
       language=language, permille=permille)
-  manifest["source_corpus"] = str(corpus_dir)
+  # Relative to the manifest's directory: the manifest is committed with
+  # the selection's results and read on other machines.
+  manifest["source_corpus"] = jsonfile.relative_path(
+      corpus_dir, start=manifest_path.parent)
   toolkit.write_json(manifest_path, manifest)
   return manifest
 

@@ -1,9 +1,0 @@
-#!/usr/bin/env bash
-# Which experts does each demo language use (issue 17 §1)? Needs a finished
-# demo run (m4moe-run --recipe=demo --run_dir=RUN, e.g. /work/runs/demo3).
-#   results/routing/regenerate.sh RUN
-set -euo pipefail
-run=${1:?usage: $0 RUN_DIR (a finished m4moe-run --recipe=demo run)}
-m4moe-analyze-routing --model_dir="$run/models/moe" \
-  --corpus_dir="$run/corpus" --vocab_dir="$run/vocab" --split=dev \
-  --output_dir="$(dirname "$0")/demo"

@@ -18,28 +18,25 @@ run (``m4moe-info``); the ones that train are in the slow own-data test
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
 import re
-import shlex
 import subprocess
 import sys
 
 import pytest
 
+import markdown_commands
+from markdown_commands import Command, PYTHONS
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
-SHELL_LANGUAGES = ("", "sh", "bash", "shell", "console")
 # Tools the docs may name that are not the package's; only their repository
 # paths are checked.
 EXTERNAL = ("bazel", "gcloud", "pip", "pip3", "tensorboard", "tar",
             "dpkg-deb", "git", "apt-get", "sudo", "cd", "mkdir", "cp",
-            "export", "tfds", "bash", "sh")
-# Wrappers whose (fixed-arity) options precede the real command.
-WRAPPERS = {"taskset": 2, "nice": 2, "time": 0, "env": 0}
-PYTHONS = ("python", "python3", "python3.11")
+            "export", "tfds", "bash", "sh", "sed")
 # Top-level entries a repository path starts with.
 REPO_ROOTS = ("m4moe", "data", "eval", "configs", "tests", "docs",
               "results", ".ci", "README.md", "LICENSE", "setup.py",
@@ -58,93 +55,6 @@ KNOWN_FAILING = {
     ("README.md", "m4moe-report --models=eval/moe.json"):
         "reads what the line above writes into eval/",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Command:
-  """One command of a page: argv after wrappers and environment."""
-
-  page: str  # repository-relative
-  line: int
-  argv: tuple[str, ...]
-  fenced: bool
-
-  @property
-  def id(self) -> str:
-    return f"{self.page}:{self.line}:{' '.join(self.argv)[:60]}"
-
-  @property
-  def tool(self) -> str | None:
-    """The package module that parses this command's flags, if any."""
-    if self.argv[0].startswith("m4moe-"):
-      return "m4moe.cli." + self.argv[0][len("m4moe-"):].replace("-", "_")
-    if self.argv[0] in PYTHONS and self.argv[1:2] == ("-m",):
-      module = self.argv[2] if len(self.argv) > 2 else ""
-      return module if module.startswith("m4moe.") else None
-    return None
-
-  @property
-  def tool_args(self) -> list[str]:
-    """argv as the tool's absl parser sees it (program name first)."""
-    args = self.argv if self.argv[0].startswith("m4moe-") else self.argv[2:]
-    # Optional arguments of a usage line: "[--seeds=0]".
-    return [a.strip("[]") if a.startswith("[--") else a for a in args]
-
-
-def _shell_words(text: str) -> list[list[str]]:
-  """``text`` as simple commands: lists of words, without redirections."""
-  lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|<>")
-  lexer.whitespace_split = True
-  commands, words, skip = [], [], False
-  for token in lexer:
-    if skip:
-      skip = False
-    elif token in (";", "&&", "||", "|", "&"):
-      commands.append(words)
-      words = []
-    elif token in ("<", ">", ">>", "2>", ">&"):
-      skip = True  # the redirection's target
-    else:
-      words.append(token)
-  commands.append(words)
-  return [c for c in commands if c]
-
-
-def _strip_prefix(words: list[str]) -> list[str]:
-  """Drops environment assignments and wrappers (``taskset -c 1``)."""
-  while words:
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
-      words = words[1:]
-    elif words[0] in WRAPPERS:
-      words = words[1 + WRAPPERS[words[0]]:]
-    else:
-      return words
-  return words
-
-
-def _fenced_commands(page: pathlib.Path) -> list[Command]:
-  rel = page.relative_to(ROOT).as_posix()
-  out, in_block, language, pending, start = [], False, "", "", 0
-  for number, line in enumerate(page.read_text(encoding="utf-8")
-                                .splitlines(), start=1):
-    fence = re.match(r"^\s*```(\S*)", line)
-    if fence:
-      in_block, language = not in_block, fence.group(1)
-      continue
-    if not in_block or language not in SHELL_LANGUAGES:
-      continue
-    if not pending:
-      start = number
-    pending += line.rstrip()
-    if pending.endswith("\\"):
-      pending = pending[:-1] + " "
-      continue
-    for words in _shell_words(pending):
-      words = _strip_prefix(words)
-      if words:
-        out.append(Command(rel, start, tuple(words), True))
-    pending = ""
-  return out
 
 
 def _prose(page: pathlib.Path) -> list[tuple[int, str]]:
@@ -186,14 +96,14 @@ def _inline_commands(page: pathlib.Path) -> list[Command]:
     if "..." in span or " -- " in span:
       continue  # an elided or wrapped command
     try:
-      for words in _shell_words(span):
-        out.append(Command(rel, line, tuple(_strip_prefix(words)), False))
+      for words in markdown_commands.shell_words(span):
+        out.append(Command(rel, line, tuple(markdown_commands.strip_prefix(words)), False))
     except ValueError:
       continue  # not shell syntax (an unbalanced quote in prose)
   return out
 
 
-FENCED = [c for page in PAGES for c in _fenced_commands(page)]
+FENCED = [c for page in PAGES for c in markdown_commands.fenced_commands(page)]
 INLINE = [c for page in PAGES for c in _inline_commands(page)]
 
 

@@ -69,8 +69,9 @@ def test_the_docs_attribute_classes():
 
 
 @pytest.mark.parametrize("page,name,path", _attributions())
-def test_a_class_is_defined_where_the_docs_say(page, name, path):
+def test_a_name_is_defined_where_the_docs_say(page, name, path):
   module = ROOT / path
   assert module.is_file(), f"{page}: {path} does not exist"
-  assert re.search(rf"^class {name}\b", module.read_text(encoding="utf-8"),
-                   re.M), f"{page}: {name} is not defined in {path}"
+  defined = rf"^(class {name}\b|def {name}\b|{name}\s*[:=])"
+  assert re.search(defined, module.read_text(encoding="utf-8"), re.M), (
+      f"{page}: {name} is not defined in {path}")

@@ -9,11 +9,12 @@ tools, the arguments are parsed by the tool's absl flags, imported in one
 subprocess per test session (:data:`_PROBE`): an unknown flag, a value of
 the wrong type, or a positional argument the tool refuses fails, naming
 the page and line. Inline code that starts a command (`` `m4moe-eval
---split=dev` ``) is parsed the same way. Every repository path a command,
-a code span or a link names must exist (placeholders in capitals or
-``<...>`` are left alone). The commands that need nothing but the package
-run (``m4moe-info``); the ones that train are in the slow own-data test
-(tests/test_own_data.py).
+--split=dev` ``) has its tool and flag names checked (prose elides
+values). Every repository path a command, a code span or a link names
+must exist (placeholders in capitals or ``<...>`` are left alone), and no
+command may write into a source directory. The commands that need nothing
+but the package run (``m4moe-info``); the ones that train are run by the
+slow own-data test (tests/test_own_data.py).
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ REPO_ROOTS = ("m4moe", "data", "eval", "configs", "tests", "docs",
 _OUTPUT_FLAG = re.compile(r"output|export_dir|model_dir|run_dir|profile_dir")
 # Source directories no command may write into (results/ holds outputs).
 SOURCE_DIRS = ("m4moe", "data", "eval", "configs", "tests")
-# Commands known to fail today, keyed by (page, start of the command): each
-# entry must still match a command (else remove it) and still fail.
+# Commands known to fail today, keyed by (page, start of the command): their
+# failures are expected (xfail). Each entry must still match a command of
+# its page, and a command that runs must fail to run: remove the entry
+# when the page is fixed.
 KNOWN_FAILING = {
     ("docs/tpu.md", "m4moe-info --config=gshard/moe_128e_12l"):
         "prints no per-device estimate: --mesh needs --batch_tokens",
@@ -97,7 +100,8 @@ def _inline_commands(page: pathlib.Path) -> list[Command]:
       continue  # an elided or wrapped command
     try:
       for words in markdown_commands.shell_words(span):
-        out.append(Command(rel, line, tuple(markdown_commands.strip_prefix(words)), False))
+        words = markdown_commands.strip_prefix(words)
+        out.append(Command(rel, line, tuple(words), False))
     except ValueError:
       continue  # not shell syntax (an unbalanced quote in prose)
   return out
@@ -366,7 +370,7 @@ def test_offline_command_runs(command, parsed):
   """Ran as its console script (in the probe); a ``--mesh`` must give the
   per-device estimate the docs show it for."""
   ran = parsed[command.id].get("ran")
-  assert ran, f"{command.page}:{command.line}: did not run: {parsed[command.id]}"
+  assert ran, f"{command.id}: did not run: {parsed[command.id]}"
   assert ran["code"] or ran["stdout"].strip(), "ran but printed nothing"
   problems = []
   if ran["code"]:

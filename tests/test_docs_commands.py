@@ -6,7 +6,7 @@ and environment assignments dropped). Each command must name a tool that
 exists: an ``m4moe-*`` console script of setup.py, a module of the package
 (``python3 -m m4moe...``) or one of :data:`EXTERNAL`. For the package's own
 tools, the arguments are parsed by the tool's absl flags, imported in one
-subprocess per test session (:data:`_PROBE`): an unknown flag, a value of
+subprocess for all of them (:data:`_PROBE`): an unknown flag, a value of
 the wrong type, or a positional argument the tool refuses fails, naming
 the page and line. Inline code that starts a command (`` `m4moe-eval
 --split=dev` ``) has its tool and flag names checked (prose elides

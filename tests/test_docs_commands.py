@@ -57,6 +57,10 @@ KNOWN_FAILING = {
      "--output=eval/moe.json"): "writes into the package's eval/",
     ("README.md", "m4moe-report --models=eval/moe.json"):
         "reads what the line above writes into eval/",
+    ("docs/tpu.md", "m4moe-train --config=gshard/moe_128e_12l "
+     "--num_experts=16 --tpu=local --mesh=data:1,expert:8 "
+     "--tfds_name=m4moe_corpus"):
+        "no tool builds the TFDS dataset m4moe_corpus into --tfds_data_dir",
 }
 
 
@@ -388,3 +392,53 @@ def test_offline_command_runs(command, parsed):
                       "its KNOWN_FAILING entry")
     pytest.xfail(known)
   assert not problems, f"{command.page}:{command.line}: {problems}"
+
+
+# The --check_config commands on the smoke corpus (own_data.md's run on its
+# own example, in tests/test_own_data.py).
+CHECKS = [c for c in FENCED
+          if c.argv[0] == "m4moe-train" and "--check_config" in c.argv
+          and c.page != "docs/own_data.md"]
+
+
+@pytest.fixture(name="smoke_data", scope="module")
+def fixture_smoke_data(tmp_path_factory) -> pathlib.Path:
+  """A directory holding the smoke recipe's ``corpus/`` and ``vocab/``,
+  where the docs' ``--corpus_dir=corpus --vocab_dir=vocab`` find them."""
+  root = tmp_path_factory.mktemp("smoke")
+  script = ("import sys; sys.argv = ['m4moe-run', '--recipe=smoke', "
+            "'--run_dir=run', '--stop_after=vocab', '--nolanes']; "
+            "from m4moe.cli.run import run; run()")
+  proc = subprocess.run([sys.executable, "-c", script], cwd=root,
+                        capture_output=True, text=True, timeout=1800,
+                        check=False,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name in ("corpus", "vocab"):
+    (root / name).symlink_to(root / "run" / name)
+  return root
+
+
+def _offline(word: str, root: pathlib.Path) -> str:
+  """``word`` with ``gs://BUCKET`` and ``$HOME`` as local folders."""
+  return word.replace("gs://BUCKET", str(root / "bucket")).replace(
+      "$HOME", str(root))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", CHECKS, ids=lambda c: c.id)
+def test_check_config_command_passes_on_the_smoke_corpus(command,
+                                                         smoke_data):
+  """``--check_config`` needs no accelerator (``--tpu=local`` is checked
+  offline), so each documented check runs here as written, on the smoke
+  corpus and vocabularies."""
+  argv = [_offline(word, smoke_data) for word in command.argv]
+  script = (f"import sys; sys.argv = {argv!r}; "
+            "from m4moe.cli.train import run; run()")
+  proc = subprocess.run([sys.executable, "-c", script], cwd=smoke_data,
+                        capture_output=True, text=True, timeout=900,
+                        check=False,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  problems = [] if proc.returncode == 0 else [
+      f"exit {proc.returncode}: {proc.stdout[-800:]} {proc.stderr[-1500:]}"]
+  _expect_none(command, problems)

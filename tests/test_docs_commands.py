@@ -53,10 +53,6 @@ SOURCE_DIRS = ("m4moe", "data", "eval", "configs", "tests")
 KNOWN_FAILING = {
     ("docs/tpu.md", "m4moe-info --config=gshard/moe_128e_12l"):
         "prints no per-device estimate: --mesh needs --batch_tokens",
-    ("README.md", "m4moe-eval --model_dir=runs/moe --corpus_dir=corpus "
-     "--output=eval/moe.json"): "writes into the package's eval/",
-    ("README.md", "m4moe-report --models=eval/moe.json"):
-        "reads what the line above writes into eval/",
     ("docs/tpu.md", "m4moe-train --config=gshard/moe_128e_12l "
      "--num_experts=16 --tpu=local --mesh=data:1,expert:8 "
      "--tfds_name=m4moe_corpus"):

@@ -195,6 +195,13 @@ def _check(data, replicas: int, model_config) -> list[str]:
         f"--batch_tokens={data.batch_tokens} gives {data.batch_rows} rows of "
         f"--sequence_length={data.sequence_length}, not divisible by the "
         f"{replicas} replicas; change --batch_tokens")
+  if data.process_count > 1 and not _CHECK_CONFIG.value:
+    problems.append(
+        f"--process_count={data.process_count}: this trainer is one process "
+        "that consumes whole global batches; the flag shards the input of "
+        "each host of a multi-host job (m4moe.training.inputs, "
+        "shard_for_input_context), which m4moe-train does not run yet. "
+        "Use it with --check_config, or drop it")
   if data.sequence_length > model_config.max_length:
     problems.append(f"--sequence_length={data.sequence_length} exceeds the "
                     f"model's --max_length={model_config.max_length}")

@@ -143,6 +143,13 @@ def _configs():
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS.model_dir:
     raise flags.ValidationError("--model_dir is required")
+  if "://" in flags.FLAGS.model_dir:
+    # A URL would silently become a local folder named after its scheme.
+    raise flags.ValidationError(
+        f"--model_dir={flags.FLAGS.model_dir}: the run directory must be a "
+        "local path (its lock and checkpoint bookkeeping use local files); "
+        "train into a local folder and copy it to the bucket afterwards "
+        "(docs/tpu.md). --tfds_data_dir may be a gs:// path")
   checkpointing.check_model_dir(flags.FLAGS.model_dir)
   data = flagutil.from_flags(inputs.DataConfig, flags.FLAGS)
   train = flagutil.from_flags(train_lib.TrainConfig, flags.FLAGS,

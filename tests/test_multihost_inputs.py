@@ -8,6 +8,8 @@ with its own shard.
 """
 
 import collections
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -137,3 +139,21 @@ def test_bad_host_settings_name_the_flag(corpus):
       sequence_length=32, batch_tokens=32 * 16, process_count=16)
   with pytest.raises(inputs.DataConfigError, match="ja has fewer training"):
     inputs.build_inputs(config)
+
+
+def test_the_one_process_trainer_takes_host_shards_only_to_check(tmp_path):
+  small = ["--config=tiny/dense", "--synthetic_data", "--sequence_length=16",
+           "--batch_tokens=256", "--process_index=1", "--process_count=2",
+           f"--model_dir={tmp_path / 'run'}"]
+  code = "from m4moe.cli.train import run; run()"
+
+  def train(*args):
+    return subprocess.run([sys.executable, "-c", code, *small, *args],
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+  checked = train("--check_config")
+  assert checked.returncode == 0, checked.stderr[-2000:]
+  refused = train("--train_steps=1")
+  assert refused.returncode == 2
+  assert "--process_count=2: this trainer is one process" in refused.stderr
+  assert not (tmp_path / "run").exists()

@@ -143,3 +143,13 @@ def test_tools_name_a_missing_tfds_build(built, tmp_path):
                f"--model_dir={tmp_path / 'run'}", "--check_config")
   assert proc.returncode == 2
   assert f"m4moe-build-corpus --tfds_data_dir={tmp_path}" in proc.stderr
+
+
+def test_a_url_model_dir_is_refused_not_made_a_local_folder(tmp_path,
+                                                            monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  proc = _tool("train", "--config=tiny/dense", "--synthetic_data",
+               "--model_dir=gs://BUCKET/runs/x", "--check_config")
+  assert proc.returncode == 2
+  assert "must be a local path" in proc.stderr
+  assert not list(tmp_path.iterdir())

@@ -6,6 +6,17 @@ Usage:
   m4moe-train --flagfile=configs/tiny/dense.flags --d_model=256 ...
   m4moe-train --config=tiny/moe --synthetic_data --model_dir=runs/check \\
       --train_steps=100 --check_config
+  m4moe-train --config=tiny/moe --tfds_name=m4moe_corpus --tfds_data_dir=tfds \\
+      --vocab_dir=vocab --model_dir=runs/tiny_moe --train_steps=2000
+
+Data: a built corpus (``--corpus_dir``), TFDS (``--tfds_name``: the corpus
+as ``m4moe-build-corpus --tfds_data_dir`` wrote it, the same stream as
+``--corpus_dir``, or catalog translation datasets) or the synthetic toy task;
+m4moe.training.inputs. ``--model_dir`` is a local directory (a ``gs://`` one
+is refused; ``--tfds_data_dir`` may be one). ``--process_index`` and
+``--process_count`` shard the input of the hosts of a multi-host job; this
+trainer is one process, so it takes ``--process_count`` above 1 only with
+``--check_config``.
 
 The model is the zoo entry / flagfile (``--config`` or ``--flagfile``); model
 flags given on the command line override ``--config``'s values. A zoo entry may

@@ -9,7 +9,6 @@ them, both reading TFDS.
 
 import json
 import pathlib
-import socket
 import subprocess
 import sys
 

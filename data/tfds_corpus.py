@@ -141,8 +141,11 @@ def write_corpus_dataset(corpus_dir: pathlib.Path, data_dir: str
   """Writes ``corpus_dir`` as ``<data_dir>/m4moe_corpus/<version>``.
 
   The dataset is built beside its place and then moved there, so a reader
-  sees the old build or the new one, whole. An old build is replaced only
-  if it is an ``m4moe_corpus`` dataset (its ``dataset_info.json`` says so).
+  never sees half a build (between the two renames, for an instant, none).
+  An old build is replaced only if it is an ``m4moe_corpus`` dataset (its
+  ``dataset_info.json`` says so). Folders this function leaves when it is
+  killed (``.m4moe_corpus.incoming``, ``.<version>.replaced``) are its own
+  and removed by the next call.
 
   Raises:
     TfdsError: the place holds something else, or the corpus has no pairs.
@@ -151,12 +154,13 @@ def write_corpus_dataset(corpus_dir: pathlib.Path, data_dir: str
   final = root / NAME / str(M4moeCorpus.VERSION)
   _check_replaceable(final)
   staging = root / f".{NAME}.incoming"
-  if staging.exists():  # left by an interrupted write of this function
-    staging.rmtree()
+  old = final.parent / f".{final.name}.replaced"
+  for leftover in (staging, old):  # of an interrupted write of this function
+    if leftover.exists():
+      leftover.rmtree()
   try:
     prepare_corpus(corpus_dir, str(staging))
     final.parent.mkdir(parents=True, exist_ok=True)
-    old = final.parent / f".{final.name}.replaced"
     if final.exists():
       final.rename(old)
     (staging / NAME / final.name).rename(final)

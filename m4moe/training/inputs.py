@@ -29,9 +29,11 @@ process ``process_index`` of ``process_count`` reads a disjoint shard of
 every language's training examples, every ``process_count``-th one from its
 index on (before shuffling), and yields ``1/process_count`` of each global
 batch's rows; the shards together are every example once. Sampling weights
-come from the whole language sizes, so every host mixes languages alike.
-Each host's stream is deterministic in its index, so its iterator state (or
-the count of consumed batches) resumes its own shard.
+come from the whole language sizes, so every host mixes languages alike,
+but each host draws with its own seed (``seed * process_count +
+process_index``), so a global batch is not one language sequence repeated
+per host. Each host's stream is deterministic in its index, so its iterator
+state (or the count of consumed batches) resumes its own shard.
 :func:`shard_for_input_context` takes the index and count from a
 ``tf.distribute.InputContext``. Dev sets are not sharded.
 """
@@ -214,7 +216,8 @@ def _pipeline_config(config: DataConfig, language_features: bool):
   return pipeline.PipelineConfig(
       max_length=config.sequence_length,
       batch_size_tokens=config.host_batch_tokens,
-      temperature=config.temperature, pack=config.pack, seed=config.seed,
+      temperature=config.temperature, pack=config.pack,
+      seed=config.seed * config.process_count + config.process_index,
       language_features=language_features)
 
 

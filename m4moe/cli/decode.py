@@ -113,7 +113,7 @@ def translate_lines(translator: translator_lib.Translator,
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _LANG_COLUMN.value and not _SOURCE_LANG.value:
+  if not (_LANG_COLUMN.value or _SOURCE_LANG.value or _TFDS_NAME.value):
     raise app.UsageError("give --source_lang or --lang_column")
   if _OUTPUT.value != "-":
     try:

@@ -18,6 +18,7 @@ Modules (one idea each):
 * ``packing``: first-fit packing into rows with segment ids/positions.
 * ``tsv``: corpus TSV scanning; malformed lines found, counted, skipped.
 * ``pipeline``: tf.data training stream and evaluation datasets.
-* ``tfds_corpus``: offline TFDS builder ``m4moe_corpus``; TFDS catalog sets.
+* ``tfds_corpus``: the one TFDS reader (train, eval, decode); the offline
+  builder ``m4moe_corpus`` of a built corpus; TFDS catalog translation sets.
 * ``fixtures``: tiny synthetic catalogs/corpora for tests.
 """

@@ -53,9 +53,9 @@ def test_builder_splits_and_features_match_the_corpus(prepared, no_network):
   assert langs == ["de"] * 3 + ["zh_Hans"] * 3
 
 
-def test_language_datasets_feed_the_pipeline(prepared, no_network, tmp_path):
+def test_read_split_feeds_the_pipeline(prepared, no_network, tmp_path):
   corpus_dir, data_dir = prepared
-  datasets, sizes = tfds_corpus.language_datasets(
+  datasets, sizes = tfds_corpus.read_split(
       tfds_corpus.NAME, langs=list(SIZES), split="train",
       data_dir=str(data_dir))
   assert sizes == SIZES
@@ -73,8 +73,8 @@ def test_language_datasets_feed_the_pipeline(prepared, no_network, tmp_path):
 
 def test_catalog_translation_dataset_with_mock_data(no_network):
   with tfds.testing.mock_data(num_examples=6):
-    datasets, sizes = tfds_corpus.language_datasets(
-        "wmt19_translate/{lang}-en", langs=["de"], split="train")
+    datasets, sizes = tfds_corpus.read_split(
+        "wmt19_translate/de-en", langs=["de"], split="train")
     pairs = list(tfds.as_numpy(datasets["de"]))
   assert sizes == {"de": 6} and len(pairs) == 6
   assert all(isinstance(en, bytes) and isinstance(x, bytes)

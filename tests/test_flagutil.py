@@ -57,7 +57,7 @@ NON_DEFAULT = {
     "tfds_name": "", "tfds_data_dir": "tfds", "synthetic": False,
     "languages": ("de", "ja"), "temperature": 1.0, "sequence_length": 32,
     "batch_tokens": 512, "pack": False, "dev_split": "test",
-    "dev_batch_size": 8, "source_vocab_size": 400, "target_vocab_size": 300,
+    "dev_batch_size": 8, "process_index": 1, "process_count": 2, "source_vocab_size": 400, "target_vocab_size": 300,
     "max_sentences": 10, "character_coverage": 0.95, "model_type": "bpe",
     "threads": 1,
 }

@@ -10,6 +10,10 @@ Examples:
   m4moe-build-corpus --recipe_parts=pypi --languages=pt,zh_Hans,ru,el \
       --output_dir=corpus_pypi
 
+  # Also write the corpus as the TFDS dataset m4moe_corpus (for
+  # m4moe-train/-eval/-decode --tfds_name=m4moe_corpus --tfds_data_dir=tfds):
+  m4moe-build-corpus --output_dir=corpus --tfds_data_dir=tfds
+
   # Local catalogs and TSV files only, a few languages:
   m4moe-build-corpus --norecipe --sources=po_dir,extra.tsv \
       --languages=de,fr,zh_Hans --output_dir=corpus_local
@@ -50,6 +54,7 @@ naming the first (an flock on ``.<name>.lock`` beside the directory).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import sys
@@ -109,6 +114,12 @@ _TEST_GROUPS = flags.DEFINE_integer("test_groups", 1000,
 _MIN_WORDS = flags.DEFINE_integer("min_words", 3, "Min English words.")
 _MAX_WORDS = flags.DEFINE_integer("max_words", 100, "Max English words.")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Catalog parsing processes.")
+_TFDS_DATA_DIR = flags.DEFINE_string(
+    "tfds_data_dir", None, "Also write the built corpus as the TFDS dataset "
+    "m4moe_corpus into this TFDS data directory (a folder or gs:// path), "
+    "offline, replacing an earlier m4moe_corpus build of the same version "
+    "there; its examples are the corpus files' pairs in file order "
+    "(m4moe.data.tfds_corpus).")
 _PRINTED_PROBLEMS = 50  # report.json lists 200; "counts" counts them all
 
 
@@ -145,6 +156,26 @@ def _config() -> corpus.BuildConfig:
                                        max_words=_MAX_WORDS.value),
       workers=_WORKERS.value,
       overwrite=_OVERWRITE.value)
+
+
+def _write_tfds(corpus_dir: pathlib.Path) -> None:
+  """--tfds_data_dir: the corpus as the TFDS dataset m4moe_corpus.
+
+  TFDS prints its progress on stdout, which carries this tool's JSON
+  summary, so it goes to stderr.
+  """
+  from m4moe.data import tfds_corpus  # pylint: disable=g-import-not-at-top
+  try:
+    with contextlib.redirect_stdout(sys.stderr):
+      builder = tfds_corpus.write_corpus_dataset(corpus_dir,
+                                                 _TFDS_DATA_DIR.value)
+  except (tfds_corpus.TfdsError, OSError) as e:
+    sys.exit(f"m4moe-build-corpus: error: the corpus at {corpus_dir} is "
+             f"built, but writing it to --tfds_data_dir failed: {e}")
+  splits = builder.info.splits
+  print(f"m4moe-build-corpus: wrote {tfds_corpus.NAME} {builder.version} "
+        f"({len(splits)} splits, {sum(s.num_examples for s in splits.values())}"
+        f" examples) to {builder.data_dir}", file=sys.stderr)
 
 
 def main(argv):
@@ -189,6 +220,8 @@ def main(argv):
                     "seconds": report["seconds"]}, indent=1,
                    ensure_ascii=False))
   print(f"report: {config.output_dir / 'report.json'}")
+  if _TFDS_DATA_DIR.value:
+    _write_tfds(config.output_dir)
   _print_warnings(report)
 
 

@@ -5,6 +5,13 @@ Examples:
   m4moe-decode --model_dir=runs/moe --source_lang=de < in.de > out.en
   m4moe-decode --model_dir=runs/moe --lang_column --input=mixed.tsv \
       --output=out.en --beam_size=4 --alpha=0.6
+  m4moe-decode --model_dir=runs/moe --tfds_name=m4moe_corpus \
+      --tfds_data_dir=tfds --tfds_split=test --source_lang=de --output=out.en
+
+With --tfds_name the input is the --source_lang side of one language's
+--tfds_split examples, in dataset order, read by m4moe.data.tfds_corpus as
+m4moe-train and m4moe-eval read it (with --source_lang=en, the English side
+of --target_lang's examples).
 
 With --lang_column every line is ``lang<TAB>sentence``. Output lines are in
 input order; empty input lines give empty output lines; inputs longer than
@@ -38,13 +45,44 @@ _SOURCE_LANG = flags.DEFINE_string(
     "source_lang", None, "Source language of every line (or --lang_column).")
 _LANG_COLUMN = flags.DEFINE_bool(
     "lang_column", False, "Lines are 'lang<TAB>sentence'.")
+_TFDS_NAME, _TFDS_DATA_DIR = translation_flags.define_tfds_flags()
+_TFDS_SPLIT = flags.DEFINE_enum(
+    "tfds_split", "test", ["train", "dev", "test", "test_ood"], "With "
+    "--tfds_name: the split whose sentences are translated (a catalog "
+    "dataset's validation split is dev).")
 _PROGRESS = flags.DEFINE_enum("progress", "auto", ["auto", "on", "off"],
                               "Progress bar on stderr.")
 
 PROGRESS_MIN_LINES = 1000
 
 
+def _read_tfds() -> list[textio.InputLine]:
+  """The source sentences of --tfds_split (see the module docstring).
+
+  Raises:
+    app.UsageError: no single source language, or an unreadable dataset.
+  """
+  from m4moe.data import tfds_corpus  # pylint: disable=g-import-not-at-top
+  if _LANG_COLUMN.value or _INPUT.value != "-" or not _SOURCE_LANG.value:
+    raise app.UsageError("--tfds_name reads one language's sentences: give "
+                         "--source_lang, and neither --input nor "
+                         "--lang_column")
+  source = _SOURCE_LANG.value
+  english = source == translation_flags.ENGLISH
+  lang = translation_flags.TARGET_LANG.value if english else source
+  try:
+    pairs = tfds_corpus.split_pairs(
+        _TFDS_NAME.value, split=_TFDS_SPLIT.value, langs=[lang],
+        data_dir=_TFDS_DATA_DIR.value)[lang]
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  return [textio.InputLine(number, source, en if english else other)
+          for number, (en, other) in enumerate(pairs, start=1)]
+
+
 def _read_input() -> list[textio.InputLine]:
+  if _TFDS_NAME.value:
+    return _read_tfds()
   name = "<stdin>" if _INPUT.value == "-" else _INPUT.value
   with contextlib.ExitStack() as stack:
     stream = (sys.stdin.buffer if _INPUT.value == "-"
@@ -75,7 +113,7 @@ def translate_lines(translator: translator_lib.Translator,
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _LANG_COLUMN.value and not _SOURCE_LANG.value:
+  if not (_LANG_COLUMN.value or _SOURCE_LANG.value or _TFDS_NAME.value):
     raise app.UsageError("give --source_lang or --lang_column")
   if _OUTPUT.value != "-":
     try:

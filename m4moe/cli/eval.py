@@ -4,6 +4,12 @@ Example:
 
   m4moe-eval --model_dir=runs/moe --corpus_dir=corpus \
       --output=runs/evals/moe.json --languages=de,fr,ja --beam_size=4
+  m4moe-eval --model_dir=runs/moe --tfds_name=m4moe_corpus \
+      --tfds_data_dir=tfds --output=runs/evals/moe.json
+
+The test sets come from a built corpus (--corpus_dir) or from TFDS
+(--tfds_name, read by m4moe.data.tfds_corpus as m4moe-train reads it:
+m4moe_corpus's test_<lang> splits, a catalog dataset's test split).
 
 Writes one eval JSON (schema in m4moe.eval.results): per-language BLEU and
 chrF++ with sacrebleu signatures (BLEU tokenizer chosen by the target
@@ -47,6 +53,7 @@ from m4moe.eval import translator as translator_lib
 
 _CORPUS_DIR = flags.DEFINE_string("corpus_dir", None,
                                   "Corpus built by m4moe-build-corpus.")
+_TFDS_NAME, _TFDS_DATA_DIR = translation_flags.define_tfds_flags()
 _SPLIT = flags.DEFINE_enum(
     "split", "test", ["test", "test_ood", "dev"], "Split to score: the "
     "in-domain test, the out-of-domain test (held-out source packages; "
@@ -87,7 +94,11 @@ def _metadata(files: rundir.RunFiles,
       "alpha": translator.beam.alpha,
       "max_decode_length": translator.beam.max_decode_length,
       "decode_length_ratio": translator.length_ratio,
-      "corpus_dir": _here(_CORPUS_DIR.value), "split": _SPLIT.value,
+      "corpus_dir": _here(_CORPUS_DIR.value), "tfds_name": _TFDS_NAME.value,
+      "tfds_data_dir": (_TFDS_DATA_DIR.value
+                        if "://" in (_TFDS_DATA_DIR.value or "")
+                        else _here(_TFDS_DATA_DIR.value)),
+      "split": _SPLIT.value,
       "direction": _DIRECTION.value, "max_sentences": _MAX_SENTENCES.value,
   }
   # The training seed travels with the JSON, so that a report on landed
@@ -118,7 +129,7 @@ def _check_not_empty(sets: list[testsets_lib.TestSet]) -> None:
   """Exits 1 when no language has a sentence to decode; warns of each
   empty one otherwise (it is kept in the JSON with status "empty")."""
   empty = [t.language for t in sets if not t.sources]
-  where = f"{_CORPUS_DIR.value}/{_SPLIT.value}"
+  where = _source_name()
   if len(empty) == len(sets):
     sys.exit(f"m4moe-eval: error: {where} has no sentences for "
              f"{', '.join(empty) or 'any language'}: nothing to decode, and "
@@ -126,17 +137,55 @@ def _check_not_empty(sets: list[testsets_lib.TestSet]) -> None:
              "lists each language's split sizes) or choose --languages or "
              "--split with sentences")
   for lang in empty:
-    print(f"m4moe-eval: warning: {where}/{lang}.tsv has no sentences; {lang} "
+    place = (f"{where}/{lang}.tsv" if not _TFDS_NAME.value
+             else f"{where}, {lang},")
+    print(f"m4moe-eval: warning: {place} has no sentences; {lang} "
           "is recorded as empty (no score) and left out of report averages",
           file=sys.stderr, flush=True)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _CORPUS_DIR.value or not _OUTPUT.value:
-    raise app.UsageError("--corpus_dir and --output are required")
+def _source_name() -> str:
+  if _TFDS_NAME.value:
+    return f"--tfds_name={_TFDS_NAME.value} split {_SPLIT.value}"
+  return f"{_CORPUS_DIR.value}/{_SPLIT.value}"
+
+
+def _tfds_testsets() -> list[testsets_lib.TestSet]:
+  """The test sets of --split read from TFDS (m4moe.data.tfds_corpus)."""
+  from m4moe.data import tfds_corpus  # pylint: disable=g-import-not-at-top
+  english = testsets_lib.ENGLISH
+  pairs = tfds_corpus.split_pairs(
+      _TFDS_NAME.value, split=_SPLIT.value, langs=_LANGUAGES.value,
+      data_dir=_TFDS_DATA_DIR.value)
+  sets = []
+  for lang, lang_pairs in pairs.items():
+    refs, sources = (tuple(p[0] for p in lang_pairs),
+                     tuple(p[1] for p in lang_pairs))
+    src, tgt = lang, english
+    if _DIRECTION.value == "en_xx":
+      src, tgt, sources, refs = english, lang, refs, sources
+    sets.append(testsets_lib.TestSet(
+        language=lang, source_lang=src, target_lang=tgt, sources=sources,
+        references=refs, path=f"{_TFDS_NAME.value}:{_SPLIT.value}_{lang}"))
+  return sets
+
+
+def _load_testsets() -> tuple[list[testsets_lib.TestSet], dict[str, int]]:
+  """(test sets of --split, training pairs per language) of the source.
+
+  Raises:
+    app.UsageError: no source, two sources, or one that cannot be read.
+  """
+  if bool(_CORPUS_DIR.value) == bool(_TFDS_NAME.value):
+    raise app.UsageError("give exactly one of --corpus_dir and --tfds_name")
   try:
+    if _TFDS_NAME.value:
+      from m4moe.data import tfds_corpus  # pylint: disable=g-import-not-at-top
+      sets = _limit(_tfds_testsets())
+      _check_not_empty(sets)
+      sizes = tfds_corpus.split_sizes(_TFDS_NAME.value, split="train",
+                                      data_dir=_TFDS_DATA_DIR.value)
+      return sets, sizes
     sets = _limit(testsets_lib.load_testsets(
         _CORPUS_DIR.value, split=_SPLIT.value, langs=_LANGUAGES.value,
         direction=_DIRECTION.value))
@@ -144,9 +193,17 @@ def main(argv):
     raise app.UsageError(str(e)) from e
   _check_not_empty(sets)
   try:  # read before the model is loaded: a damaged report fails fast
-    train_sizes = testsets_lib.train_sizes(_CORPUS_DIR.value)
+    return sets, testsets_lib.train_sizes(_CORPUS_DIR.value)
   except ValueError as e:
     sys.exit(f"m4moe-eval: error: {e}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _OUTPUT.value:
+    raise app.UsageError("--output is required")
+  sets, train_sizes = _load_testsets()
   try:
     textio.check_output_file(_OUTPUT.value, flag="--output")
     if _HYPOTHESES_DIR.value:

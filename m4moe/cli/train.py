@@ -6,6 +6,17 @@ Usage:
   m4moe-train --flagfile=configs/tiny/dense.flags --d_model=256 ...
   m4moe-train --config=tiny/moe --synthetic_data --model_dir=runs/check \\
       --train_steps=100 --check_config
+  m4moe-train --config=tiny/moe --tfds_name=m4moe_corpus --tfds_data_dir=tfds \\
+      --vocab_dir=vocab --model_dir=runs/tiny_moe --train_steps=2000
+
+Data: a built corpus (``--corpus_dir``), TFDS (``--tfds_name``: the corpus
+as ``m4moe-build-corpus --tfds_data_dir`` wrote it, the same stream as
+``--corpus_dir``, or catalog translation datasets) or the synthetic toy task;
+m4moe.training.inputs. ``--model_dir`` is a local directory (a ``gs://`` one
+is refused; ``--tfds_data_dir`` may be one). ``--process_index`` and
+``--process_count`` shard the input of the hosts of a multi-host job; this
+trainer is one process, so it takes ``--process_count`` above 1 only with
+``--check_config``.
 
 The model is the zoo entry / flagfile (``--config`` or ``--flagfile``); model
 flags given on the command line override ``--config``'s values. A zoo entry may
@@ -143,6 +154,13 @@ def _configs():
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS.model_dir:
     raise flags.ValidationError("--model_dir is required")
+  if "://" in flags.FLAGS.model_dir:
+    # A URL would silently become a local folder named after its scheme.
+    raise flags.ValidationError(
+        f"--model_dir={flags.FLAGS.model_dir}: the run directory must be a "
+        "local path (its lock and checkpoint bookkeeping use local files); "
+        "train into a local folder and copy it to the bucket afterwards "
+        "(docs/tpu.md). --tfds_data_dir may be a gs:// path")
   checkpointing.check_model_dir(flags.FLAGS.model_dir)
   data = flagutil.from_flags(inputs.DataConfig, flags.FLAGS)
   train = flagutil.from_flags(train_lib.TrainConfig, flags.FLAGS,
@@ -195,6 +213,13 @@ def _check(data, replicas: int, model_config) -> list[str]:
         f"--batch_tokens={data.batch_tokens} gives {data.batch_rows} rows of "
         f"--sequence_length={data.sequence_length}, not divisible by the "
         f"{replicas} replicas; change --batch_tokens")
+  if data.process_count > 1 and not _CHECK_CONFIG.value:
+    problems.append(
+        f"--process_count={data.process_count}: this trainer is one process "
+        "that consumes whole global batches; the flag shards the input of "
+        "each host of a multi-host job (m4moe.training.inputs, "
+        "shard_for_input_context), which m4moe-train does not run yet. "
+        "Use it with --check_config, or drop it")
   if data.sequence_length > model_config.max_length:
     problems.append(f"--sequence_length={data.sequence_length} exceeds the "
                     f"model's --max_length={model_config.max_length}")

@@ -2,6 +2,9 @@
 
 Importing this module defines the flags; :func:`load_translator_from_flags`
 builds a :class:`m4moe.eval.translator.Translator` from them.
+:func:`define_tfds_flags` adds ``--tfds_name``/``--tfds_data_dir`` to the
+tools that read text from TFDS (eval, decode), with the meaning they have
+for ``m4moe-train``, so one dataset name means the same examples to all.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ VOCAB_DIR = flags.DEFINE_string(
     "vocab_dir", None, "Directory with source.model/target.model (default: "
     "where the run's config.json recorded them, else <model_dir>/vocab). "
     "They must be the models the run was trained with (sha256 recorded).")
+ENGLISH = "en"
 BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beams; 1 with --alpha=0 "
                                  "is greedy decoding.")
 ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent.")
@@ -93,3 +97,17 @@ def check_language_pairs(translator: translator_lib.Translator,
                                      target_lang=target_lang)
   except translator_lib.TranslatorError as e:
     raise app.UsageError(str(e)) from e
+
+
+def define_tfds_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:
+  """Defines ``--tfds_name`` and ``--tfds_data_dir``; their holders."""
+  name = flags.DEFINE_string(
+      "tfds_name", None, "Read the text from TFDS instead: m4moe_corpus (as "
+      "m4moe-build-corpus --tfds_data_dir wrote it) or a catalog "
+      "translation dataset with an 'en' feature and one other language "
+      "(e.g. wmt19_translate/de-en; its validation split serves as dev); "
+      "comma-separated for several. Offline (m4moe.data.tfds_corpus).")
+  data_dir = flags.DEFINE_string(
+      "tfds_data_dir", None, "TFDS data directory of --tfds_name (a folder "
+      "or gs:// path; nothing is downloaded).")
+  return name, data_dir

@@ -9,10 +9,13 @@ Sources (exactly one):
   UTF-8, no tab, extra fields: :mod:`m4moe.data.tsv`) are skipped and
   counted (:attr:`Inputs.skipped_lines`; ``m4moe-train --check_config``
   lists them as ``file:line: problem``).
-* ``tfds_name`` + ``vocab_dir``: TFDS translation datasets (comma-separated,
-  e.g. ``wmt19_translate/de-en``), each with a text feature ``en`` and one
-  other language feature; loaded offline (``try_gcs=False``) from
-  ``tfds_data_dir``.
+* ``tfds_name`` + ``vocab_dir``: TFDS datasets read by the package's one TFDS
+  reader, :mod:`m4moe.data.tfds_corpus`: ``m4moe_corpus`` (the corpus as
+  ``m4moe-build-corpus --tfds_data_dir`` wrote it; the same examples, in the
+  same order, as the TSV files, so the same stream) or catalog translation
+  datasets (an ``en`` feature and one other language), loaded offline from
+  ``tfds_data_dir``. Train from the ``train`` split, dev from ``dev_split``
+  (a catalog dataset's ``validation`` for ``dev``).
 * ``synthetic``: the reverse-and-permute toy task of
   :mod:`m4moe.training.synthetic` (no files; for smoke tests).
 
@@ -20,6 +23,19 @@ With ``language_features=True`` (a ``--route_by=language`` model) every
 batch, train and dev, also has ``inputs_languages`` / ``targets_languages``:
 each token's routing-language index, its language's position in
 :attr:`Inputs.languages` (:mod:`m4moe.moe.task_routing`).
+
+Multi-host input (a TPU VM pod, where each host feeds its own cores):
+process ``process_index`` of ``process_count`` reads a disjoint shard of
+every language's training examples, every ``process_count``-th one from its
+index on (before shuffling), and yields ``1/process_count`` of each global
+batch's rows; the shards together are every example once. Sampling weights
+come from the whole language sizes, so every host mixes languages alike,
+but each host draws with its own seed (``seed * process_count +
+process_index``), so a global batch is not one language sequence repeated
+per host. Each host's stream is deterministic in its index, so its iterator
+state (or the count of consumed batches) resumes its own shard.
+:func:`shard_for_input_context` takes the index and count from a
+``tf.distribute.InputContext``. Dev sets are not sharded.
 """
 
 from __future__ import annotations
@@ -54,8 +70,9 @@ class DataConfig:
   Attributes:
     corpus_dir: built corpus directory.
     vocab_dir: directory with source.model / target.model.
-    tfds_name: comma-separated TFDS translation dataset names.
-    tfds_data_dir: TFDS data directory (offline).
+    tfds_name: comma-separated TFDS datasets: m4moe_corpus (written by
+      m4moe-build-corpus --tfds_data_dir) and/or catalog translation sets.
+    tfds_data_dir: TFDS data directory (offline; a folder or gs:// path).
     synthetic: train on the synthetic toy task (no files; smoke runs).
     languages: languages to train on (empty: all of the corpus).
     temperature: T of the language sampling p_l ∝ n_l^(1/T).
@@ -65,6 +82,8 @@ class DataConfig:
     dev_split: corpus split for the per-language dev cross-entropy.
     dev_batch_size: sentence pairs per dev batch.
     seed: shuffling / sampling seed.
+    process_index: this host's input shard (0 .. process_count - 1).
+    process_count: hosts that each read one shard of the training data.
   """
 
   corpus_dir: str = ""
@@ -81,6 +100,8 @@ class DataConfig:
   dev_split: str = "dev"
   dev_batch_size: int = 64
   seed: int = 0
+  process_index: int = 0
+  process_count: int = 1
 
   def __post_init__(self) -> None:
     chosen = [name for name, on in (("corpus_dir", self.corpus_dir),
@@ -99,10 +120,26 @@ class DataConfig:
              f"{self.sequence_length} (one row)")
     _require(self.temperature > 0, "temperature", self.temperature,
              "use a positive value (1 proportional, 5 M4)")
+    _require(self.process_count >= 1, "process_count", self.process_count,
+             "use the number of hosts reading input (1 on one machine)")
+    _require(0 <= self.process_index < self.process_count, "process_index",
+             self.process_index,
+             f"use 0 .. {self.process_count - 1} (--process_count="
+             f"{self.process_count})")
+    _require(self.batch_rows % self.process_count == 0, "batch_tokens",
+             self.batch_tokens, f"its {self.batch_rows} rows of "
+             f"--sequence_length={self.sequence_length} must split evenly "
+             f"over --process_count={self.process_count} hosts")
 
   @property
   def batch_rows(self) -> int:
+    """Rows of a global batch."""
     return self.batch_tokens // self.sequence_length
+
+  @property
+  def host_batch_tokens(self) -> int:
+    """Tokens per side of this host's part of a global batch."""
+    return self.batch_rows // self.process_count * self.sequence_length
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -113,7 +150,8 @@ class Inputs:
   """What the trainer consumes.
 
   Attributes:
-    train: repeating dataset of global model batches.
+    train: repeating dataset of model batches: global batches, or this
+      host's part of them with ``process_count > 1``.
     dev: {language: finite dataset of dev batches}.
     src_vocab_size, tgt_vocab_size: from the SentencePiece models (None
       for synthetic data: keep the model config's).
@@ -161,8 +199,10 @@ def _synthetic(config: DataConfig, language_features: bool) -> Inputs:
   pairs = synthetic.synthetic_pairs(num_pairs=4096, vocab_size=SYNTHETIC_VOCAB,
                                     max_length=min(length - 1, 16),
                                     seed=config.seed)
-  train = synthetic.pairs_dataset(pairs[256:], batch_size=config.batch_rows,
-                                  length=length, shuffle_seed=config.seed)
+  train_pairs = pairs[256:][config.process_index::config.process_count]
+  train = synthetic.pairs_dataset(
+      train_pairs, batch_size=config.batch_rows // config.process_count,
+      length=length, shuffle_seed=config.seed)
   dev = synthetic.pairs_dataset(pairs[:256], batch_size=config.dev_batch_size,
                                 length=length, shuffle_seed=None, repeat=False)
   if language_features:  # one language, index 0
@@ -174,8 +214,10 @@ def _synthetic(config: DataConfig, language_features: bool) -> Inputs:
 def _pipeline_config(config: DataConfig, language_features: bool):
   from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
   return pipeline.PipelineConfig(
-      max_length=config.sequence_length, batch_size_tokens=config.batch_tokens,
-      temperature=config.temperature, pack=config.pack, seed=config.seed,
+      max_length=config.sequence_length,
+      batch_size_tokens=config.host_batch_tokens,
+      temperature=config.temperature, pack=config.pack,
+      seed=config.seed * config.process_count + config.process_index,
       language_features=language_features)
 
 
@@ -183,67 +225,98 @@ def _language_index(language_features: bool, langs, lang: str) -> int | None:
   return sorted(langs).index(lang) if language_features else None
 
 
-def _corpus(config: DataConfig, language_features: bool) -> Inputs:
+def shard_datasets(datasets: Mapping[str, tf.data.Dataset],
+                   sizes: Mapping[str, int], *, index: int, count: int
+                   ) -> dict[str, tf.data.Dataset]:
+  """Host ``index`` of ``count``'s shard of each language's examples.
+
+  Args:
+    datasets: lang -> dataset of ``(english, x)`` ``<string>[]`` pairs.
+    sizes: lang -> its number of pairs.
+    index, count: this host and the number of hosts.
+
+  Returns:
+    lang -> the pairs at positions ``index, index + count, ...`` (the
+    datasets themselves for ``count == 1``, so one-host streams and their
+    iterator checkpoints stay as they were).
+
+  Raises:
+    DataConfigError: a language has fewer pairs than hosts (some host's
+      shard would be empty, and sampling from it never ends).
+  """
+  if count == 1:
+    return dict(datasets)
+  small = sorted(l for l in datasets if 0 < sizes[l] < count)
+  if small:
+    raise DataConfigError(
+        f"--process_count={count}: {', '.join(small)} ha"
+        f"{'s' if len(small) == 1 else 've'} fewer training pairs than "
+        "hosts, so a host would have none; leave it out with --languages")
+  return {lang: ds.shard(count, index) for lang, ds in datasets.items()}
+
+
+def shard_for_input_context(config: DataConfig,
+                            context: tf.distribute.InputContext
+                            ) -> DataConfig:
+  """``config`` reading the shard of the input pipeline ``context`` names
+  (``strategy.distribute_datasets_from_function`` passes one per host)."""
+  return dataclasses.replace(
+      config, process_index=context.input_pipeline_id,
+      process_count=context.num_input_pipelines)
+
+
+def _inputs(config: DataConfig, language_features: bool, *, tokenizers,
+            train_split, dev_split, scans=()) -> Inputs:
+  """The Inputs of per-language ``(datasets, sizes)`` of train and dev."""
   from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
-  corpus = pathlib.Path(config.corpus_dir)
-  vocab_dir = pathlib.Path(config.vocab_dir)
-  tokenizers = pipeline.load_tokenizers(vocab_dir)
-  train_split = pipeline.read_tsv_corpus(corpus, split="train",
-                                         langs=config.languages)
-  datasets = train_split.datasets
+  datasets, sizes = train_split
   train = pipeline.training_dataset(
-      datasets, train_split.sizes, tokenizers=tokenizers,
+      shard_datasets(datasets, sizes, index=config.process_index,
+                     count=config.process_count),
+      sizes, tokenizers=tokenizers,
       config=_pipeline_config(config, language_features))
-  dev_split = pipeline.read_tsv_corpus(corpus, split=config.dev_split,
-                                       langs=tuple(sorted(datasets)))
   dev = {lang: pipeline.evaluation_dataset(
       ds, lang=lang, tokenizers=tokenizers, batch_size=config.dev_batch_size,
       language_index=_language_index(language_features, datasets, lang))
-         for lang, ds in dev_split.datasets.items()}
+         for lang, ds in dev_split[0].items()}
   return Inputs(train=train, dev=dev,
                 src_vocab_size=tokenizers.source.get_piece_size(),
                 tgt_vocab_size=tokenizers.target.get_piece_size(),
-                languages=tuple(sorted(datasets)),
-                tsv_scans=(*train_split.scans.values(),
-                           *dev_split.scans.values()))
+                languages=tuple(sorted(datasets)), tsv_scans=tuple(scans))
 
 
-def _tfds_pairs(name: str, split: str, data_dir: str):
-  """(lang, dataset of (english, x) string pairs, size) of one TFDS name."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  builder = tfds.builder(name, data_dir=data_dir or None)
-  keys = [k for k in builder.info.features.keys() if k != "en"]
-  if len(keys) != 1 or "en" not in builder.info.features.keys():
-    raise DataConfigError(
-        f"--tfds_name={name}: expected a translation dataset with an 'en' "
-        f"feature and one other language, got {list(builder.info.features)}")
-  lang = keys[0]
-  ds = builder.as_dataset(split=split).map(lambda ex: (ex["en"], ex[lang]))
-  return lang, ds, builder.info.splits[split].num_examples
+def _corpus(config: DataConfig, language_features: bool) -> Inputs:
+  from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
+  corpus = pathlib.Path(config.corpus_dir)
+  tokenizers = pipeline.load_tokenizers(pathlib.Path(config.vocab_dir))
+  train_split = pipeline.read_tsv_corpus(corpus, split="train",
+                                         langs=config.languages)
+  dev_split = pipeline.read_tsv_corpus(
+      corpus, split=config.dev_split, langs=tuple(sorted(train_split.datasets)))
+  return _inputs(config, language_features, tokenizers=tokenizers,
+                 train_split=(train_split.datasets, train_split.sizes),
+                 dev_split=(dev_split.datasets, dev_split.sizes),
+                 scans=(*train_split.scans.values(),
+                        *dev_split.scans.values()))
 
 
 def _tfds(config: DataConfig, language_features: bool) -> Inputs:
+  """Inputs from TFDS (:mod:`m4moe.data.tfds_corpus`, the one reader)."""
   from m4moe.data import pipeline  # pylint: disable=g-import-not-at-top
+  from m4moe.data import tfds_corpus  # pylint: disable=g-import-not-at-top
   tokenizers = pipeline.load_tokenizers(pathlib.Path(config.vocab_dir))
-  train, sizes, dev = {}, {}, {}
-  for name in filter(None, config.tfds_name.split(",")):
-    lang, ds, n = _tfds_pairs(name, "train", config.tfds_data_dir)
-    if config.languages and lang not in config.languages:
-      continue
-    train[lang], sizes[lang] = ds, n
-    _, dev_ds, _ = _tfds_pairs(name, "validation", config.tfds_data_dir)
-    dev[lang] = dev_ds
-  dev = {lang: pipeline.evaluation_dataset(
-      ds, lang=lang, tokenizers=tokenizers, batch_size=config.dev_batch_size,
-      language_index=_language_index(language_features, train, lang))
-         for lang, ds in dev.items()}
-  stream = pipeline.training_dataset(
-      train, sizes, tokenizers=tokenizers,
-      config=_pipeline_config(config, language_features))
-  return Inputs(train=stream, dev=dev,
-                src_vocab_size=tokenizers.source.get_piece_size(),
-                tgt_vocab_size=tokenizers.target.get_piece_size(),
-                languages=tuple(sorted(train)))
+  data_dir = config.tfds_data_dir or None
+  try:
+    train_split = tfds_corpus.read_split(
+        config.tfds_name, split="train", langs=config.languages,
+        data_dir=data_dir)
+    dev_split = tfds_corpus.read_split(
+        config.tfds_name, split=config.dev_split,
+        langs=tuple(sorted(train_split[0])), data_dir=data_dir)
+  except tfds_corpus.TfdsError as e:
+    raise DataConfigError(str(e)) from e
+  return _inputs(config, language_features, tokenizers=tokenizers,
+                 train_split=train_split, dev_split=dev_split)
 
 
 def build_inputs(config: DataConfig, *,
@@ -269,6 +342,10 @@ def check_data(config: DataConfig) -> list[str]:
     if not (pathlib.Path(config.vocab_dir) / name).is_file():
       problems.append(f"--vocab_dir={config.vocab_dir}: {name} is missing "
                       "(run m4moe-vocab)")
+  if config.tfds_name:
+    from m4moe.data import tfds_corpus  # pylint: disable=g-import-not-at-top
+    problems += tfds_corpus.check_datasets(config.tfds_name,
+                                           config.tfds_data_dir or None)
   if config.corpus_dir:
     train_dir = pathlib.Path(config.corpus_dir) / "train"
     found = {p.stem for p in train_dir.glob("*.tsv")}

@@ -166,11 +166,14 @@ TPU VM recipe (XLA backend; not runnable here, no TPU)::
   pip install tensorflow-tpu==2.21.0 -f \
       https://storage.googleapis.com/libtpu-tf-releases/index.html
   pip install -e /path/to/m4moe
-  # Data: TFDS data in a GCS bucket in the TPU's region (gs:// is read
-  # directly); checkpoints and metrics to GCS too.
+  # Data: the TFDS dataset m4moe-build-corpus --tfds_data_dir wrote, in a
+  # GCS bucket in the TPU's region (gs:// is read directly); checkpoints
+  # and metrics on the VM's disk (copied to the bucket afterwards,
+  # docs/tpu.md).
   m4moe-train --config=gshard/moe_128e_12l --tpu=local \
-      --tfds_name=... --tfds_data_dir=gs://BUCKET/tensorflow_datasets \
-      --model_dir=gs://BUCKET/m4moe/runs/moe128 --mesh=data:2,expert:4
+      --tfds_name=m4moe_corpus \
+      --tfds_data_dir=gs://BUCKET/tensorflow_datasets \
+      --model_dir=$HOME/runs/moe128 --mesh=data:2,expert:4
 
 With ``--tpu`` and ``--mesh``, ``m4moe-train`` builds a ``TPUStrategy``
 with one replica spanning all cores (``DeviceAssignment.build(topology,

@@ -19,12 +19,12 @@ restored: it removes the leftovers of killed saves (their
 renaming and indexing, the unfinished ``ckpt-<step>`` files that no state
 file names), reads every tensor of the newest checkpoint (which checks the
 CRC32C checksums TF stores in the index) and, if that fails, moves the
-checkpoint's files into ``damaged/`` and tries the next older one. A missing or
-unparsable ``checkpoint`` state file is rebuilt from the ``ckpt-<step>``
-files on disk. A run that has no intact checkpoint left but had some is
-never restarted from step 0 (:class:`CheckpointError` says what to do), and
-neither is one whose ``metrics.jsonl`` shows checkpointed progress
-(:func:`check_fresh_start`). A run whose first save was killed, though, had
+checkpoint's files into ``damaged/`` and tries the next older one. A
+missing or unparsable ``checkpoint`` state file is rebuilt from the
+``ckpt-<step>`` files on disk. A run that has no intact checkpoint left
+but had some is never restarted from step 0 (:class:`CheckpointError` says
+what to do), and neither is one whose ``metrics.jsonl`` shows checkpointed
+progress (:func:`check_fresh_start`). A run whose first save was killed, though, had
 nothing complete to lose: it starts over from step 0.
 """
 
@@ -234,7 +234,7 @@ def remove_stale_temp(model_dir: str | os.PathLike[str]) -> list[str]:
   atomic write). A temp-named directory holding anything else is left in
   place with a warning. Call it only while holding the run's lock: a running
   save's temp directory looks the same. What was removed is for the caller
-  to report (:func:`recover_checkpoints` does, in one line).
+  to report (the trainer's start line does: :mod:`m4moe.training.loop`).
   """
   removed = []
   for entry in sorted(pathlib.Path(model_dir).iterdir()):

@@ -47,7 +47,10 @@ dropped so every (kind, step) appears once:
   pair's minus the true dev CE (nats per token; see
   ``StepRunner.evaluate_with_source_reliance``).
 * ``{"kind": "start", "step", "time", "devices", "device_kind",
-  "num_params", "resumed_from"}`` and ``{"kind": "end", "step", "time",
+  "num_params", "resumed_from", "damaged_checkpoints",
+  "removed_leftovers", "metrics_cut"}`` (the last two: the leftovers of
+  killed checkpoint saves removed at this start, and :class:`Cut` as a
+  dict or None) and ``{"kind": "end", "step", "time",
   "reason"}`` (reason: ``done``, ``preempted``).
 """
 

@@ -24,8 +24,8 @@ missing or unparsable ``checkpoint`` state file is rebuilt from the
 ``ckpt-<step>`` files on disk. A run that has no intact checkpoint left
 but had some is never restarted from step 0 (:class:`CheckpointError` says
 what to do), and neither is one whose ``metrics.jsonl`` shows checkpointed
-progress (:func:`check_fresh_start`). A run whose first save was killed, though, had
-nothing complete to lose: it starts over from step 0.
+progress (:func:`check_fresh_start`). A run whose first save was killed,
+though, had nothing complete to lose: it starts over from step 0.
 """
 
 from __future__ import annotations

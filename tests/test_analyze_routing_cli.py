@@ -131,6 +131,7 @@ def test_cli_bad_input_names_the_problem(run_dir, corpus_dir, tmp_path):
   bad = tmp_path / "bad"
   (bad / "dev").mkdir(parents=True)
   (bad / "dev" / "de.tsv").write_text("open file\tDatei\nno tab here\n")
+  (bad / "dev" / "fr.tsv").write_text("\n")
   proc = _cli(f"--model_dir={run_dir}", f"--corpus_dir={bad}",
               f"--output_dir={tmp_path}/skipped")
   # A malformed line is skipped and reported with file:line (as training
@@ -139,6 +140,8 @@ def test_cli_bad_input_names_the_problem(run_dir, corpus_dir, tmp_path):
   assert f"{bad}/dev/de.tsv:2: no tab" in proc.stderr
   report = json.loads((tmp_path / "skipped" / "routing.json").read_text())
   assert report["languages"] == ["de"], report["languages"]
+  # The language without pairs is left out, and the JSON says so.
+  assert report["empty_languages"] == ["fr"]
   (tmp_path / "file").write_text("")
   proc = _cli(f"--model_dir={run_dir}", f"--corpus_dir={corpus_dir}",
               f"--output_dir={tmp_path}/file")
@@ -148,3 +151,17 @@ def test_cli_bad_input_names_the_problem(run_dir, corpus_dir, tmp_path):
               f"--output_dir={tmp_path}/o")
   assert proc.returncode != 0 and "is a dense model" in proc.stderr
   assert not (tmp_path / "o").exists()
+
+
+def test_languages_without_pairs_are_left_out_and_named(tmp_path, capsys):
+  from m4moe.cli import analyze_routing  # pylint: disable=g-import-not-at-top
+  (tmp_path / "dev").mkdir()
+  (tmp_path / "dev" / "de.tsv").write_text("open file\tDatei\n")
+  (tmp_path / "dev" / "fr.tsv").write_text("\n \n")
+  (tmp_path / "dev" / "ja.tsv").write_text("")
+  kept, empty = analyze_routing.with_pairs(
+      tmp_path, ["de", "fr", "ja"], split="dev")
+  assert (kept, empty) == (["de"], ["fr", "ja"])
+  assert "has no pairs for fr, ja; left out" in capsys.readouterr().err
+  with pytest.raises(SystemExit, match="has no pairs for fr, ja: nothing"):
+    analyze_routing.with_pairs(tmp_path, ["fr", "ja"], split="dev")

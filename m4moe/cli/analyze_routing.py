@@ -16,7 +16,9 @@ each expert's language entropy, and the load per language.
 
 Writes to ``--output_dir`` (its own files only, overwritten on a rerun):
   routing.json       every number (layers -> statistics; languages ordered
-                     high -> low resource by training pairs)
+                     high -> low resource by training pairs;
+                     empty_languages: those requested but left out because
+                     the split has no pair of theirs)
   heatmap_<layer>.png  languages x experts per choice, one per MoE layer
   overview.png       small multiples: the first choice of every layer
   routing.html       a self-contained page (images embedded as base64)
@@ -108,28 +110,31 @@ def _analyse(files, languages, vocab_dir):
   return counts, tokens, pairs, cut
 
 
-def _with_pairs(corpus: pathlib.Path, languages: list[str]) -> list[str]:
-  """The languages whose split file has a line; exits 1 if none has.
+def with_pairs(corpus: pathlib.Path, languages: list[str], *,
+               split: str) -> tuple[list[str], list[str]]:
+  """(languages whose split file has a line, the others); exits 1 if none
+  has.
 
   Checked before the model is loaded: an analysis over no pairs would be
   a page of empty heatmaps. An empty language beside others is left out
-  with a warning naming it.
+  with a warning naming it, and listed as ``empty_languages`` in
+  ``routing.json``, so the JSON says why it has no row.
   """
   def has_pairs(lang: str) -> bool:
-    with open(corpus / _SPLIT.value / f"{lang}.tsv", "rb") as f:
+    with open(corpus / split / f"{lang}.tsv", "rb") as f:
       return any(line.strip() for line in f)
   kept = [lang for lang in languages if has_pairs(lang)]
   empty = [lang for lang in languages if lang not in kept]
   if not kept:
-    sys.exit(f"m4moe-analyze-routing: error: {corpus}/{_SPLIT.value}/ has "
+    sys.exit(f"m4moe-analyze-routing: error: {corpus}/{split}/ has "
              f"no pairs for {', '.join(empty)}: nothing to analyse, and "
              "nothing was written. Choose another --split (dev, test, train) "
              "or --languages with pairs")
   if empty:
-    print(f"m4moe-analyze-routing: warning: {corpus}/{_SPLIT.value}/ has no "
+    print(f"m4moe-analyze-routing: warning: {corpus}/{split}/ has no "
           f"pairs for {', '.join(empty)}; left out of the analysis",
           file=sys.stderr, flush=True)
-  return kept
+  return kept, empty
 
 
 def main(argv):
@@ -144,7 +149,7 @@ def main(argv):
   from m4moe.eval import comparison  # pylint: disable=g-import-not-at-top
   from m4moe.eval import testsets  # pylint: disable=g-import-not-at-top
   corpus = pathlib.Path(_CORPUS_DIR.value)
-  languages = _corpus_languages(corpus)
+  languages, empty = _corpus_languages(corpus)
   files = _routed_run_files()
   try:
     sizes = testsets.train_sizes(corpus)
@@ -170,6 +175,8 @@ def main(argv):
       "corpus_dir": str(corpus), "split": _SPLIT.value,
       "direction": _DIRECTION.value, "router": files.config.moe.router,
       "languages": languages,
+      # Requested but without a pair in the split: no row, said here.
+      "empty_languages": empty,
       "train_pairs": {l: sizes.get(l) for l in languages},
       "pairs": pairs, "truncated_pairs": cut,
       "counts": {name: counts[name].tolist() for name in counts},
@@ -178,8 +185,9 @@ def main(argv):
   _write_outputs(out, document=document, layers=layers, languages=languages)
 
 
-def _corpus_languages(corpus: pathlib.Path) -> list[str]:
-  """``--languages`` (default: all of the split), checked against the corpus.
+def _corpus_languages(corpus: pathlib.Path) -> tuple[list[str], list[str]]:
+  """``--languages`` (default: all of the split), checked against the
+  corpus: (those with pairs, those without: :func:`with_pairs`).
 
   Checked before the model is loaded, so a wrong corpus or language fails
   in a second, not after the checkpoint is restored.
@@ -200,7 +208,7 @@ def _corpus_languages(corpus: pathlib.Path) -> list[str]:
         f"<lang>.tsv (available: {', '.join(available) or 'none'})")
   if not languages:
     raise app.UsageError(f"{corpus}/{_SPLIT.value}/ has no <lang>.tsv files")
-  return _with_pairs(corpus, languages)
+  return with_pairs(corpus, languages, split=_SPLIT.value)
 
 
 def _routed_run_files() -> rundir.RunFiles:

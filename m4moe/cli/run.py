@@ -12,6 +12,11 @@ Examples:
   # Show the stages and their commands without running them:
   m4moe-run --run_dir=runs/demo --dry_run
 
+Before its first stage (and with --dry_run) the whole recipe is checked:
+every model's zoo config, every flag it passes to a tool, every language,
+the output directories (m4moe.pipeline.recipe_check); the first problem
+exits 1 naming the recipe file, the model and the fix, and nothing runs.
+
 A finished stage is recorded in <run_dir>/stages/<stage>.json (its command,
 paths relative to the run directory and the interpreter as python3, so the
 record means the same when copied into results/) and skipped on the next
@@ -69,6 +74,7 @@ from m4moe import cli
 from m4moe import jsonfile
 from m4moe.pipeline import corpus_check
 from m4moe.pipeline import plan as main_job
+from m4moe.pipeline import recipe_check
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.pipeline import supervisor
 from m4moe.training import run_lock
@@ -493,6 +499,13 @@ def main(argv: list[str]) -> None:
   run_dir = pathlib.Path(_RUN_DIR.value).resolve()
   cache_dir = pathlib.Path(_CACHE_DIR.value or run_dir / "cache").resolve()
   stages = main_job.plan(recipe, run_dir=run_dir, cache_dir=cache_dir)
+  try:  # the whole recipe, before any stage (and in a dry run)
+    recipe_check.check_recipe(
+        recipe, source=recipes_lib.recipe_path(_RECIPE.value),
+        stages=stages, run_dir=run_dir, cache_dir=cache_dir,
+        record=not _DRY_RUN.value)
+  except recipes_lib.RecipeError as e:
+    sys.exit(f"m4moe-run: error: {e}")
   if _DRY_RUN.value and not _RESTART_FROM.value:
     _run_plan(recipe=recipe, run_dir=run_dir, stages=stages)
     return

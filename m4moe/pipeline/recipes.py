@@ -29,7 +29,10 @@ Form of a recipe file (keys are the :class:`Recipe` attributes):
 
 Built recipes are validated as a whole (:class:`Recipe`); any unknown key,
 wrong type or inconsistency is a :class:`RecipeError` naming the file, the
-key and the fix.
+key and the fix. What only the tools would find later (a zoo config that
+does not exist, a flag a tool does not have, an unknown language, an
+unwritable output directory) ``m4moe-run`` checks before its first stage
+(:mod:`m4moe.pipeline.recipe_check`).
 
 Upcycling (:attr:`ModelRun.init_from`): the MoE model's run of each seed
 starts from the named dense model's run of that seed (``m4moe-train
@@ -500,6 +503,14 @@ def packaged_names() -> list[str]:
   return sorted(p.stem for p in packaged_dir().glob("*.toml"))
 
 
+def recipe_path(name_or_path: str | os.PathLike[str]) -> pathlib.Path:
+  """The file of ``--recipe``: a path (``*.toml`` or with a directory) as
+  given, else the packaged recipe of that name (it may not exist)."""
+  text = str(name_or_path)
+  return (pathlib.Path(text) if text.endswith(".toml") or os.sep in text
+          else packaged_dir() / f"{text}.toml")
+
+
 def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
   """A packaged recipe by name (``demo``) or a recipe file by path.
 
@@ -508,8 +519,7 @@ def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
       recipe; the message names the file and what to do.
   """
   text = str(name_or_path)
-  path = (pathlib.Path(text) if text.endswith(".toml") or os.sep in text
-          else packaged_dir() / f"{text}.toml")
+  path = recipe_path(text)
   if not path.is_file():
     raise RecipeError(f"--recipe={text}: no such recipe; give one of "
                       f"{packaged_names()} or the path of a .toml recipe file")

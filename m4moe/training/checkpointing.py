@@ -14,15 +14,18 @@ tests verify this ordering with a subprocess killed inside the save.
 
 Damage (a disk error, a copy cut short, a file deleted or edited by hand) is
 handled at start-up by :func:`recover_checkpoints`, before anything is
-restored: it removes the stale ``ckpt-<step>_temp/`` directories of killed
-saves, reads every tensor of the newest checkpoint (which checks the CRC32C
-checksums TF stores in the index) and, if that fails, moves the checkpoint's
-files into ``damaged/`` and tries the next older one. A missing or
-unparsable ``checkpoint`` state file is rebuilt from the ``ckpt-<step>``
-files on disk. A run that has no intact checkpoint left but had some is
-never restarted from step 0 (:class:`CheckpointError` says what to do), and
-neither is one whose ``metrics.jsonl`` shows checkpointed progress
-(:func:`check_fresh_start`).
+restored: it removes the leftovers of killed saves (their
+``ckpt-<step>_temp/`` directories and, for a save killed while it was
+renaming and indexing, the unfinished ``ckpt-<step>`` files that no state
+file names), reads every tensor of the newest checkpoint (which checks the
+CRC32C checksums TF stores in the index) and, if that fails, moves the
+checkpoint's files into ``damaged/`` and tries the next older one. A
+missing or unparsable ``checkpoint`` state file is rebuilt from the
+``ckpt-<step>`` files on disk. A run that has no intact checkpoint left
+but had some is never restarted from step 0 (:class:`CheckpointError` says
+what to do), and neither is one whose ``metrics.jsonl`` shows checkpointed
+progress (:func:`check_fresh_start`). A run whose first save was killed,
+though, had nothing complete to lose: it starts over from step 0.
 """
 
 from __future__ import annotations
@@ -57,12 +60,15 @@ PREFIX = rundir.PREFIX
 
 # Exact names of what CheckpointManager.save writes for ckpt-<step>: the
 # index, the data shards, and (during the save) the temp directory of the
-# sharded writer with its part files; TF's atomic write of the state file
-# uses "<name>.tmp<uuid4 hex>".
+# sharded writer with its part files, each first written as
+# "<part file>.tempstate<random decimal>" and renamed when complete (TF's
+# BundleWriter); TF's atomic write of the state file uses
+# "<name>.tmp<uuid4 hex>".
 _CKPT_FILE = re.compile(
     rf"^{PREFIX}-(\d+)\.(index|data-\d{{5}}-of-\d{{5}})$")
-_TEMP_DIR = re.compile(rf"^{PREFIX}-\d+_temp$")
-_TEMP_PART = re.compile(r"^part-\d{5}-of-\d{5}\.(index|data-\d{5}-of-\d{5})$")
+_TEMP_DIR = re.compile(rf"^{PREFIX}-(\d+)_temp$")
+_TEMP_PART = re.compile(
+    r"^part-\d{5}-of-\d{5}\.(index|data-\d{5}-of-\d{5})(\.tempstate\d+)?$")
 _STATE_TEMP = re.compile(rf"^{STATE_FILENAME}\.tmp[0-9a-f]{{32}}$")
 _DATA_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 
@@ -209,11 +215,14 @@ class Recovery:
     damaged: the checkpoints skipped because they are damaged, newest first.
     removed: leftovers of killed saves that were removed.
     state_rebuilt: why the state file was rewritten (None: it was not).
+    killed_saves: steps of the run's saves found killed before they
+      finished (their leftovers are in ``removed``).
   """
   latest: str | None
   damaged: tuple[DamagedCheckpoint, ...] = ()
   removed: tuple[str, ...] = ()
   state_rebuilt: str | None = None
+  killed_saves: tuple[int, ...] = ()
 
 
 def remove_stale_temp(model_dir: str | os.PathLike[str]) -> list[str]:
@@ -224,7 +233,8 @@ def remove_stale_temp(model_dir: str | os.PathLike[str]) -> list[str]:
   sharded writer's), and ``checkpoint.tmp<32 hex>`` files (the state file's
   atomic write). A temp-named directory holding anything else is left in
   place with a warning. Call it only while holding the run's lock: a running
-  save's temp directory looks the same.
+  save's temp directory looks the same. What was removed is for the caller
+  to report (the trainer's start line does: :mod:`m4moe.training.loop`).
   """
   removed = []
   for entry in sorted(pathlib.Path(model_dir).iterdir()):
@@ -243,10 +253,42 @@ def remove_stale_temp(model_dir: str | os.PathLike[str]) -> list[str]:
     elif _STATE_TEMP.match(entry.name) and entry.is_file():
       entry.unlink()
       removed.append(str(entry))
-  if removed:
-    logging.warning("Removed %d leftover(s) of killed checkpoint saves: %s",
-                    len(removed), ", ".join(removed))
   return removed
+
+
+def _clear_killed_saves(directory: pathlib.Path,
+                        listed: list[int] | None
+                        ) -> tuple[list[str], set[int]]:
+  """Removes the leftovers of saves killed before they finished.
+
+  A save's temp directory ``ckpt-<step>_temp/`` outlives the save only if
+  the save was killed before its merge step ended (the merge renames the
+  data files to ``ckpt-<step>.data-*``, writes ``ckpt-<step>.index`` in
+  place and only then deletes the temp directory). So when such a
+  directory (of ours: :func:`remove_stale_temp`) is found for a step the
+  state file does not list, that step's ``ckpt-<step>.*`` files are the
+  killed save's too: they are removed unless they verify as complete (the
+  kill came after the index was written). Nothing else is touched.
+
+  Args:
+    directory: the run's model directory (or its ``best/``).
+    listed: the steps its state file lists (None: no usable state file).
+
+  Returns:
+    (paths removed, steps whose saves were killed).
+  """
+  removed = remove_stale_temp(directory)
+  killed = {int(m.group(1)) for path in removed
+            if (m := _TEMP_DIR.match(pathlib.Path(path).name))}
+  for step in sorted(killed - set(listed or ())):
+    files = _checkpoint_files(directory).get(step, [])
+    if not files or verify_checkpoint(str(directory / f"{PREFIX}-{step}")) \
+        is None:
+      continue
+    for path in files:
+      path.unlink()
+      removed.append(str(path))
+  return removed, killed
 
 
 def _short_error(error: BaseException) -> str:
@@ -361,11 +403,12 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
     CheckpointError: the run had checkpoints but none is intact.
   """
   model_dir = pathlib.Path(model_dir)
-  removed = remove_stale_temp(model_dir)
-  if (model_dir / BEST_DIRNAME).is_dir():
-    removed += remove_stale_temp(model_dir / BEST_DIRNAME)
-  on_disk = _checkpoint_files(model_dir)
   listed, problem, stamps = _read_state(model_dir)
+  removed, killed = _clear_killed_saves(model_dir, listed)
+  best = model_dir / BEST_DIRNAME
+  if best.is_dir():
+    removed += _clear_killed_saves(best, _read_state(best)[0])[0]
+  on_disk = _checkpoint_files(model_dir)
   state_path = model_dir / STATE_FILENAME
   if listed is None:
     candidates = sorted(on_disk)
@@ -385,7 +428,8 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
       raise CheckpointError(_no_intact_message(
           model_dir, damaged=damaged, earlier=earlier,
           state_problem=None if listed is not None else problem))
-    return Recovery(latest=None, removed=tuple(removed))
+    return Recovery(latest=None, removed=tuple(removed),
+                    killed_saves=tuple(sorted(killed)))
   if damaged and rebuilt is None:
     rebuilt = (f"{state_path} named damaged checkpoints "
                f"({', '.join(d.path for d in damaged)}); rewrote it")
@@ -398,7 +442,7 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
   if damaged:
     logging.warning("Resuming from %s, the newest intact checkpoint", path)
   return Recovery(latest=path, damaged=tuple(damaged), removed=tuple(removed),
-                  state_rebuilt=rebuilt)
+                  state_rebuilt=rebuilt, killed_saves=tuple(sorted(killed)))
 
 
 def _newest_intact(model_dir: pathlib.Path, *, candidates: list[int],
@@ -487,16 +531,19 @@ def _no_intact_message(model_dir: pathlib.Path, *,
 
 
 def check_fresh_start(model_dir: str | os.PathLike[str], *,
-                      checkpoint_every: int) -> None:
+                      checkpoint_every: int,
+                      killed_saves: tuple[int, ...] = ()) -> None:
   """Refuses to start from step 0 over a run that had checkpoints.
 
   Called when :func:`recover_checkpoints` found none. A start from step 0
   drops the records of every later step from ``metrics.jsonl``; that is
-  right for a run stopped before its first checkpoint (its steps are redone,
-  and the dropped records are logged) but would silently erase a run whose
-  checkpoints were lost: an ``end`` record, a resumed ``start`` or a step at
-  or past ``checkpoint_every`` (the smaller of this run's and the one in
-  ``config.json``) means a checkpoint was written.
+  right for a run stopped before its first checkpoint was complete (its
+  steps are redone) but would silently erase a run whose checkpoints were
+  lost: an ``end`` record, a resumed ``start`` or a step at or past
+  ``checkpoint_every`` (the smaller of this run's and the one in
+  ``config.json``) means a checkpoint was written, unless the leftovers
+  of a killed save (``killed_saves``, from :class:`Recovery`) show that
+  the save of that step, the run's first, never finished.
 
   Raises:
     CheckpointError: the metrics show checkpointed progress.
@@ -515,9 +562,11 @@ def check_fresh_start(model_dir: str | os.PathLike[str], *,
         "checkpoint_every"]))
   except (rundir.RunDirError, KeyError, TypeError, ValueError):
     pass
-  saved = (last >= every or any(
+  # The save of the step logged last was the first one, and it was killed.
+  first_save_killed = bool(killed_saves) and last <= max(killed_saves) <= every
+  saved = (last >= every and not first_save_killed) or any(
       r.get("kind") == "end" or (r.get("kind") == "start" and r.get("step"))
-      for r in records))
+      for r in records)
   if saved:
     raise CheckpointError(
         f"{path} records training up to step {last}, but --model_dir="
@@ -527,10 +576,6 @@ def check_fresh_start(model_dir: str | os.PathLike[str], *,
         f"Put the run's {STATE_FILENAME} and {PREFIX}-<step> files back to "
         "resume, or use a fresh --model_dir (or move metrics.jsonl away) to "
         "train from step 0.")
-  logging.warning(
-      "%s has records up to step %d of a run stopped before its first "
-      "checkpoint (every %d steps); starting from step 0 and dropping them",
-      path, last, every)
 
 
 class CheckpointKeeper:

@@ -17,7 +17,10 @@ What a run guarantees:
   with ``preempted=True`` (a second Ctrl-C stops at once, without saving).
 * ``kill -9`` at any time: the ``checkpoint`` index only ever names complete
   checkpoints (see :mod:`m4moe.training.checkpointing`); the next start
-  removes the killed save's ``ckpt-<step>_temp/`` directory.
+  removes the killed save's leftovers (its ``ckpt-<step>_temp/`` directory
+  and unfinished files), resumes from the last complete checkpoint (step 0
+  if the first save was the one killed) and cuts ``metrics.jsonl`` back to
+  that step, saying so in one line.
 * Damaged checkpoints (truncated, missing or altered files, a missing or
   garbage ``checkpoint`` state file): the start verifies the newest
   checkpoint's checksums, moves damaged ones into ``model_dir/damaged/`` and
@@ -68,6 +71,12 @@ from m4moe.training import step as step_lib
 
 class NonFiniteError(RuntimeError):
   """Too many consecutive non-finite steps; the message names the step."""
+
+
+class MetricsDiskFullError(checkpointing.CheckpointError):
+  """Appending to ``metrics.jsonl`` failed on a full disk; the message (one
+  line) names the file, the free space and the checkpoint the next start
+  resumes from (a CheckpointError: ``m4moe-train`` prints it, exits 1)."""
 
 
 # Below this many dev target tokens, early stopping gets a warning: the demo's
@@ -525,6 +534,7 @@ def train(*, model_fn: Callable[[], tf.Module], train_dataset: tf.data.Dataset,
     checkpointing.CheckpointError: the run had checkpoints (or checkpointed
       metrics) but none is intact; nothing was changed except moving the
       damaged files into ``model_dir/damaged/``.
+    MetricsDiskFullError: appending to ``metrics.jsonl`` hit a full disk.
   """
   strategy = strategy or tf.distribute.get_strategy()
   _check_strategy(strategy, sharding)
@@ -544,6 +554,10 @@ def _finish(loop: _Loop, *, after_step) -> TrainResult:
   even when a step raises, so its last record is on disk."""
   try:
     stopped_by = _run_loop(loop, after_step=after_step)
+  except metrics_lib.MetricsWriteError as e:
+    if not errors.is_disk_full(e):
+      raise
+    raise MetricsDiskFullError(_log_full_message(loop, e)) from None
   finally:
     loop.log.close()
   return TrainResult(
@@ -552,6 +566,23 @@ def _finish(loop: _Loop, *, after_step) -> TrainResult:
       train_ce=loop.last_train_ce, dev_ce=loop.last_dev_ce,
       nonfinite_skipped=int(loop.counters.nonfinite_skipped.numpy()),
       stopped_by=stopped_by)
+
+
+def _log_full_message(loop: _Loop, error: OSError) -> str:
+  """The one line of a metrics append that failed on a full disk.
+
+  The log was cut back to its last whole record, and a resume cuts it back
+  to the restored checkpoint's step, so the checkpoint and the log agree
+  on the next start.
+  """
+  latest = loop.keeper.latest
+  kept = (f"the log is whole up to its last record, and the next start "
+          f"resumes from {pathlib.Path(latest).name} and cuts the log back "
+          "to it" if latest else "the log is whole up to its last record; "
+          "no checkpoint was saved yet, so the next start begins at step 0")
+  return errors.disk_full_message(
+      action=f"appending to {error.filename}",
+      path=pathlib.Path(error.filename).parent, kept=kept)
 
 
 def _check_strategy(strategy: tf.distribute.Strategy,
@@ -580,7 +611,8 @@ def _recover(model_dir: pathlib.Path, *, config: TrainConfig,
   recovery = checkpointing.recover_checkpoints(model_dir)
   if recovery.latest is None:
     checkpointing.check_fresh_start(
-        model_dir, checkpoint_every=config.checkpoint_every)
+        model_dir, checkpoint_every=config.checkpoint_every,
+        killed_saves=recovery.killed_saves)
   if model_config is not None:
     checkpointing.write_run_config(
         model_dir, model_config=model_config,
@@ -644,6 +676,10 @@ def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
       token_loss=token_loss, latest=recovery.latest)
   log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
                                resume_step=int(counters.step.numpy()))
+  line = _start_line(model_dir, recovery=recovery, resumed=resumed,
+                     cut=log.cut, path=log.path)
+  if line:
+    logging.warning("%s", line)
   best = (checkpointing.best_keeper(model_dir, model=model)
           if config.keep_best and dev_datasets else None)
   loop = _Loop(config=config, strategy=strategy, model=model,
@@ -664,7 +700,12 @@ def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
              "damaged_checkpoints": [
                  {"path": _relative(d.path, model_dir), "reason": d.reason,
                   "moved_to": _relative(d.moved_to, model_dir)}
-                 for d in recovery.damaged]})
+                 for d in recovery.damaged],
+             # Leftovers of killed saves removed, and what was cut from
+             # this log, at this start (relative to the model directory).
+             "removed_leftovers": [_relative(p, model_dir)
+                                   for p in recovery.removed],
+             "metrics_cut": dataclasses.asdict(log.cut) if log.cut else None})
   return loop
 
 
@@ -682,6 +723,33 @@ def _relative_warm_start(record: dict | None,
   return {key: (_relative(value, model_dir)
                 if key in ("init_from_dense", "checkpoint") else value)
           for key, value in record.items()}
+
+
+def _start_line(model_dir: pathlib.Path, *,
+                recovery: checkpointing.Recovery, resumed: str | None,
+                cut: metrics_lib.Cut | None,
+                path: pathlib.Path) -> str | None:
+  """One line saying where the run starts, which leftovers of killed saves
+  were removed and what was cut from its metrics log (None: nothing to
+  say: a fresh run, or a clean resume)."""
+  removed = ", ".join(pathlib.Path(p).name for p in recovery.removed)
+  if resumed is None and recovery.killed_saves:
+    steps = ", ".join(f"ckpt-{s}" for s in recovery.killed_saves)
+    head = (f"No complete checkpoint in {model_dir}: the save of {steps} "
+            f"was killed before it finished; removed its leftovers "
+            f"({removed}), starting from step 0")
+  elif resumed is None:
+    if cut is None:
+      return None
+    head = (f"No checkpoint in {model_dir} (the run stopped before its "
+            "first one): starting from step 0")
+  else:
+    head = f"Resuming from {resumed}"
+    if removed:
+      head += f"; removed the leftovers of killed saves ({removed})"
+    elif cut is None:
+      return None
+  return head + (f"; {cut.describe(path)}" if cut else "")
 
 
 def _run_loop(loop: _Loop, *, after_step) -> str:

@@ -47,14 +47,18 @@ dropped so every (kind, step) appears once:
   pair's minus the true dev CE (nats per token; see
   ``StepRunner.evaluate_with_source_reliance``).
 * ``{"kind": "start", "step", "time", "devices", "device_kind",
-  "num_params", "resumed_from"}`` and ``{"kind": "end", "step", "time",
-  "reason"}`` (reason: ``done``, ``preempted``). Paths in a start record
-  (``resumed_from``, the warm start's, damaged checkpoints') are relative
-  to the model directory: the log is copied into ``results/``.
+  "num_params", "resumed_from", "damaged_checkpoints",
+  "removed_leftovers", "metrics_cut"}`` (the last two: the leftovers of
+  killed checkpoint saves removed at this start, and :class:`Cut` as a
+  dict or None) and ``{"kind": "end", "step", "time", "reason"}`` (reason:
+  ``done``, ``preempted``). Paths in a start record (``resumed_from``, the
+  warm start's, damaged checkpoints', removed leftovers) are relative to
+  the model directory: the log is copied into ``results/``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -145,6 +149,40 @@ def expert_compute_means(router: Mapping[str, Mapping[str, Any]]
           for stack, stats in sorted(values.items())}
 
 
+@dataclasses.dataclass(frozen=True)
+class Cut:
+  """What :class:`MetricsLog` dropped when it was opened for a resume.
+
+  Attributes:
+    step: the restored step the log was cut back to.
+    records: records of later steps dropped (those steps are redone).
+    first_step, last_step: the steps of the first and last of them.
+    malformed: lines that were not JSON (cut short by a kill), dropped.
+  """
+  step: int
+  records: int
+  first_step: int | None
+  last_step: int | None
+  malformed: int
+
+  def describe(self, path: str | os.PathLike[str]) -> str:
+    """``cut <path> back to step N (dropped ...)``, for one log line."""
+    parts = []
+    if self.records:
+      steps = (f"step {self.first_step}" if self.first_step == self.last_step
+               else f"steps {self.first_step}-{self.last_step}")
+      parts.append(f"{self.records} record(s) of {steps}, which are redone")
+    if self.malformed:
+      parts.append(f"{self.malformed} line(s) cut short by a kill")
+    return (f"cut {path} back to step {self.step} (dropped "
+            f"{' and '.join(parts)})")
+
+
+class MetricsWriteError(OSError):
+  """Appending a record failed (e.g. a full disk); the log was cut back to
+  its last whole line, so it holds no half record."""
+
+
 class MetricsLog:
   """Append-only JSONL metrics file that stays consistent across resumes.
 
@@ -152,33 +190,67 @@ class MetricsLog:
     path: the ``metrics.jsonl`` file.
     resume_step: the step of the restored checkpoint (0 for a fresh run).
       Records of a later step, written by a run that crashed before its next
-      checkpoint, are dropped (atomically) since those steps will be redone.
+      checkpoint, are dropped (atomically) since those steps will be redone;
+      :attr:`cut` says what was dropped (None: nothing).
+
+  Each record is appended with one unbuffered write, and a write that fails
+  (a full disk) is undone by cutting the file back to where it was, so the
+  log never ends in half a record and a resume reads every record before it.
   """
 
   def __init__(self, path: str | os.PathLike[str], *, resume_step: int):
     self.path = pathlib.Path(path)
     self.path.parent.mkdir(parents=True, exist_ok=True)
+    self.cut: Cut | None = None
     if self.path.exists():
-      self._truncate_after(resume_step)
-    self._file = open(self.path, "a", encoding="utf-8")
+      self.cut = self._truncate_after(resume_step)
+    # Unbuffered: each record is written at once (see write()).
+    self._file = open(  # pylint: disable=consider-using-with
+        self.path, "ab", buffering=0)
 
-  def _truncate_after(self, step: int) -> None:
-    kept = []
-    with open(self.path, encoding="utf-8") as f:
+  def _truncate_after(self, step: int) -> Cut | None:
+    kept, dropped, malformed = [], [], 0
+    with open(self.path, encoding="utf-8", errors="replace") as f:
       for line in f:
         try:
           record = json.loads(line)
         except json.JSONDecodeError:
-          continue  # a line cut short by a crash
-        if record.get("step", 0) <= step:
+          malformed += bool(line.strip())  # a line cut short by a crash
+          continue
+        if not isinstance(record, dict):
+          malformed += 1
+        elif int(record.get("step") or 0) <= step:
           kept.append(json.dumps(record, sort_keys=True))
+        else:
+          dropped.append(int(record["step"]))
     tmp = self.path.with_name(f".{self.path.name}.tmp")
     tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
     os.replace(tmp, self.path)
+    if not dropped and not malformed:
+      return None
+    return Cut(step=step, records=len(dropped),
+               first_step=min(dropped, default=None),
+               last_step=max(dropped, default=None), malformed=malformed)
 
   def write(self, record: Mapping[str, Any]) -> None:
-    self._file.write(json.dumps(dict(record), sort_keys=True) + "\n")
-    self._file.flush()
+    """Appends ``record`` as one line.
+
+    Raises:
+      MetricsWriteError: the write failed (``errno`` as the OS's, e.g.
+        ENOSPC); the file was cut back to its previous end.
+    """
+    data = (json.dumps(dict(record), sort_keys=True) + "\n").encode("utf-8")
+    end = os.fstat(self._file.fileno()).st_size
+    try:
+      written = 0
+      while written < len(data):  # a raw write may write only a part
+        written += self._file.write(data[written:])
+    except OSError as e:
+      try:
+        os.ftruncate(self._file.fileno(), end)
+      except OSError:
+        pass  # the next start drops the half line (see _truncate_after)
+      raise MetricsWriteError(e.errno, e.strerror, str(self.path)) from e
 
   def close(self) -> None:
     self._file.close()

@@ -39,18 +39,22 @@ class LossPoint:
 
 
 def log_softmax_losses(logits: tf.Tensor, targets: tf.Tensor, *,
-                       label_smoothing: float = 0.0) -> losses.TokenLosses:
+                       label_smoothing: float = 0.0,
+                       fused: bool = False) -> losses.TokenLosses:
   """The previous formulation: gather from log_softmax, per loss.
 
   Args:
     logits: <float32 or bfloat16>[B, L, V].
     targets: <int32>[B, L].
     label_smoothing: eps in [0, 1).
+    fused: the trainer's argument of :func:`m4moe.model.losses.
+      per_token_losses`; this formulation has one form, so it is unused.
 
   Returns:
     TokenLosses of <float32>[B, L]; each loss has its own log_softmax, as the
     trainer computed them before (one call each).
   """
+  del fused  # one form only
   def one(eps):
     log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
     nll = -tf.gather(log_probs, targets, axis=-1,

@@ -168,9 +168,9 @@ def _fused_passes(eps: float):
   logits about ten times (shift, exp, sums, the gradient's scale, the
   one-hot); each XLA computation reads them once or twice and keeps the
   ``[N, V]`` probabilities out of memory (the gradient recomputes them from
-  the logits and the log-normaliser). At the tiny models' V = 8000 this
-  took about a tenth of a CPU training step (results/benchmarks/README.md,
-  "fused loss").
+  the logits and the log-normaliser). At the tiny models' V = 8000 that
+  made the whole CPU training step 10-12% faster (results/benchmarks/
+  sparse-step-cost.md).
   """
   @tf.function(jit_compile=True, autograph=False)
   def forward(z, y):

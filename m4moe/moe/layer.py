@@ -148,9 +148,10 @@ class MoeOutput:
 # instead of 0.35-0.42x under XLA, 0.57x instead of 0.35x without). The
 # price is compile time: ~4x longer at E=128 (88-131 s instead of 22-27 s
 # under XLA on a loaded machine; results/benchmarks/README.md, "layer
-# table"). In bfloat16 the batched einsum is faster (the fine-grained
-# layer's training step 0.84x instead of 0.82x the float32 dense step's
-# rate; results/benchmarks/sparse-step-cost.md), so the loop is float32's.
+# table"). In bfloat16 the batched einsum is faster: at the fine-grained
+# layer's shapes one batched product runs at 0.55-0.89x the dense FFN's
+# rate against 0.34-0.48x for 64 separate ones (results/benchmarks/
+# sparse-step-cost.md), so the loop is float32's.
 _PER_EXPERT_MATMUL_MAX_EXPERTS = 128
 
 

@@ -362,6 +362,43 @@ def test_early_stopping_on_a_tiny_dev_set_warns_once(tmp_path, caplog):
               if "Early stopping watches" in r.getMessage()]
 
 
+def _empty_dev():
+  return synthetic.pairs_dataset(PAIRS[:0], batch_size=16, length=10,
+                                 shuffle_seed=None, repeat=False)
+
+
+def test_an_empty_dev_set_is_left_out_not_scored_zero(tmp_path, caplog):
+  config = _config(tmp_path, train_steps=4, eval_every=2, checkpoint_every=2)
+  with caplog.at_level("WARNING"):
+    _train(config, dev_datasets={**_dev(), "yy": _empty_dev()})
+  evals = [r for r in metrics_lib.read_metrics(tmp_path / "run" /
+                                               "metrics.jsonl")
+           if r["kind"] == "eval"]
+  assert evals and all(r["empty_dev"] == ["yy"] for r in evals)
+  assert all(set(r["dev_ce"]) == {"xx"} for r in evals)
+  assert all(r["dev_ce_mean"] == r["dev_ce"]["xx"] > 0 for r in evals)
+  warned = [r.getMessage() for r in caplog.records
+            if "without target tokens: yy" in r.getMessage()]
+  assert len(warned) == 1, warned
+
+
+def test_only_empty_dev_sets_neither_stop_early_nor_keep_a_best(tmp_path,
+                                                                 caplog):
+  # Scored as 0.0, the first evaluation was a best nothing could beat and
+  # early stopping ended the run after `patience` evaluations.
+  config = _config(tmp_path, train_steps=8, eval_every=2, checkpoint_every=2,
+                   early_stopping_patience=1)
+  with caplog.at_level("WARNING"):
+    _train(config, dev_datasets={"yy": _empty_dev()})
+  run = tmp_path / "run"
+  records = metrics_lib.read_metrics(run / "metrics.jsonl")
+  assert not [r for r in records if r["kind"] == "eval"]
+  assert [r for r in records if r["kind"] == "end"][-1]["step"] == 8
+  assert not (run / "best").exists()
+  assert any("Every dev set is empty (yy)" in r.getMessage()
+             for r in caplog.records)
+
+
 def test_best_checkpoint_follows_the_lowest_dev_cross_entropy(tmp_path):
   config = _config(tmp_path, train_steps=30, eval_every=3, checkpoint_every=3,
                    keep_checkpoints=20,

@@ -247,6 +247,7 @@ class _Loop:
     self.best_keeper = best_keeper
     self.devices = devices
     self.warned_small_dev = False
+    self.warned_empty_dev = False
     self.strategy = strategy
     self.model = model
     self.runner = runner
@@ -382,18 +383,30 @@ class _Loop:
       return "early_stopping"
     return None
 
+  def _warn_empty_dev(self, empty: list[str], *, any_left: bool) -> None:
+    """Warns once about dev sets without target tokens."""
+    if empty and not self.warned_empty_dev:
+      self.warned_empty_dev = True
+      logging.warning(_empty_dev_message(empty, any_left=any_left))
+
   def evaluate(self, *, track_best: bool = True) -> None:
     """Per-language dev CE: logged, and (``track_best``) early-stopping state."""
     if not self.dev_datasets:
       return
-    ce, tokens, reliance = {}, {}, {}
+    ce, tokens, reliance, empty = {}, {}, {}, []
     for lang, dataset in sorted(self.dev_datasets.items()):
       total, count, gap = self.runner.evaluate_with_source_reliance(dataset)
-      ce[lang], tokens[lang] = total / max(count, 1.0), count
+      if count <= 0:  # no target tokens: no cross-entropy, not a 0.0
+        empty.append(lang)
+        continue
+      ce[lang], tokens[lang] = total / count, count
       if np.isfinite(gap):
         reliance[lang] = gap
+    self._warn_empty_dev(empty, any_left=bool(ce))
+    if not ce:
+      return
     total = sum(tokens.values())
-    mean = sum(ce[l] * tokens[l] for l in ce) / max(total, 1.0)
+    mean = sum(ce[l] * tokens[l] for l in ce) / total
     if (self.config.early_stopping_patience and not self.warned_small_dev
         and total < MIN_STOPPING_DEV_TOKENS):
       self.warned_small_dev = True
@@ -407,7 +420,7 @@ class _Loop:
     record = {"kind": "eval", "step": self.step, "time": time.time(),
               "tokens_seen": int(self.counters.tokens_seen.numpy()),
               "dev_ce": ce, "dev_tokens": tokens, "dev_ce_mean": mean,
-              "source_reliance": reliance}
+              "source_reliance": reliance, "empty_dev": empty}
     if track_best:
       record["new_best"] = self._track_best(mean)
       if record["new_best"] and self.best_keeper is not None:
@@ -424,6 +437,19 @@ class _Loop:
         metrics_lib.write_scalar(f"dev/source_reliance/{lang}", value,
                                  step=self.step)
     self.eval_writer.flush()
+
+
+def _empty_dev_message(empty: list[str], *, any_left: bool) -> str:
+  """The one warning for dev sets without target tokens."""
+  names = ", ".join(empty)
+  if any_left:
+    return (f"Dev sets without target tokens: {names}; their languages are "
+            "left out of the dev cross-entropy (each evaluation lists them "
+            "as empty_dev in metrics.jsonl). Give them dev pairs to watch "
+            "them.")
+  return (f"Every dev set is empty ({names}): no dev cross-entropy, so no "
+          "best-on-dev checkpoint and no early stopping. Give the run dev "
+          "pairs, or train a fixed --train_steps.")
 
 
 def _device_count(strategy, sharding: sharding_lib.Sharding) -> int:

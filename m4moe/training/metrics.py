@@ -41,8 +41,10 @@ dropped so every (kind, step) appears once:
   as a fraction of the dense FFN's (after second-expert policy skips and
   capacity drops), so "equal active FLOPs" is measured.
 * ``{"kind": "eval", "step", "time", "tokens_seen", "dev_ce": {lang: ce},
-  "dev_tokens": {lang: n}, "dev_ce_mean", "source_reliance": {lang: gap}}``
-  -- ``dev_ce_mean`` is weighted by tokens over all languages;
+  "dev_tokens": {lang: n}, "dev_ce_mean", "source_reliance": {lang: gap},
+  "empty_dev": [lang]}`` -- ``dev_ce_mean`` is weighted by tokens over the
+  languages with dev target tokens; ``empty_dev`` lists those without (no
+  cross-entropy, left out; no eval record when every dev set is empty);
   ``source_reliance`` is the dev CE with each source replaced by another
   pair's minus the true dev CE (nats per token; see
   ``StepRunner.evaluate_with_source_reliance``).

@@ -52,6 +52,7 @@ NON_DEFAULT = {
     "label_smoothing": 0.0, "grad_accum_steps": 2, "remat": True,
     "checkpoint_every": 3, "keep_checkpoints": 2, "eval_every": 4,
     "log_every": 1, "max_consecutive_nonfinite": 2, "max_train_seconds": 9.5,
+    "max_train_cpu_seconds": 7.5,
     "early_stopping_patience": 3, "early_stopping_min_delta": 0.01,
     "checkpoint_input": False, "keep_best": False, "corpus_dir": "corpus", "vocab_dir": "vocab",
     "tfds_name": "", "tfds_data_dir": "tfds", "synthetic": False,

@@ -464,8 +464,27 @@ def test_time_budget_stops_saves_and_evaluates(tmp_path):
   assert again.step == result.step
 
 
+def test_cpu_budget_counts_the_steps_cpu_seconds_over_resumes(tmp_path):
+  config = _config(tmp_path, train_steps=100000, checkpoint_every=1000,
+                   max_train_cpu_seconds=2.0)
+  result = _train(config)
+  assert result.stopped_by == "cpu_budget" and 0 < result.step < 100000
+  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
+  end = records[-1]
+  assert end["stopped_by"] == "cpu_budget"
+  assert 2.0 <= end["train_cpu_seconds"] < 2.0 + 5.0
+  # The logged step CPU seconds add up to the budget the run spent.
+  trains = [r for r in records if r["kind"] == "train"]
+  logged = sum(r["step_cpu_sec"] * config.log_every for r in trains)
+  assert logged <= end["train_cpu_seconds"] + 1e-6
+  # The CPU clock is checkpointed: the same budget does not train again.
+  again = _train(config)
+  assert again.step == result.step
+
+
 @pytest.mark.parametrize("field,value", [
-    ("max_train_seconds", -1.0), ("early_stopping_patience", -1),
+    ("max_train_seconds", -1.0), ("max_train_cpu_seconds", -2.0),
+    ("early_stopping_patience", -1),
     ("early_stopping_min_delta", -0.1)])
 def test_bad_stopping_settings_name_the_flag(tmp_path, field, value):
   with pytest.raises(train_lib.TrainConfigError, match=f"--{field}="):

@@ -35,7 +35,11 @@ What a run guarantees:
 
 When a run stops (:func:`stop_reason`): at ``train_steps``; when the
 training loop's wall-clock, summed over resumes, reaches
-``max_train_seconds`` (a budget: equal-time comparisons); or, with
+``max_train_seconds`` (a budget: equal-time comparisons); when the
+training steps' own CPU seconds, summed over resumes, reach
+``max_train_cpu_seconds`` (the budget of equal-cost model comparisons: the
+CPU time that ``step_cpu_sec`` logs, which other processes on the machine
+inflate less than the wall clock); or, with
 ``early_stopping_patience = P``, when ``P`` dev evaluations in a row have not
 lowered the best token-weighted dev cross-entropy by ``early_stopping_min_delta``.
 The clock, the best dev CE and the evaluations since it are checkpointed, so a
@@ -117,6 +121,9 @@ class TrainConfig:
     max_train_seconds: stop once the training loop has run this long (wall
       clock summed over resumes: steps, checkpoints and dev evaluations,
       not process start-up); 0: no budget.
+    max_train_cpu_seconds: stop once the training steps have used this
+      much CPU time of the process (all its threads; summed over resumes;
+      steps only, as ``step_cpu_sec`` in metrics.jsonl); 0: no budget.
     early_stopping_patience: stop after this many dev evaluations in a row
       without a new best dev cross-entropy (0: off; needs ``eval_every``).
     early_stopping_min_delta: an evaluation is a new best only if it lowers
@@ -147,6 +154,7 @@ class TrainConfig:
   log_every: int = 100
   max_consecutive_nonfinite: int = 10
   max_train_seconds: float = 0.0
+  max_train_cpu_seconds: float = 0.0
   early_stopping_patience: int = 0
   early_stopping_min_delta: float = 0.0
   keep_best: bool = True
@@ -169,9 +177,9 @@ class TrainConfig:
       _require(value >= 1, name, value, "use a positive integer")
     _require(self.eval_every >= 0, "eval_every", self.eval_every,
              "use 0 (evaluate at the end only) or a positive step count")
-    _require(self.max_train_seconds >= 0, "max_train_seconds",
-             self.max_train_seconds, "use 0 (no budget) or a positive number "
-             "of seconds")
+    for name in ("max_train_seconds", "max_train_cpu_seconds"):
+      _require(getattr(self, name) >= 0, name, getattr(self, name),
+               "use 0 (no budget) or a positive number of seconds")
     _require(self.early_stopping_patience >= 0, "early_stopping_patience",
              self.early_stopping_patience, "use 0 (off) or a positive number "
              "of dev evaluations")
@@ -193,7 +201,7 @@ class TrainResult:
     step: the last completed step.
     preempted: stopped early by SIGTERM, SIGINT or SIGHUP (after saving).
     stopped_by: why training ended: ``train_steps``, ``time_budget``,
-      ``early_stopping`` or ``preempted``.
+      ``cpu_budget``, ``early_stopping`` or ``preempted``.
     last_checkpoint: path of the last saved checkpoint.
     train_ce: plain train cross-entropy of the last logging interval.
     dev_ce: {language: dev cross-entropy} of the last evaluation.
@@ -212,7 +220,8 @@ class TrainResult:
 class _Counters:
   """Checkpointed scalars of the loop.
 
-  ``train_millis`` is the loop's wall-clock so far; ``best_dev_ce_micro`` the
+  ``train_millis`` is the loop's wall-clock so far, ``train_cpu_millis``
+  the training steps' CPU time so far; ``best_dev_ce_micro`` the
   best token-weighted dev CE in micro-nats (-1: none yet) and
   ``evals_since_best`` the dev evaluations since it (early stopping).
   Checkpoints written before these existed restore them as 0 / -1.
@@ -224,6 +233,7 @@ class _Counters:
   train_millis: tf.Variable
   best_dev_ce_micro: tf.Variable
   evals_since_best: tf.Variable
+  train_cpu_millis: tf.Variable
 
   @classmethod
   def create(cls) -> "_Counters":
@@ -281,6 +291,10 @@ class _Loop:
   def train_seconds(self) -> float:
     return int(self.counters.train_millis.numpy()) / 1e3
 
+  @property
+  def train_cpu_seconds(self) -> float:
+    return int(self.counters.train_cpu_millis.numpy()) / 1e3
+
   def _next_microbatches(self) -> list[Mapping[str, tf.Tensor]]:
     try:
       return [next(self.iterator) for _ in range(self.config.grad_accum_steps)]
@@ -296,11 +310,13 @@ class _Loop:
     result = self.runner.train_step(batches, seed=seed)
     self.counters.step.assign_add(1)
     self._account(result)
+    cpu_seconds = time.process_time() - began_cpu
+    self.counters.train_cpu_millis.assign_add(int(round(cpu_seconds * 1e3)))
     self.interval.add(ce_sum=result.ce_sum, objective=result.objective,
                       target_tokens=result.target_tokens,
                       source_tokens=result.source_tokens,
                       seconds=time.perf_counter() - began,
-                      cpu_seconds=time.process_time() - began_cpu)
+                      cpu_seconds=cpu_seconds)
     if self.step % self.config.log_every == 0:
       self._log_train(result)
     if after_step is not None:
@@ -377,6 +393,9 @@ class _Loop:
       return "train_steps"
     if config.max_train_seconds and self.train_seconds >= config.max_train_seconds:
       return "time_budget"
+    if (config.max_train_cpu_seconds and self.train_cpu_seconds >=
+        config.max_train_cpu_seconds):
+      return "cpu_budget"
     if (config.early_stopping_patience and
         int(self.counters.evals_since_best.numpy()) >=
         config.early_stopping_patience):
@@ -809,5 +828,6 @@ def _run_loop(loop: _Loop, *, after_step) -> str:
     loop.evaluate(track_best=False)
   loop.log.write({"kind": "end", "step": loop.step, "time": time.time(),
                   "reason": "preempted" if reason == "preempted" else "done",
-                  "stopped_by": reason, "train_seconds": loop.train_seconds})
+                  "stopped_by": reason, "train_seconds": loop.train_seconds,
+                  "train_cpu_seconds": loop.train_cpu_seconds})
   return reason

@@ -21,6 +21,10 @@ Modules (one idea each):
 * ``figure``: the paper's Figure 6 and router statistics plots.
 * ``document``: the report document as Markdown and HTML.
 * ``report``: ``report.md``/``report.html`` from the pieces above.
+* ``report_sections``: the report's tables as document blocks.
+* ``report_intervals``: the report's intervals and significance section.
+* ``report_cells``: how the report shows one number or interval.
+* ``report_summary``: the report's strict-JSON ``summary.json``.
 * ``export``: SavedModel export with a ``translate`` signature.
 * ``decode_benchmark``: cached vs uncached beam-search speed.
 * ``fixtures``: a tiny run directory for tests.

@@ -50,10 +50,6 @@ def _digest(directory: pathlib.Path) -> dict[str, str]:
 
 def test_a_continued_copy_equals_a_straight_run_and_leaves_the_source(
     tmp_path):
-  # Enabled here, not at import: collecting a module that enables it would
-  # make the module-level random inits of test files collected after it
-  # (test_dispatch.py) fail for want of a global seed.
-  tf.config.experimental.enable_op_determinism()
   _train(tmp_path / "straight", 8)
   _train(tmp_path / "short", 4)
   (tmp_path / "short" / "train.lock").write_text("stale\n")

@@ -23,8 +23,6 @@ import toy_model
 from m4moe.training import metrics as metrics_lib
 from m4moe.training import run_lock
 
-tf.config.experimental.enable_op_determinism()
-
 VOCAB = 24
 PAIRS = synthetic.synthetic_pairs(num_pairs=256, vocab_size=VOCAB, max_length=9)
 DATA = ".data-00000-of-00001"

@@ -17,8 +17,6 @@ from m4moe.training import synthetic
 import toy_model
 from m4moe.training import metrics as metrics_lib
 
-tf.config.experimental.enable_op_determinism()
-
 VOCAB = 24
 PAIRS = synthetic.synthetic_pairs(num_pairs=512, vocab_size=VOCAB, max_length=9)
 

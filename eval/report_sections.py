@@ -24,6 +24,7 @@ from m4moe.eval import results
 from m4moe.eval import run_logs as run_logs_lib
 from m4moe.eval import source_reliance as reliance_lib
 from m4moe.eval import training_logs
+from m4moe.training import metrics_log
 
 ROUTER_FIGURE_FILE = "router_stats.png"
 ROUTER_TABLE_POINTS = 5
@@ -216,7 +217,7 @@ def training_blocks(logs: Mapping[str, Sequence[run_logs_lib.RunLog]],
                           "(--training_logs or metadata.model_dir).")]
   cost_rows, ce_rows = [], []
   for run_log in with_log:
-    records = training_logs.read_records(run_log.path)
+    records = metrics_log.read_metrics(run_log.path)
     cost = training_logs.training_cost(records)
     cost_rows.append((
         run_log.label, cells.fmt_int(cost.devices),
@@ -254,7 +255,7 @@ def router_trajectories(logs: Mapping[str, pathlib.Path]
   """model -> router statistics per logged step (MoE models only)."""
   out = {}
   for model, path in logs.items():
-    points = training_logs.router_trajectory(training_logs.read_records(path))
+    points = training_logs.router_trajectory(metrics_log.read_metrics(path))
     if points:
       out[model] = points
   return out
@@ -374,7 +375,7 @@ def stopping_blocks(run_logs: Sequence[run_logs_lib.RunLog]
     if run_log.path is None:
       continue
     run = run_log.run
-    stop = training_logs.stopping(training_logs.read_records(run_log.path))
+    stop = training_logs.stopping(metrics_log.read_metrics(run_log.path))
     checkpoint = str(run.metadata.get("checkpoint") or "")
     step = training_logs.checkpoint_step(checkpoint)
     which = DASH if step is None else (

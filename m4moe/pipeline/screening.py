@@ -35,6 +35,7 @@ from m4moe.eval import training_logs
 from m4moe.pipeline import curves as curves_lib
 from m4moe.pipeline import landing
 from m4moe.pipeline import recipes as recipes_lib
+from m4moe.training import metrics_log
 
 # The resource thirds of the languages, high to low (the study's buckets).
 _BUCKETS = tuple(b for b in comparison.BUCKETS if b != "all")
@@ -157,7 +158,7 @@ def candidate(model: recipes_lib.ModelRun, run: str,
   if not metrics.is_file():
     return Candidate(name=model.name, run=run, status="not started",
                      flags=model.extra_flags)
-  records = training_logs.read_records(metrics)
+  records = metrics_log.read_metrics(metrics)
   # Steps and CPU seconds from the start of training (an upcycled run's
   # include its source's).
   curve = curves_lib.read_curve(files, run)

@@ -64,6 +64,7 @@ from m4moe.parallel import sharding as sharding_lib
 from m4moe.training import checkpointing
 from m4moe.training import distribute
 from m4moe.training import metrics as metrics_lib
+from m4moe.training import metrics_log
 from m4moe.training import remat as remat_lib
 from m4moe.training import run_lock
 from m4moe.training import step as step_lib
@@ -240,7 +241,7 @@ class _Loop:
 
   def __init__(self, *, config: TrainConfig, strategy, model, runner,
                counters: _Counters, keeper, iterator, dev_datasets,
-               metrics_log: metrics_lib.MetricsLog,
+               metrics_log: metrics_log.MetricsLog,
                best_keeper: checkpointing.CheckpointKeeper | None = None,
                devices: int = 1):
     self.config = config
@@ -554,7 +555,7 @@ def _finish(loop: _Loop, *, after_step) -> TrainResult:
   even when a step raises, so its last record is on disk."""
   try:
     stopped_by = _run_loop(loop, after_step=after_step)
-  except metrics_lib.MetricsWriteError as e:
+  except metrics_log.MetricsWriteError as e:
     if not errors.is_disk_full(e):
       raise
     raise MetricsDiskFullError(_log_full_message(loop, e)) from None
@@ -674,7 +675,7 @@ def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
       model_fn, train_dataset=train_dataset, config=config,
       strategy=strategy, sharding=sharding, warm_start=warm_start,
       token_loss=token_loss, latest=recovery.latest)
-  log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
+  log = metrics_log.MetricsLog(model_dir / metrics_log.METRICS_FILENAME,
                                resume_step=int(counters.step.numpy()))
   line = _start_line(model_dir, recovery=recovery, resumed=resumed,
                      cut=log.cut, path=log.path)
@@ -727,7 +728,7 @@ def _relative_warm_start(record: dict | None,
 
 def _start_line(model_dir: pathlib.Path, *,
                 recovery: checkpointing.Recovery, resumed: str | None,
-                cut: metrics_lib.Cut | None,
+                cut: metrics_log.Cut | None,
                 path: pathlib.Path) -> str | None:
   """One line saying where the run starts, which leftovers of killed saves
   were removed and what was cut from its metrics log (None: nothing to

@@ -21,7 +21,7 @@ from m4moe.training import checkpointing
 from m4moe.training import synthetic
 import toy_model
 from m4moe.training import metrics_log
-from m4moe.training import run_lock
+from m4moe import run_lock
 
 VOCAB = 24
 PAIRS = synthetic.synthetic_pairs(num_pairs=256, vocab_size=VOCAB, max_length=9)

@@ -72,13 +72,13 @@ from absl import logging
 
 from m4moe import cli
 from m4moe import jsonfile
+from m4moe import run_lock
 from m4moe.pipeline import corpus_check
 from m4moe.pipeline import plan as main_job
 from m4moe.pipeline import recipe_check
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.pipeline import supervisor
 from m4moe.training import metrics_log
-from m4moe.training import run_lock
 
 _RECIPE = flags.DEFINE_string(
     "recipe", "demo", "What to build, train and evaluate: a packaged recipe "

@@ -394,7 +394,7 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
   step overwrites them); older ones (beyond ``max_to_keep`` of an earlier
   run, or copied back from a backup) are tried only when every listed one
   newer than them is damaged. Call it only while holding the run's lock
-  (:mod:`m4moe.training.run_lock`).
+  (:mod:`m4moe.run_lock`).
 
   Returns:
     Recovery; ``latest`` is None for a run without checkpoints.

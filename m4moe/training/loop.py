@@ -27,7 +27,7 @@ What a run guarantees:
   resumes from the newest intact one; it never silently starts over a run
   that had checkpoints (see
   :func:`m4moe.training.checkpointing.recover_checkpoints`).
-* One writer per ``model_dir`` (:mod:`m4moe.training.run_lock`): a second
+* One writer per ``model_dir`` (:mod:`m4moe.run_lock`): a second
   trainer stops with an error naming the first one's pid.
 * A non-finite loss or gradient skips the update (counted, logged with the
   offending tensors); ``max_consecutive_nonfinite`` skips in a row raise
@@ -59,6 +59,7 @@ from m4moe import config as config_lib
 from m4moe import errors
 from m4moe import flagutil
 from m4moe import jsonfile
+from m4moe import run_lock
 from m4moe.training import optimizer as optimizer_lib
 from m4moe.parallel import sharding as sharding_lib
 from m4moe.training import checkpointing
@@ -66,7 +67,6 @@ from m4moe.training import distribute
 from m4moe.training import metrics as metrics_lib
 from m4moe.training import metrics_log
 from m4moe.training import remat as remat_lib
-from m4moe.training import run_lock
 from m4moe.training import step as step_lib
 
 

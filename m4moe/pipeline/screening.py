@@ -30,6 +30,7 @@ from absl import flags
 
 from m4moe import cli
 from m4moe.eval import comparison
+from m4moe.eval import dev_ranking
 from m4moe.eval import results as results_lib
 from m4moe.eval import training_logs
 from m4moe.pipeline import curves as curves_lib
@@ -254,9 +255,9 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
            f"{ce_target:g} | params |",
            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
            "---:|"]
-  ranked = sorted(rows, key=lambda c: (c.best_dev_ce is None,
-                                       c.best_dev_ce or 0.0))
-  for rank, c in enumerate(ranked, 1):
+  ranked = dev_ranking.best_first(rows, score=lambda c: (
+      None if c.best_dev_ce is None else (c.best_dev_ce,)))
+  for rank, c in ranked:
     executed = ("-" if not c.executed_ffn_fraction else " / ".join(
         f"{v:.2f}" for v in c.executed_ffn_fraction.values()))
     best = ("-" if c.best_dev_ce is None

@@ -14,6 +14,7 @@ Modules (one idea each):
 * ``seeds``: several training seeds of one model, means and spread.
 * ``comparison``: multilingual vs bilingual ΔBLEU, ordering, buckets.
 * ``dev_ce``: the same comparison on teacher-forced dev cross-entropy.
+* ``dev_ranking``: the one rule that ranks candidates on dev scores.
 * ``source_reliance``: dev cross-entropy with the source swapped out.
 * ``training_logs``: training cost, tokens-to-cross-entropy, router stats.
 * ``run_logs``: each scored run (seed) paired with its training log.
@@ -26,8 +27,4 @@ Modules (one idea each):
 * ``report_cells``: how the report shows one number or interval.
 * ``report_summary``: the report's strict-JSON ``summary.json``.
 * ``export``: SavedModel export with a ``translate`` signature.
-* ``decode_benchmark``: cached vs uncached beam-search speed.
-* ``fixtures``: a tiny run directory for tests.
-
-``results/`` holds measured numbers (benchmarks, the study, peer ablations).
 """

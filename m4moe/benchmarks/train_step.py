@@ -114,11 +114,11 @@ def step_with_and_without(config_name: str, *, point: StepPoint,
   Raises:
     AttributeError: ``module`` has no ``attribute``.
   """
+  original = getattr(module, attribute)
   batch = synthetic_batch(point)
   current = step_case(config_name, vocab_size=point.vocab_size, batch=batch)
   current()
   replaced = step_case(config_name, vocab_size=point.vocab_size, batch=batch)
-  original = getattr(module, attribute)
   setattr(module, attribute, replacement)
   try:
     replaced()

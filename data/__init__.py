@@ -8,8 +8,11 @@ Modules (one idea each):
   catalog's language may carry).
 * ``catalogs``: ``.po``/``.mo`` parsing with polib, plural forms.
 * ``cleaning``: per-pair cleaning rules, each counted.
+* ``licenses``: the corpus's source packages' licences, as a generated page.
 * ``sources``: recipe pins, cached ``apt-get``/``pip`` downloads, extraction.
 * ``corpus``: the build (dedup, split, atomic output, ``report.json``).
+* ``corpus_coverage``: what a build left out of its recipe, said where the
+  user looks.
 * ``worker_pool``: catalog-parsing workers that die with the builder.
 * ``split``: leak-free dev/test by English near-duplicate group, frozen keys.
 * ``sampling``: temperature sampling ``p_l ∝ n_l^(1/T)``.

@@ -32,8 +32,6 @@ from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import synthetic
 import toy_model
 
-tf.config.experimental.enable_op_determinism()
-
 VOCAB, STEPS, EVERY = 24, 6, 2
 SETTINGS = dict(train_steps=STEPS, seed=3, log_every=1,
                 checkpoint_every=EVERY, keep_checkpoints=3)

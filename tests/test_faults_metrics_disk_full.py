@@ -18,8 +18,6 @@ from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import synthetic
 import toy_model
 
-tf.config.experimental.enable_op_determinism()
-
 VOCAB = 24
 
 

@@ -2,6 +2,9 @@
 
 * ``recipes``: what ``m4moe-run`` builds, trains and evaluates, as data.
 * ``plan``: the recipes' stage plans, resumable stage by stage.
+* ``recipe_check``: a recipe checked whole before its first stage runs.
+* ``corpus_check``: whether a built corpus holds enough for its recipe to
+  be reported on.
 * ``supervisor``: the stage processes, in lanes, with no orphans.
 * ``landing``: landed copies of a recipe's runs, which survive a lost run
   directory.

@@ -97,7 +97,8 @@ setup(
         "tensorboard==2.21.*",
     ],
     extras_require={
-        "test": ["pytest>=8"],
+        # pytest-xdist: the fast suite runs on every core (-n auto).
+        "test": ["pytest>=8", "pytest-xdist>=3.5"],
         "tpu": [],  # see README: install tensorflow-tpu on a TPU VM instead.
         "cjk": ["sacrebleu[ja,ko]"],
     },

@@ -33,7 +33,7 @@ one kept, so the output is a pure function of the inputs. Everything is
 written under a temporary directory next to ``output_dir`` and renamed into
 place at the end: a killed build leaves the previous output (or nothing).
 A build holds an flock on ``.<name>.lock`` beside ``output_dir``
-(:mod:`m4moe.training.run_lock`) from before it cleans up until the rename,
+(:mod:`m4moe.run_lock`) from before it cleans up until the rename,
 so a second build of the same directory is refused, naming the first.
 A killed build's temporary directory (recognised by the marker written into
 it first, or empty) is deleted by the next build.
@@ -79,6 +79,7 @@ from typing import Callable, Container, Iterable, Iterator
 from absl import logging
 
 from m4moe import jsonfile
+from m4moe import run_lock
 from m4moe.data import catalogs
 from m4moe.data import cleaning
 from m4moe.data import corpus_coverage
@@ -86,7 +87,6 @@ from m4moe.data import languages
 from m4moe.data import sources
 from m4moe.data import split
 from m4moe.data import worker_pool
-from m4moe.training import run_lock
 
 _MAX_LISTED_PROBLEMS = 200
 _CHUNKSIZE = 8

@@ -1,4 +1,9 @@
-"""Tiny synthetic catalogs and corpora for tests (no network, no real data).
+"""Tiny synthetic catalogs and corpora (no network, no real data).
+
+They stand in for the real corpus wherever its size or download would be
+in the way: the ``smoke`` recipe of ``m4moe-run`` builds its corpus from
+the catalog tree written here, ``m4moe-bench input_pipeline`` measures a
+corpus written here, and the tests use both.
 
 Translations are English sentences transliterated letter by letter into the
 language's script (Cyrillic for ``ru``, Katakana for ``ja``, CJK ideographs
@@ -6,10 +11,11 @@ for ``zh``; Latin languages get a reversed word order and a marker), so every
 cleaning rule sees plausible input: the script check passes, sources and
 targets differ, placeholders survive untouched.
 
-:func:`write_catalog_tree` writes ``.po`` and ``.mo`` catalogs with one entry
-of every kind the cleaning rules handle and returns the counts a build must
-report; :func:`write_corpus` writes a small built-corpus directory (the
-layout of ``corpus.py``) for pipeline/TFDS/vocabulary tests.
+:func:`make_catalog` builds a catalog (with ``special``, one entry of every
+kind the cleaning rules drop or edit, counted in :data:`SPECIAL_COUNTS`)
+and :func:`write_catalog` saves it as ``.po`` or ``.mo``;
+:func:`write_corpus` writes a small built-corpus directory (the layout of
+``corpus.py``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Modules (one idea each):
 * ``seeds``: several training seeds of one model, means and spread.
 * ``comparison``: multilingual vs bilingual ΔBLEU, ordering, buckets.
 * ``dev_ce``: the same comparison on teacher-forced dev cross-entropy.
+* ``dev_ranking``: the one rule that ranks candidates on dev scores.
 * ``source_reliance``: dev cross-entropy with the source swapped out.
 * ``training_logs``: training cost, tokens-to-cross-entropy, router stats.
 * ``run_logs``: each scored run (seed) paired with its training log.
@@ -21,9 +22,9 @@ Modules (one idea each):
 * ``figure``: the paper's Figure 6 and router statistics plots.
 * ``document``: the report document as Markdown and HTML.
 * ``report``: ``report.md``/``report.html`` from the pieces above.
+* ``report_sections``: the report's tables as document blocks.
+* ``report_intervals``: the report's intervals and significance section.
+* ``report_cells``: how the report shows one number or interval.
+* ``report_summary``: the report's strict-JSON ``summary.json``.
 * ``export``: SavedModel export with a ``translate`` signature.
-* ``decode_benchmark``: cached vs uncached beam-search speed.
-* ``fixtures``: a tiny run directory for tests.
-
-``results/`` holds measured numbers (benchmarks, the study, peer ablations).
 """

@@ -28,6 +28,7 @@ from typing import Mapping, Sequence
 from m4moe.eval import results
 from m4moe.eval import seeds as seeds_lib
 from m4moe.eval import training_logs
+from m4moe.training import metrics_log
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,7 +55,7 @@ def _default_log(run: results.EvalResult) -> pathlib.Path | None:
   model_dir = run.metadata.get("model_dir")
   if not model_dir:
     return None
-  candidate = pathlib.Path(model_dir) / "metrics.jsonl"
+  candidate = pathlib.Path(model_dir) / metrics_log.METRICS_FILENAME
   return candidate if candidate.is_file() else None
 
 
@@ -156,7 +157,7 @@ def first_logs(logs: Mapping[str, Sequence[RunLog]]
 
 def _run_dev_ce(run_log: RunLog) -> dict[str, float]:
   step = training_logs.checkpoint_step(run_log.run.metadata.get("checkpoint"))
-  return training_logs.final_dev_ce(training_logs.read_records(run_log.path),
+  return training_logs.final_dev_ce(metrics_log.read_metrics(run_log.path),
                                     step=step)
 
 

@@ -24,6 +24,7 @@ from m4moe.eval import comparison as comparison_lib
 from m4moe.eval import dev_ce as dev_ce_lib
 from m4moe.eval import results
 from m4moe.eval import training_logs
+from m4moe.training import metrics_log
 
 NO_KEY = ("its last dev evaluation has no source_reliance (a log from "
           "before the trainer measured it)")
@@ -75,7 +76,7 @@ def _read(path: pathlib.Path | None
     return None, ("no training log (--training_logs or "
                   "metadata.model_dir/metrics.jsonl)")
   reliance = training_logs.final_source_reliance(
-      training_logs.read_records(path))
+      metrics_log.read_metrics(path))
   if reliance.step is None:
     return None, f"{path} has no dev evaluation"
   if not reliance.logged:

@@ -1,9 +1,10 @@
 """Training cost (Table 3), tokens-to-cross-entropy (Table 2), router stats.
 
-Reads a training metrics JSONL (``<model_dir>/metrics.jsonl``, written by
-``m4moe.training.metrics``) tolerantly: any line that is not JSON is
-skipped; a record counts as a training record if its ``kind`` is ``train``
-or absent and it has a ``step``. Fields used when present: ``step``,
+Works on the records of a training metrics log
+(``<model_dir>/metrics.jsonl``, read by
+:func:`m4moe.training.metrics_log.read_metrics`); a record counts as a
+training record if its ``kind`` is ``train`` or absent and it has a
+``step``. Fields used when present: ``step``,
 ``tokens_seen`` (or ``tokens``), ``train_ce``, ``time`` (Unix seconds),
 ``step_time_sec``, ``devices``, ``batch_tokens``, and ``router`` (layer ->
 ``RouterStats.as_dict()`` of the logged step: ``load_cv``,
@@ -17,7 +18,6 @@ with each source replaced by another pair's minus the true dev CE}).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 import statistics
@@ -87,20 +87,6 @@ def stopping(records: Sequence[dict]) -> Stopping:
       stopped_by=str(ends[-1].get("stopped_by")) if ends else None,
       evaluations=len(evals),
       best_step=int(best["step"]) if best else None)
-
-
-def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
-  """Every JSON object line of a metrics JSONL (bad lines skipped)."""
-  out = []
-  with open(path, encoding="utf-8", errors="replace") as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if isinstance(record, dict):
-        out.append(record)
-  return out
 
 
 def _train_records(records: Sequence[dict]) -> list[dict]:

@@ -1,8 +1,8 @@
 """m4moe: GShard-style Mixture-of-Experts Transformers for massively
 multilingual machine translation in TensorFlow 2.
 
-Package map (one subpackage per idea; the four modules at the root are
-used by every subpackage):
+Package map (one subpackage per idea; the modules at the root are used
+by several subpackages, so they sit below all of them):
 
 * ``config``: frozen, validated ``ModelConfig``/``MoeConfig``; the zoo.
 * ``flagutil``: config dataclasses as absl flags.
@@ -10,6 +10,8 @@ used by every subpackage):
   the one-line account of a full disk.
 * ``jsonfile``: the one reader of the JSON files tools pass each other,
   and the rule for the paths in them (relative, never a machine's).
+* ``run_lock``: one writer per directory (the trainer's run, the corpus,
+  the main job's run directory), an advisory lock with its owner's record.
 * ``moe``: routers, dispatch paths, the MoE layer and its experts, task
   routing, upcycling.
 * ``model``: the encoder-decoder Transformer, its layers, losses,
@@ -21,9 +23,11 @@ used by every subpackage):
 * ``cost``: parameter, FLOP, memory and communication counts from a config.
 * ``analysis``: which experts each language uses (``m4moe-analyze-routing``).
 * ``pipeline``: the main job (``m4moe-run``) as resumable stages.
-* ``benchmarks``, ``cli``: ``m4moe-bench`` and the console tools.
-* ``data`` (:mod:`m4moe.data`), ``eval`` (:mod:`m4moe.eval`): corpus and
-  input pipeline; evaluation and reports. ``configs``: the zoo flagfiles.
+* ``benchmarks``: what ``m4moe-bench`` measures.
+* ``cli``: the console tools, one module each.
+* ``data`` (the repository's ``data/``): corpus and input pipeline.
+* ``eval`` (the repository's ``eval/``): evaluation and reports.
+* ``configs`` (the repository's ``configs/``): the zoo flagfiles.
 
 Shape letters, one meaning each across the package (G, S, E, C, M, H and N
 as in the GShard paper). Shapes are written ``<dtype>[B, L, M]``; module

@@ -202,6 +202,33 @@ def test_loss_and_loss_step_tiny(one_layer_configs):
   _finite_positive(records[0], "speedup_vs_log_softmax")
 
 
+def test_the_baseline_step_keeps_its_formulation_after_the_swap(
+    one_layer_configs):
+  # The replaced step must have traced the baseline (not the trainer's
+  # loss), keep it in its graph, and leave the module as it was.
+  calls = []
+
+  def counted(*args, **kwargs):
+    calls.append(1)
+    return loss.log_softmax_losses(*args, **kwargs)
+
+  trainer_loss = losses.per_token_losses
+  point = train_step.StepPoint(batch_size=2, length=4, vocab_size=50)
+  current, replaced = train_step.step_with_and_without(
+      one_layer_configs[1], point=point, module=losses,
+      attribute="per_token_losses", replacement=counted)
+  assert losses.per_token_losses is trainer_loss
+  traced = len(calls)
+  assert traced >= 1
+  replaced()
+  current()
+  assert len(calls) == traced  # the graph runs; no Python call, no retrace
+  with pytest.raises(AttributeError):
+    train_step.step_with_and_without(
+        one_layer_configs[1], point=point, module=losses,
+        attribute="no_such_loss", replacement=counted)
+
+
 def _tiny_recipe(configs):
   from m4moe.pipeline import recipes  # pylint: disable=g-import-not-at-top
   models = tuple(recipes.ModelRun(name=name, config=config, train_steps=1,

@@ -15,7 +15,7 @@ from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import loop as train_lib
 from m4moe.training import continuation
 from m4moe.training import rundir
-from m4moe.training import metrics as metrics_lib
+from m4moe.training import metrics_log
 from m4moe.training import synthetic
 import toy_model
 
@@ -50,10 +50,6 @@ def _digest(directory: pathlib.Path) -> dict[str, str]:
 
 def test_a_continued_copy_equals_a_straight_run_and_leaves_the_source(
     tmp_path):
-  # Enabled here, not at import: collecting a module that enables it would
-  # make the module-level random inits of test files collected after it
-  # (test_dispatch.py) fail for want of a global seed.
-  tf.config.experimental.enable_op_determinism()
   _train(tmp_path / "straight", 8)
   _train(tmp_path / "short", 4)
   (tmp_path / "short" / "train.lock").write_text("stale\n")
@@ -68,7 +64,7 @@ def test_a_continued_copy_equals_a_straight_run_and_leaves_the_source(
   for name in a:
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
   # The copy's log continues the source's: every step once.
-  steps = [r["step"] for r in metrics_lib.read_metrics(
+  steps = [r["step"] for r in metrics_log.read_metrics(
       tmp_path / "long" / "metrics.jsonl", "train")]
   assert steps == [2, 4, 6, 8]
   assert _digest(tmp_path / "short") == before  # untouched

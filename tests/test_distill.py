@@ -24,8 +24,6 @@ from m4moe.moe import upcycle
 from m4moe.training import checkpointing
 from m4moe.training import synthetic
 
-tf.config.experimental.enable_op_determinism()
-
 VOCAB = 24
 
 

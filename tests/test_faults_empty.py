@@ -15,7 +15,7 @@ from m4moe.data import fixtures
 from m4moe.eval import results
 from m4moe.eval import scoring
 from m4moe.training import averaging
-from m4moe.training import run_lock
+from m4moe import run_lock
 
 
 def _cli(tool: str, *args: str) -> subprocess.CompletedProcess:

@@ -27,12 +27,10 @@ import tensorflow as tf
 
 from m4moe.training import checkpointing
 from m4moe.training import loop as train_lib
-from m4moe.training import metrics as metrics_lib
+from m4moe.training import metrics_log
 from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import synthetic
 import toy_model
-
-tf.config.experimental.enable_op_determinism()
 
 VOCAB, STEPS, EVERY = 24, 6, 2
 SETTINGS = dict(train_steps=STEPS, seed=3, log_every=1,
@@ -167,7 +165,7 @@ def _check_kill_and_resume(tmp_path, straight, caplog, *, step, point):
   _kill_in_save(tmp_path, run, step=step, point=point)
   found = _leftovers(run, step)
   assert found[point], found
-  logged = [r["step"] for r in metrics_lib.read_metrics(
+  logged = [r["step"] for r in metrics_log.read_metrics(
       run / "metrics.jsonl", "train")]
   assert logged == list(range(1, step + 1))  # step N is logged, then saved
 
@@ -179,7 +177,7 @@ def _check_kill_and_resume(tmp_path, straight, caplog, *, step, point):
   assert got.keys() == straight.keys()
   for name in straight:
     np.testing.assert_array_equal(straight[name], got[name], err_msg=name)
-  records = metrics_lib.read_metrics(run / "metrics.jsonl")
+  records = metrics_log.read_metrics(run / "metrics.jsonl")
   steps = [r["step"] for r in records if r["kind"] == "train"]
   assert steps == list(range(1, STEPS + 1))  # each step once, none twice
   assert [r["kind"] for r in records].count("end") == 1

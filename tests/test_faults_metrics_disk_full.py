@@ -13,12 +13,10 @@ import tensorflow as tf
 
 from m4moe.training import checkpointing
 from m4moe.training import loop as train_lib
-from m4moe.training import metrics as metrics_lib
+from m4moe.training import metrics_log
 from m4moe.training import optimizer as optimizer_lib
 from m4moe.training import synthetic
 import toy_model
-
-tf.config.experimental.enable_op_determinism()
 
 VOCAB = 24
 
@@ -67,7 +65,7 @@ def test_disk_full_while_logging_names_the_file_and_resumes(tmp_path,
   def full_open(path, *args, **kwargs):
     return _FillsUp(open(path, *args, **kwargs))  # pylint: disable=W1514
 
-  monkeypatch.setattr(metrics_lib, "open", full_open, raising=False)
+  monkeypatch.setattr(metrics_log, "open", full_open, raising=False)
   with pytest.raises(checkpointing.CheckpointError) as e:
     _train(run)
   monkeypatch.undo()
@@ -86,7 +84,7 @@ def test_disk_full_while_logging_names_the_file_and_resumes(tmp_path,
 
   result = _train(run)  # space freed
   assert result.step == 6
-  records = metrics_lib.read_metrics(log)
+  records = metrics_log.read_metrics(log)
   assert [r["step"] for r in records if r["kind"] == "train"] == list(
       range(1, 7))
   assert records[-1]["kind"] == "end"

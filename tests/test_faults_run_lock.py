@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from m4moe.training import run_lock
+from m4moe import run_lock
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="needs Linux (/proc, prctl, flock)")

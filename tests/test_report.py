@@ -15,6 +15,7 @@ from m4moe.eval import results
 from m4moe.eval import scoring
 from m4moe.eval import smoothing
 from m4moe.eval import training_logs
+from m4moe.training import metrics_log
 
 SIZES = {"de": 1000, "fr": 800, "ru": 500, "zh": 300, "sw": 100, "yo": 50,
          "ga": 20}
@@ -133,7 +134,7 @@ def _write_log(path):
 def test_training_log_tables(tmp_path):
   path = tmp_path / "metrics.jsonl"
   _write_log(path)
-  records = training_logs.read_records(path)
+  records = metrics_log.read_metrics(path)
   costs = training_logs.training_cost(records)
   assert costs.devices == 2 and costs.batch_tokens == 100
   assert costs.steps_per_sec == pytest.approx(2.0)
@@ -166,7 +167,7 @@ def test_training_log_tables(tmp_path):
 def test_router_trajectory_averages_layers_and_samples_points(tmp_path):
   path = tmp_path / "metrics.jsonl"
   _write_log(path)
-  points = training_logs.router_trajectory(training_logs.read_records(path))
+  points = training_logs.router_trajectory(metrics_log.read_metrics(path))
   assert [p.step for p in points] == [20, 30, 40, 50]
   last = points[-1]  # i = 5: load CV 0.5 and 1.5, dropped 2nd 0.1 and 0.2
   assert last.layers == 2

@@ -20,6 +20,7 @@ from m4moe.eval import scoring
 from m4moe.eval import seeds
 from m4moe.eval import significance
 from m4moe.eval import training_logs
+from m4moe.training import metrics_log
 
 SAMPLES = 200  # bootstrap resamples: enough for the assertions, fast
 
@@ -195,7 +196,7 @@ def test_source_reliance_section(tmp_path):
   assert summary["bilingual baselines"] == {"de": 0.05, "fr": None}
   assert summary["steps"] == {"moe": 20, "bi-de": 5}
   # The reader: the same evaluation as final_dev_ce.
-  records = training_logs.read_records(tmp_path / "moe" / "metrics.jsonl")
+  records = metrics_log.read_metrics(tmp_path / "moe" / "metrics.jsonl")
   reliance = training_logs.final_source_reliance(records)
   assert (reliance.step, reliance.values, reliance.logged) == (
       20, {"de": 2.5}, True)

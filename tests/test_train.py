@@ -16,8 +16,7 @@ from m4moe.training import step as step_lib
 from m4moe.training import synthetic
 import toy_model
 from m4moe.training import metrics as metrics_lib
-
-tf.config.experimental.enable_op_determinism()
+from m4moe.training import metrics_log
 
 VOCAB = 24
 PAIRS = synthetic.synthetic_pairs(num_pairs=512, vocab_size=VOCAB, max_length=9)
@@ -64,7 +63,7 @@ def test_learns_below_unigram_and_writes_metrics(tmp_path):
   result = _train(config, dev_datasets=_dev())
   unigram = synthetic.unigram_cross_entropy(PAIRS)
   assert result.dev_ce["xx"] < 0.3 * unigram
-  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
+  records = metrics_log.read_metrics(tmp_path / "run" / "metrics.jsonl")
   kinds = [r["kind"] for r in records]
   assert kinds == ["start", "train", "train", "eval", "train", "train",
                    "eval", "end"]
@@ -111,7 +110,7 @@ def test_resume_is_bitwise_identical(tmp_path):
   for name in a:
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
   # The JSONL holds each step once although the run was split.
-  steps = [r["step"] for r in metrics_lib.read_metrics(
+  steps = [r["step"] for r in metrics_log.read_metrics(
       tmp_path / "halves" / "metrics.jsonl", "train")]
   assert steps == [2, 4, 6, 8]
 
@@ -184,7 +183,7 @@ def test_nan_step_is_skipped_counted_and_training_continues(tmp_path):
     np.testing.assert_array_equal(before, after)
   assert any(not np.array_equal(a, b) for a, b in zip(seen[3], seen[4]))
   assert all(np.isfinite(v).all() for v in seen[6])
-  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl",
+  records = metrics_log.read_metrics(tmp_path / "run" / "metrics.jsonl",
                                      "train")
   assert records[-1]["nonfinite_skipped"] == 1
 
@@ -297,7 +296,7 @@ def test_early_stopping_stops_after_patience_and_stays_stopped(tmp_path):
   assert result.stopped_by == "early_stopping"
   assert result.step == 15
   assert not result.preempted
-  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
+  records = metrics_log.read_metrics(tmp_path / "run" / "metrics.jsonl")
   assert [r["step"] for r in records if r["kind"] == "eval"] == [5, 10, 15]
   end = [r for r in records if r["kind"] == "end"][-1]
   assert (end["reason"], end["stopped_by"]) == ("done", "early_stopping")
@@ -319,7 +318,7 @@ def test_best_checkpoint_is_the_best_dev_evaluation_not_the_last(tmp_path):
                    early_stopping_min_delta=100.0)
   _train(config, dev_datasets=_dev())
   run = tmp_path / "run"
-  records = metrics_lib.read_metrics(run / "metrics.jsonl")
+  records = metrics_log.read_metrics(run / "metrics.jsonl")
   evals = [r for r in records if r["kind"] == "eval"]
   assert [(r["step"], r["new_best"]) for r in evals] == [
       (5, True), (10, False), (15, False)]
@@ -405,7 +404,7 @@ def test_best_checkpoint_follows_the_lowest_dev_cross_entropy(tmp_path):
                    optimizer=optimizer_lib.AdafactorConfig(warmup_steps=5))
   _train(config, dev_datasets=_dev())
   run = tmp_path / "run"
-  evals = [r for r in metrics_lib.read_metrics(run / "metrics.jsonl")
+  evals = [r for r in metrics_log.read_metrics(run / "metrics.jsonl")
            if r["kind"] == "eval"]
   best_step = min(evals, key=lambda r: r["dev_ce_mean"])["step"]
   running = float("inf")
@@ -455,7 +454,7 @@ def test_time_budget_stops_saves_and_evaluates(tmp_path):
   assert 0 < result.step < 100000
   assert result.last_checkpoint.endswith(f"ckpt-{result.step}")
   assert result.dev_ce is not None
-  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
+  records = metrics_log.read_metrics(tmp_path / "run" / "metrics.jsonl")
   end = records[-1]
   assert end["kind"] == "end" and end["stopped_by"] == "time_budget"
   assert 3.0 <= end["train_seconds"] < 60.0

@@ -9,6 +9,7 @@ import pytest
 from m4moe.eval import training_logs
 from m4moe.pipeline import curves
 from m4moe.pipeline import landing
+from m4moe.training import metrics_log
 
 
 def test_steps_to_reach_interpolates_the_first_crossing():
@@ -135,7 +136,7 @@ def test_an_upcycled_run_continues_its_source_in_steps_and_cpu(tmp_path):
       "kind": "upcycled", "init_from_dense": "/elsewhere/models/dense_h",
       "dense_step": 200, "optimizer_iterations": 200}}
   log.write_text(json.dumps(start) + "\n" + log.read_text())
-  records = training_logs.read_records(log)
+  records = metrics_log.read_metrics(log)
   assert training_logs.upcycled_from(records) == ("dense_h", 200)
   curve = curves.read_curve(landing.RunFiles(run_dir=tmp_path), "up")
   # The source's evaluations up to its step 200, then the upcycled run's
@@ -143,5 +144,5 @@ def test_an_upcycled_run_continues_its_source_in_steps_and_cpu(tmp_path):
   assert curve.points == ((100, 4.0), (200, 3.5), (300, 3.3), (400, 3.0))
   assert curve.cpu_seconds == (100.0, 200.0, 400.0, 600.0)
   assert training_logs.upcycled_from(
-      training_logs.read_records(tmp_path / "models" / "dense_h" /
+      metrics_log.read_metrics(tmp_path / "models" / "dense_h" /
                                  "metrics.jsonl")) is None

@@ -29,7 +29,11 @@ def uniform_dropout(x: tf.Tensor, *, rate: float, training: bool,
                     seed: tf.Tensor | None,
                     sharding: sharding_lib.Sharding = sharding_lib.NO_SHARDING
                     ) -> tf.Tensor:
-  """The previous ``layers.dropout``: a float32 uniform per unit.
+  """The baseline the 16-bit dropout masks are measured against: a
+  uniform of ``x``'s dtype per unit, as ``tf.nn.experimental.
+  stateless_dropout`` draws it (and ``layers.dropout`` did before the
+  16-bit masks); kept for the ``dropout_step`` benchmark, never called by
+  the trainer.
 
   Args:
     x: <any float>[...].

@@ -6,13 +6,14 @@ Two comparisons, each timed interleaved in one process:
   label-smoothed cross-entropy and the gradient of the latter into the
   projection's input and weights -- once with :func:`m4moe.model.losses.
   per_token_losses` (one pass, hand-written gradient) and once with
-  :func:`log_softmax_losses`, the formulation the trainer used before (a
+  :func:`log_softmax_losses`, the textbook formulation (a
   ``log_softmax`` and a ``gather`` for each of the two losses, automatic
-  gradient).
+  gradient) that the one-pass loss replaced.
 * ``loss_step``: the real trainer step of a zoo config
   (:func:`m4moe.benchmarks.train_step.step_case`) traced once with each
-  formulation (the old one substituted for ``losses.per_token_losses``
-  while its step is traced).
+  formulation (the baseline substituted for ``losses.per_token_losses``
+  while its step is traced: :func:`~m4moe.benchmarks.train_step.
+  step_with_and_without`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ class LossPoint:
 def log_softmax_losses(logits: tf.Tensor, targets: tf.Tensor, *,
                        label_smoothing: float = 0.0,
                        fused: bool = False) -> losses.TokenLosses:
-  """The previous formulation: gather from log_softmax, per loss.
+  """The baseline the one-pass loss is measured against: a gather from
+  ``log_softmax`` for each loss, with automatic gradients.
+
+  It is the textbook formulation (and the trainer's before the one-pass
+  loss), kept here because the ``loss`` and ``loss_step`` benchmarks
+  measure the one-pass loss as a speedup over it; the trainer never
+  calls it.
 
   Args:
     logits: <float32 or bfloat16>[B, L, V].
@@ -51,8 +58,8 @@ def log_softmax_losses(logits: tf.Tensor, targets: tf.Tensor, *,
       per_token_losses`; this formulation has one form, so it is unused.
 
   Returns:
-    TokenLosses of <float32>[B, L]; each loss has its own log_softmax, as the
-    trainer computed them before (one call each).
+    TokenLosses of <float32>[B, L]; each loss has its own log_softmax (one
+    call each).
   """
   del fused  # one form only
   def one(eps):

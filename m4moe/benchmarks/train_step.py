@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
-from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -102,19 +101,29 @@ def step_with_and_without(config_name: str, *, point: StepPoint,
   """Two trainer steps of ``config_name`` on one synthetic batch, traced.
 
   The first is traced with the code as it is; the second with
-  ``module.attribute`` replaced by ``replacement`` while it is traced (the
-  previous formulation of a function the step calls), so an A/B of the two
-  runs interleaved in one process.
+  ``module.attribute`` replaced by ``replacement`` while it is traced (a
+  baseline formulation of a function the step calls), so an A/B of the two
+  runs interleaved in one process. A ``tf.function`` runs the Python of
+  its body once, when it is traced, and keeps the graph that call built:
+  the replaced step keeps calling the baseline after the module attribute
+  is put back, and the model code needs no switch for it.
 
   Returns:
-    (current, replaced) zero-argument step calls.
+    (current, replaced) zero-argument step calls, both already traced.
+
+  Raises:
+    AttributeError: ``module`` has no ``attribute``.
   """
+  original = getattr(module, attribute)
   batch = synthetic_batch(point)
   current = step_case(config_name, vocab_size=point.vocab_size, batch=batch)
   current()
   replaced = step_case(config_name, vocab_size=point.vocab_size, batch=batch)
-  with mock.patch.object(module, attribute, replacement):
+  setattr(module, attribute, replacement)
+  try:
     replaced()
+  finally:
+    setattr(module, attribute, original)
   return current, replaced
 
 

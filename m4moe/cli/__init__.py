@@ -4,6 +4,23 @@ Each module's ``run()`` is its console-script entry point and goes through
 :func:`run_tool`, so ``--help`` prints the module's docstring and the flags
 the tool defines, as ``python -m m4moe.cli.<name> --help`` does, and
 :func:`exit_on_disk_full` turns a full disk into one line and exit 1.
+
+* ``info``: parameter, expert and FLOP counts of a zoo config.
+* ``build_corpus``: builds the X->English localisation corpus.
+* ``split_keys``: extends the frozen test keys to bigger test sets.
+* ``vocab``: trains the SentencePiece source and target vocabularies.
+* ``train``: trains (or resumes) a model with Adafactor.
+* ``average``: averages the weights of a run's last checkpoints.
+* ``distill``: distils a trained MoE teacher into a dense student.
+* ``decode``: translates text with a trained run.
+* ``eval``: decodes a corpus's test split and scores it per language.
+* ``export``: a SavedModel with a ``translate`` signature.
+* ``report``: the ΔBLEU figure and tables from eval JSONs.
+* ``run``: the main job, from nothing to a BLEU report, resumably.
+* ``bench``: performance benchmarks, one JSON line per measurement.
+* ``analyze_routing``: which experts each language uses.
+* ``translation_flags``: the flags decode, eval and export share (not a
+  tool).
 """
 
 from __future__ import annotations

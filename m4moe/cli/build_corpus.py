@@ -63,11 +63,11 @@ from absl import app
 from absl import flags
 
 from m4moe import cli
+from m4moe import run_lock
 from m4moe.data import cleaning
 from m4moe.data import corpus
 from m4moe.data import sources
 from m4moe.data import split
-from m4moe.training import run_lock
 
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "Where the corpus is written. Replaced atomically "

@@ -132,7 +132,7 @@ def _distil(config, data, train, built, model_config, *, strategy, record,
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
   from m4moe.training import distill  # pylint: disable=g-import-not-at-top
   from m4moe.training import loop as train_lib  # pylint: disable=g-import-not-at-top
-  from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
+  from m4moe import run_lock  # pylint: disable=g-import-not-at-top
   try:
     # Building the teacher draws (then overwritten) initial values; under
     # --deterministic random ops need a global seed (train() sets its own).

@@ -47,12 +47,12 @@ from absl import app
 from absl import flags
 
 from m4moe import cli
+from m4moe import run_lock
 from m4moe.eval import comparison
 from m4moe.eval import report
 from m4moe.eval import results
 from m4moe.eval import testsets
 from m4moe.eval import textio
-from m4moe.training import run_lock
 
 _MODELS = flags.DEFINE_list(
     "models", [], "Multilingual models' eval JSONs (paths or globs).")

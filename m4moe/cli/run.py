@@ -72,12 +72,13 @@ from absl import logging
 
 from m4moe import cli
 from m4moe import jsonfile
+from m4moe import run_lock
 from m4moe.pipeline import corpus_check
 from m4moe.pipeline import plan as main_job
 from m4moe.pipeline import recipe_check
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.pipeline import supervisor
-from m4moe.training import run_lock
+from m4moe.training import metrics_log
 
 _RECIPE = flags.DEFINE_string(
     "recipe", "demo", "What to build, train and evaluate: a packaged recipe "
@@ -219,18 +220,9 @@ def _training_finished(stage: main_job.Stage) -> bool:
   preempted TPU VM); such a stage is not finished and must run again, which
   resumes from the saved checkpoint.
   """
-  model_dir = stage.flag_values()["model_dir"]
-  metrics = pathlib.Path(model_dir) / "metrics.jsonl"
-  reason = None
-  if metrics.is_file():
-    for line in metrics.read_text(encoding="utf-8").splitlines():
-      try:  # a trainer killed mid-write leaves half a line: not its end
-        record = json.loads(line) if line.strip() else {}
-      except ValueError:
-        continue
-      if isinstance(record, dict) and record.get("kind") == "end":
-        reason = record.get("reason")
-  return reason == "done"
+  model_dir = pathlib.Path(stage.flag_values()["model_dir"])
+  return metrics_log.end_reason(
+      model_dir / metrics_log.METRICS_FILENAME) == "done"
 
 
 def _prepare_fixtures(recipe: recipes_lib.Recipe, run_dir: pathlib.Path) -> None:

@@ -447,7 +447,7 @@ def _train(data, train, built, model_config, *, mesh, strategy, sharding,
   from m4moe.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   from m4moe.moe import upcycle  # pylint: disable=g-import-not-at-top
   from m4moe.training import checkpointing  # pylint: disable=g-import-not-at-top
-  from m4moe.training import run_lock  # pylint: disable=g-import-not-at-top
+  from m4moe import run_lock  # pylint: disable=g-import-not-at-top
   try:
     result = train_lib.train(
         model_fn=lambda: model_lib.Transformer(config=model_config,

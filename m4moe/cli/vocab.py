@@ -29,8 +29,8 @@ from absl import flags
 
 from m4moe import cli
 from m4moe import flagutil
+from m4moe import run_lock
 from m4moe.data import vocab
-from m4moe.training import run_lock
 
 _CORPUS_DIR = flags.DEFINE_string("corpus_dir", None,
                                   "A corpus built by m4moe-build-corpus.")

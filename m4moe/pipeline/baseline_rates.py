@@ -35,6 +35,7 @@ from absl import flags
 from m4moe import cli
 from m4moe.eval import training_logs
 from m4moe.pipeline import restore
+from m4moe.training import metrics_log
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,7 +71,7 @@ def best_dev_ce(path: pathlib.Path) -> tuple[float, int]:
   Raises:
     ValueError: the log has no dev evaluation, naming it.
   """
-  curve = training_logs.dev_ce_curve(training_logs.read_records(path))
+  curve = training_logs.dev_ce_curve(metrics_log.read_metrics(path))
   if not curve:
     raise ValueError(f"{path} has no dev evaluation: has the run trained "
                      "past its first eval_every steps?")
@@ -107,7 +108,8 @@ def _paths(run_dir: pathlib.Path, reference: pathlib.Path,
   out = []
   for lang in languages:
     ref = reference / "metrics" / f"bilingual_{lang}.jsonl"
-    cand = run_dir / "models" / f"bilingual_{lang}" / "metrics.jsonl"
+    cand = (run_dir / "models" / f"bilingual_{lang}"
+            / metrics_log.METRICS_FILENAME)
     for path in (ref, cand):
       if not path.is_file():
         raise app.UsageError(f"{path} does not exist: has bilingual_{lang} "

@@ -44,6 +44,7 @@ from absl import flags
 from m4moe import cli
 from m4moe.eval import training_logs
 from m4moe.pipeline import landing
+from m4moe.training import metrics_log
 
 
 def _define_flags() -> None:
@@ -89,7 +90,7 @@ def _own_curve(path: pathlib.Path
                ) -> tuple[list[tuple[int, float]], list[float] | None,
                           list[dict]]:
   """(dev CE points, cumulative CPU seconds at them, records) of one log."""
-  records = training_logs.read_records(path)
+  records = metrics_log.read_metrics(path)
   points = training_logs.dev_ce_curve(records)
   cpu = training_logs.cpu_seconds_at(records)
   if cpu is None:

@@ -30,11 +30,13 @@ from absl import flags
 
 from m4moe import cli
 from m4moe.eval import comparison
+from m4moe.eval import dev_ranking
 from m4moe.eval import results as results_lib
 from m4moe.eval import training_logs
 from m4moe.pipeline import curves as curves_lib
 from m4moe.pipeline import landing
 from m4moe.pipeline import recipes as recipes_lib
+from m4moe.training import metrics_log
 
 # The resource thirds of the languages, high to low (the study's buckets).
 _BUCKETS = tuple(b for b in comparison.BUCKETS if b != "all")
@@ -157,7 +159,7 @@ def candidate(model: recipes_lib.ModelRun, run: str,
   if not metrics.is_file():
     return Candidate(name=model.name, run=run, status="not started",
                      flags=model.extra_flags)
-  records = training_logs.read_records(metrics)
+  records = metrics_log.read_metrics(metrics)
   # Steps and CPU seconds from the start of training (an upcycled run's
   # include its source's).
   curve = curves_lib.read_curve(files, run)
@@ -253,9 +255,9 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
            f"{ce_target:g} | params |",
            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
            "---:|"]
-  ranked = sorted(rows, key=lambda c: (c.best_dev_ce is None,
-                                       c.best_dev_ce or 0.0))
-  for rank, c in enumerate(ranked, 1):
+  ranked = dev_ranking.best_first(rows, score=lambda c: (
+      None if c.best_dev_ce is None else (c.best_dev_ce,)))
+  for rank, c in ranked:
     executed = ("-" if not c.executed_ffn_fraction else " / ".join(
         f"{v:.2f}" for v in c.executed_ffn_fraction.values()))
     best = ("-" if c.best_dev_ce is None

@@ -49,7 +49,7 @@ from tensorflow.python.checkpoint import checkpoint_management
 
 from m4moe import config as config_lib
 from m4moe import errors
-from m4moe.training import metrics as metrics_lib
+from m4moe.training import metrics_log
 from m4moe.training import rundir
 
 CONFIG_FILENAME = rundir.CONFIG_FILENAME
@@ -394,7 +394,7 @@ def recover_checkpoints(model_dir: str | os.PathLike[str]) -> Recovery:
   step overwrites them); older ones (beyond ``max_to_keep`` of an earlier
   run, or copied back from a backup) are tried only when every listed one
   newer than them is damaged. Call it only while holding the run's lock
-  (:mod:`m4moe.training.run_lock`).
+  (:mod:`m4moe.run_lock`).
 
   Returns:
     Recovery; ``latest`` is None for a run without checkpoints.
@@ -549,10 +549,10 @@ def check_fresh_start(model_dir: str | os.PathLike[str], *,
     CheckpointError: the metrics show checkpointed progress.
   """
   model_dir = pathlib.Path(model_dir)
-  path = model_dir / metrics_lib.METRICS_FILENAME
+  path = model_dir / metrics_log.METRICS_FILENAME
   if not path.is_file():
     return
-  records = metrics_lib.read_metrics(path)
+  records = metrics_log.read_metrics(path)
   last = max((int(r.get("step") or 0) for r in records), default=0)
   if last == 0:
     return

@@ -27,7 +27,7 @@ What a run guarantees:
   resumes from the newest intact one; it never silently starts over a run
   that had checkpoints (see
   :func:`m4moe.training.checkpointing.recover_checkpoints`).
-* One writer per ``model_dir`` (:mod:`m4moe.training.run_lock`): a second
+* One writer per ``model_dir`` (:mod:`m4moe.run_lock`): a second
   trainer stops with an error naming the first one's pid.
 * A non-finite loss or gradient skips the update (counted, logged with the
   offending tensors); ``max_consecutive_nonfinite`` skips in a row raise
@@ -63,13 +63,14 @@ from m4moe import config as config_lib
 from m4moe import errors
 from m4moe import flagutil
 from m4moe import jsonfile
+from m4moe import run_lock
 from m4moe.training import optimizer as optimizer_lib
 from m4moe.parallel import sharding as sharding_lib
 from m4moe.training import checkpointing
 from m4moe.training import distribute
 from m4moe.training import metrics as metrics_lib
+from m4moe.training import metrics_log
 from m4moe.training import remat as remat_lib
-from m4moe.training import run_lock
 from m4moe.training import step as step_lib
 
 
@@ -250,7 +251,7 @@ class _Loop:
 
   def __init__(self, *, config: TrainConfig, strategy, model, runner,
                counters: _Counters, keeper, iterator, dev_datasets,
-               metrics_log: metrics_lib.MetricsLog,
+               metrics_log: metrics_log.MetricsLog,
                best_keeper: checkpointing.CheckpointKeeper | None = None,
                devices: int = 1):
     self.config = config
@@ -599,7 +600,7 @@ def _finish(loop: _Loop, *, after_step) -> TrainResult:
   even when a step raises, so its last record is on disk."""
   try:
     stopped_by = _run_loop(loop, after_step=after_step)
-  except metrics_lib.MetricsWriteError as e:
+  except metrics_log.MetricsWriteError as e:
     if not errors.is_disk_full(e):
       raise
     raise MetricsDiskFullError(_log_full_message(loop, e)) from None
@@ -719,7 +720,7 @@ def _start(model_fn, *, train_dataset: tf.data.Dataset, config: TrainConfig,
       model_fn, train_dataset=train_dataset, config=config,
       strategy=strategy, sharding=sharding, warm_start=warm_start,
       token_loss=token_loss, latest=recovery.latest)
-  log = metrics_lib.MetricsLog(model_dir / metrics_lib.METRICS_FILENAME,
+  log = metrics_log.MetricsLog(model_dir / metrics_log.METRICS_FILENAME,
                                resume_step=int(counters.step.numpy()))
   line = _start_line(model_dir, recovery=recovery, resumed=resumed,
                      cut=log.cut, path=log.path)
@@ -772,7 +773,7 @@ def _relative_warm_start(record: dict | None,
 
 def _start_line(model_dir: pathlib.Path, *,
                 recovery: checkpointing.Recovery, resumed: str | None,
-                cut: metrics_lib.Cut | None,
+                cut: metrics_log.Cut | None,
                 path: pathlib.Path) -> str | None:
   """One line saying where the run starts, which leftovers of killed saves
   were removed and what was cut from its metrics log (None: nothing to

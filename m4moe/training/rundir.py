@@ -24,7 +24,7 @@ only through this module::
   damaged/ckpt-<step>/ files of checkpoints found damaged at start-up
                        (m4moe.training.checkpointing.recover_checkpoints;
                        never deleted)
-  train.lock           the one writer's lock (m4moe.training.run_lock)
+  train.lock           the one writer's lock (m4moe.run_lock)
   metrics.jsonl        the metrics log (m4moe.training.metrics)
   train/, eval/        TensorBoard event files
 

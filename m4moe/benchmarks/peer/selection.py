@@ -29,6 +29,7 @@ import pathlib
 from typing import Any, Iterable, Mapping, Sequence
 
 from m4moe.data import split as split_lib
+from m4moe.eval import dev_ranking
 
 SYSTEM_M4MOE = "m4moe"
 SYSTEM_PEER = "opennmt-tf"
@@ -442,12 +443,11 @@ def rank(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Ranked]]:
         tokens_per_sec=_mean([r["train"]["tokens_per_sec"] for r in runs]),
         decode_sentences_per_sec=_mean(
             [r["decode_sentences_per_sec"] for r in runs])))
-  out = {}
-  for system, items in unranked.items():
-    items.sort(key=lambda r: (-r.bleu_mean, r.dev_ce_mean, r.candidate))
-    out[system] = [dataclasses.replace(r, rank=i + 1)
-                   for i, r in enumerate(items)]
-  return out
+  return {system: [dataclasses.replace(r, rank=rank)
+                   for rank, r in dev_ranking.best_first(
+                       items, score=lambda r: (-r.bleu_mean, r.dev_ce_mean,
+                                               r.candidate))]
+          for system, items in unranked.items()}
 
 
 def chosen(ranking: Mapping[str, Sequence[Ranked]], system: str, *,

@@ -24,6 +24,7 @@ from m4moe.eval import examples as examples_lib
 from m4moe.eval import results
 from m4moe.eval import testsets as testsets_lib
 from m4moe.pipeline import supervisor
+from m4moe.training import metrics_log
 
 BEAM_SIZE, ALPHA, MAX_LENGTH, DECODE_BATCH = 4, 0.6, 64, 32
 PEER_NAME = "OpenNMT-tf 2.32.0"
@@ -156,7 +157,7 @@ def train_m4moe(*, data: Data, root: pathlib.Path, config: str,
        f"--checkpoint_every={toolkit.NO_STEP_LIMIT}", "--log_every=50",
        f"--seed={seed}", f"--model_dir={model_dir}", *flags],
       core=core, log=root / "train.log", what=f"{root.name} training")
-  return toolkit.m4moe_train_summary(model_dir / "metrics.jsonl",
+  return toolkit.m4moe_train_summary(model_dir / metrics_log.METRICS_FILENAME,
                                      language=data.language)
 
 

@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sentencepiece as spm
 
+from m4moe.training import metrics_log
+
 # The peer's exact pins: OpenNMT-tf 2.32 needs TF 2.13 and addons;
 # installed without its own dependency resolution, as its metadata asks for
 # a TensorFlow range pip cannot satisfy on Python 3.11 otherwise.
@@ -402,17 +404,13 @@ def m4moe_train_summary(metrics_path: pathlib.Path, *,
   ``steps_per_sec`` is steps over the training loop's seconds.
 
   Raises:
-    PeerError: the run did not finish (no ``end`` record) or has no dev
-      evaluation of ``language``.
+    PeerError: the run did not finish (no ``end`` record), has no dev
+      evaluation of ``language`` or a damaged line.
   """
-  records = []
-  with open(metrics_path, encoding="utf-8") as f:
-    for number, line in enumerate(f, start=1):
-      if line.strip():
-        try:
-          records.append(json.loads(line))
-        except ValueError as e:
-          raise PeerError(f"{metrics_path}:{number}: not JSON ({e})") from e
+  try:
+    records = metrics_log.read_metrics(metrics_path, strict=True)
+  except metrics_log.MetricsFormatError as e:
+    raise PeerError(str(e)) from e
   end = [r for r in records if r.get("kind") == "end"]
   evals = [r for r in records if r.get("kind") == "eval"
            and language in (r.get("dev_ce") or {})]

@@ -7,11 +7,13 @@ on ``train.lock`` for as long as the run is open. The other tools that own
 a directory take the same kind of lock on their own file (``m4moe-run``:
 ``RUN_DIR/run.lock``; ``m4moe-vocab``, ``m4moe-report`` and
 ``m4moe-build-corpus``: see :data:`TOOL_LOCKS`), so one mechanism, one
-message format and one ``kill -9`` behaviour serve them all. The kernel drops the lock
-when its owner exits, however it exits (``kill -9`` included), so a dead
-owner never leaves the directory stuck; the file itself stays (removing a
-lock file races with the next locker) and only records the current owner
-(pid, host, start time, command) for the error message of the next comer.
+message format and one ``kill -9`` behaviour serve them all; it sits at the
+package's root, below ``data`` and ``training``, which both use it. The
+kernel drops the lock when its owner exits, however it exits (``kill -9``
+included), so a dead owner never leaves the directory stuck; the file
+itself stays (removing a lock file races with the next locker) and only
+records the current owner (pid, host, start time, command) for the error
+message of the next comer.
 
 flock works on local file systems and on Linux NFS clients (emulated with
 byte-range locks); on file systems without locking the acquisition fails

@@ -370,7 +370,7 @@ def test_an_empty_dev_set_is_left_out_not_scored_zero(tmp_path, caplog):
   config = _config(tmp_path, train_steps=4, eval_every=2, checkpoint_every=2)
   with caplog.at_level("WARNING"):
     _train(config, dev_datasets={**_dev(), "yy": _empty_dev()})
-  evals = [r for r in metrics_lib.read_metrics(tmp_path / "run" /
+  evals = [r for r in metrics_log.read_metrics(tmp_path / "run" /
                                                "metrics.jsonl")
            if r["kind"] == "eval"]
   assert evals and all(r["empty_dev"] == ["yy"] for r in evals)
@@ -390,7 +390,7 @@ def test_only_empty_dev_sets_neither_stop_early_nor_keep_a_best(tmp_path,
   with caplog.at_level("WARNING"):
     _train(config, dev_datasets={"yy": _empty_dev()})
   run = tmp_path / "run"
-  records = metrics_lib.read_metrics(run / "metrics.jsonl")
+  records = metrics_log.read_metrics(run / "metrics.jsonl")
   assert not [r for r in records if r["kind"] == "eval"]
   assert [r for r in records if r["kind"] == "end"][-1]["step"] == 8
   assert not (run / "best").exists()
@@ -468,7 +468,7 @@ def test_cpu_budget_counts_the_steps_cpu_seconds_over_resumes(tmp_path):
                    max_train_cpu_seconds=2.0)
   result = _train(config)
   assert result.stopped_by == "cpu_budget" and 0 < result.step < 100000
-  records = metrics_lib.read_metrics(tmp_path / "run" / "metrics.jsonl")
+  records = metrics_log.read_metrics(tmp_path / "run" / "metrics.jsonl")
   end = records[-1]
   assert end["stopped_by"] == "cpu_budget"
   assert 2.0 <= end["train_cpu_seconds"] < 2.0 + 5.0

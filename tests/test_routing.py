@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from m4moe.moe import placement
 from m4moe.moe import routing
 from m4moe.config import ModelConfig, MoeConfig
 
@@ -406,7 +407,7 @@ def test_sorted_placement_equals_the_loop_and_the_counters(num_k, num_experts):
   args = [tf.constant(choices, tf.int32), tf.constant(requested),
           tf.constant(attempted)]
   for one_device in (True, False):
-    placed, positions, kept = routing._place(  # pylint: disable=protected-access
+    placed, positions, kept = placement.place(
         *args, num_experts=num_experts, capacity=tf.constant(caps[:, None], tf.int32),
         candidates=None, one_device=one_device)
     np.testing.assert_array_equal(placed.numpy(), choices)

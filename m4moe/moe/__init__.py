@@ -2,6 +2,8 @@
 
 * ``routing``: the routers (top-2 GShard, top-1 Switch, noisy top-k,
   expert choice) and their typed results.
+* ``placement``: capacity: the buffer position of each chosen expert,
+  No-Token-Left-Behind re-routing, the per-slot view.
 * ``dispatch``: the dispatch paths that move tokens to expert buffers and
   back, their registry and resolver.
 * ``grouping``: a batch's tokens compacted and cut into routing groups,

@@ -3,7 +3,7 @@
 Dimensions (letters of the glossary in :mod:`m4moe`):
 
   D: row shards that group their own tokens; N: tokens (of a shard);
-  G: groups; S: group size; M: model width; P, Q: rows of a table.
+  G: groups; S: group size; M: model width; P: rows of a gathered table.
 
 The MoE layer moves each shard's real tokens to the front (keeping their
 order), so adding padding never changes which real tokens share a group,
@@ -84,11 +84,12 @@ def permuted_gather(table: tf.Tensor, index: tf.Tensor,
 
   Args:
     table: <dtype>[P, M] rows.
-    index: <int32>[Q] table row each output row reads; P reads zeros.
-    inverse: <int32>[P] output row that reads each table row; Q: none.
+    index: <int32>[N] table row each of the N output rows reads; P reads
+      zeros.
+    inverse: <int32>[P] output row that reads each table row; N: none.
 
   Returns:
-    <dtype>[Q, M].
+    <dtype>[N, M].
   """
   def grad(d_out):
     return tf.gather(_with_zero_row(d_out), inverse), None, None

@@ -1,7 +1,9 @@
 """Capacity: which buffer position each chosen expert gives a token.
 
-Dimensions (letters of the glossary in :mod:`m4moe`): G groups, S group
-size, E experts, C capacity, K choices per token, R re-routing candidates.
+Dimensions (letters of the glossary in :mod:`m4moe`):
+
+  G: groups; S: group size; E: experts; C: expert capacity;
+  K: expert choices per token.
 
 A token-choice router (:mod:`m4moe.moe.routing`) decides which experts a
 token wants; this module decides which of those requests fit (GShard's

@@ -116,15 +116,21 @@ def relative_command(command: Sequence[str], *,
                      start: str | os.PathLike[str]) -> list[str]:
   """A command line as a record holds it: a Python interpreter in first
   place as :data:`INTERPRETER`, and every absolute path (an argument, or
-  a ``--flag=`` value) relative to ``start``. Relative arguments are
+  a ``--flag=`` value, each item of a comma-separated list, and the path
+  of a ``name=path`` item) relative to ``start``. Relative arguments are
   kept, so a command already in this form comes back unchanged."""
-  def arg(value: str) -> str:
-    flag, sep, rest = value.partition("=")
-    if sep and flag.startswith("-") and os.path.isabs(rest):
-      return f"{flag}={relative_path(rest, start=start)}"
+  def item(value: str) -> str:
     if os.path.isabs(value):
       return relative_path(value, start=start)
+    name, sep, rest = value.partition("=")
+    if sep and os.path.isabs(rest):
+      return f"{name}={relative_path(rest, start=start)}"
     return value
+  def arg(value: str) -> str:
+    flag, sep, rest = value.partition("=")
+    if sep and flag.startswith("-"):
+      return f"{flag}={','.join(item(v) for v in rest.split(','))}"
+    return item(value)
   if not command:
     return []
   first = command[0]

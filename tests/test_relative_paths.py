@@ -66,6 +66,18 @@ def test_relative_command_keeps_relative_arguments(tmp_path):
                                    start=tmp_path) == ["m4moe-train", "--x=a"]
 
 
+def test_relative_command_rewrites_every_path_of_a_list_flag(tmp_path):
+  # m4moe-run's report stage passes several eval JSONs in one flag.
+  command = ["python3", "-m", "m4moe.cli.report",
+             f"--baselines={tmp_path}/eval/a.json,{tmp_path}/eval/b.json",
+             f"--training_logs=moe={tmp_path}/models/moe/metrics.jsonl",
+             "--title=MoE, dense: a=b"]
+  got = jsonfile.relative_command(command, start=tmp_path)
+  assert got[3:] == ["--baselines=eval/a.json,eval/b.json",
+                     "--training_logs=moe=models/moe/metrics.jsonl",
+                     "--title=MoE, dense: a=b"]
+
+
 def test_relative_paths_in_rewrites_paths_inside_messages(tmp_path):
   report = {"where": f"{tmp_path}/src/a.po:3",
             "reason": f"CatalogError: {tmp_path}/src/a.po: cannot parse",

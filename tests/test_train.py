@@ -472,10 +472,11 @@ def test_cpu_budget_counts_the_steps_cpu_seconds_over_resumes(tmp_path):
   end = records[-1]
   assert end["stopped_by"] == "cpu_budget"
   assert 2.0 <= end["train_cpu_seconds"] < 2.0 + 5.0
-  # The logged step CPU seconds add up to the budget the run spent.
+  # The logged step CPU seconds add up to the budget the run spent (the
+  # checkpointed counter keeps whole milliseconds per step).
   trains = [r for r in records if r["kind"] == "train"]
   logged = sum(r["step_cpu_sec"] * config.log_every for r in trains)
-  assert logged <= end["train_cpu_seconds"] + 1e-6
+  assert logged <= end["train_cpu_seconds"] + 1e-3 * result.step
   # The CPU clock is checkpointed: the same budget does not train again.
   again = _train(config)
   assert again.step == result.step

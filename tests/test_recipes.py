@@ -14,7 +14,45 @@ _MINIMAL = recipe_fixtures.MINIMAL
 def test_packaged_recipes_are_the_documented_ones():
   assert recipes_lib.packaged_names() == [
       "demo", "demo_pypi", "smoke", "study", "study3", "study3_baselines",
-      "study3_screen"]
+      "study3_screen", "study4_screen"]
+
+
+def _flag(model, name: str) -> str | None:
+  """The value of ``--name=...`` in a model's extra_flags (None: absent)."""
+  values = [f.split("=", 1)[1] for f in model.extra_flags
+            if f.startswith(f"--{name}=")]
+  assert len(values) <= 1, (model.name, name, values)
+  return values[0] if values else None
+
+
+def test_study4_screen_compares_at_equal_cpu_time_on_study3_data(tmp_path):
+  # Study v4 selects at equal training CPU seconds, not equal steps: every
+  # candidate has the same CPU budget and a step cap it never reaches
+  # (20000 steps would take hours), the dense side and the MoE side get
+  # the same number of candidates, and the data is the confirmation's
+  # (same corpus and vocabulary commands as study3), read on dev only.
+  screen = recipes_lib.load_recipe("study4_screen")
+  assert screen.eval_split == "dev" and not screen.ood_test
+  assert {_flag(m, "max_train_cpu_seconds") for m in screen.models} == {
+      "1500"}
+  assert all(m.train_steps >= 10 * 1500 for m in screen.models)
+  assert all(m.early_stopping_patience == 0 for m in screen.models)
+  families = [m.config for m in screen.models]
+  assert families.count("tiny/dense") == families.count("tiny/moe") == 3
+  # Every MoE candidate executes the dense FFN's 512 hidden units.
+  for model in screen.models:
+    if model.config == "tiny/moe":
+      assert int(_flag(model, "num_selected_experts")) * int(
+          _flag(model, "expert_hidden_dim")) == 512, model.name
+  commands = {
+      name: {stage.name: stage.command()[1:] for stage in plan_lib.plan(
+          recipes_lib.load_recipe(name), run_dir=tmp_path,
+          cache_dir=tmp_path / "cache")}
+      for name in ("study3", "study4_screen")}
+  for stage in ("corpus", "vocab"):
+    assert commands["study3"][stage] == commands["study4_screen"][stage]
+  assert not any("--split=test" in " ".join(command)
+                 for command in commands["study4_screen"].values())
 
 
 def test_study3_confirmation_dense_is_the_baselines_recipes_dense(tmp_path):

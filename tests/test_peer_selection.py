@@ -900,3 +900,32 @@ def test_dev_gap_of_the_picks_is_over_the_seeds_both_have(tmp_path):
   with pytest.raises(ValueError, match="share no selection seed"):
     select.dev_gap(tmp_path, {s: selection.chosen(lonely, s)
                               for s in selection.SYSTEMS}, language="pt")
+
+
+_PARSE = """
+import sys
+from absl import flags
+import {module}
+flags.FLAGS(["x", *sys.argv[1:]])
+print("parsed")
+"""
+
+
+@pytest.mark.parametrize("module", ["m4moe.cli.train", "m4moe.cli.eval"])
+def test_our_candidates_and_decoding_flags_parse(module):
+  """Every knob of our candidates and the shared decoding is a real flag
+  of m4moe-train / m4moe-eval (a typo would fail only hours into a run)."""
+  if module == "m4moe.cli.train":
+    argv = [f for s in candidates_lib.SYSTEMS[:1]
+            for c in (*candidates_lib.ROUND1[s],
+                      *candidates_lib.round_candidates(
+                          s, 2, candidates_lib.ROUND1[s][0]))
+            for f in c.m4moe_flags(planned_steps=1000)]
+    argv += ["--checkpoint_every=50", "--keep_checkpoints=5"]
+  else:
+    argv = ["--checkpoint=averaged", *systems.Decoding().m4moe_flags()]
+  done = subprocess.run([sys.executable, "-c", _PARSE.format(module=module),
+                         *argv], capture_output=True, text=True, check=False,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "parsed" in done.stdout

@@ -1,17 +1,24 @@
 r"""Dev-only recipe selection for m4moe and OpenNMT-tf, then the final match.
 
-  # Screen candidates (one at a time, pinned to --core), resumable:
+  # Screen both systems' candidates (three rounds, one run at a time,
+  # pinned to --core), resumable:
   taskset -c 1 nice -n 0 python -m m4moe.benchmarks.peer.select \
       --mode=select --corpus_dir=CORPUS --run_dir=RUN --core=1 \
-      --onmt_venv=VENV --budget_steps=1000 [--candidates=a,b] [--seeds=0]
+      --onmt_venv=VENV --budget_tokens=4096000
+  # The picks' seeds for the final (three each):
+  ... --mode=select ... --candidates=M4MOE_PICK,PEER_PICK --seeds=0,1,2
   # The dev-only ranking table from the finished candidates:
   python -m m4moe.benchmarks.peer.select --mode=table --run_dir=RUN \
       --output_dir=OUT
-  # The comparison on sentences no selection read (both systems at once,
-  # one core each, equal wall-clock, every seed):
+  # The comparison on sentences no choice was made on (both systems at
+  # once, one core each, the selection's token budget, seeds 0,1,2):
   python -m m4moe.benchmarks.peer.select --mode=final --corpus_dir=CORPUS \
-      --run_dir=RUN --onmt_venv=VENV --budget_seconds=800 --seeds=0,1 \
-      --output_dir=OUT
+      --run_dir=RUN --onmt_venv=VENV --output_dir=OUT
+
+One budget for both modes: ``--budget_tokens`` training tokens per run
+(a run with B-token batches trains tokens/B steps); the final takes the
+budget its picks' records hold and refuses another, because a recipe
+chosen at one budget and reported at another measures the budget.
 
 What each mode reads:
 
@@ -19,18 +26,21 @@ What each mode reads:
   write ``RUN/data/selection_corpus`` (train minus the dev carve; the dev
   set; no test split: see ``selection.py``), then only that copy. Trains
   ``RUN/data/vocab`` on its train split unless ``--vocab_dir`` is given.
-  Each candidate and seed trains for ``--budget_steps`` (batches of 4096
-  tokens; other batch sizes train as many tokens) or ``--budget_seconds``
-  and is scored on the dev set (BLEU and chrF++ with beam 4, dev CE),
-  written to ``RUN/candidates/<name>_s<seed>.json``; a finished one is
-  skipped on the next run, an interrupted one restarts (its directory is
-  kept as ``*.abandoned-N``). The table is rewritten after each candidate.
+  Each candidate (``candidates.py``) and seed trains for the budget with
+  the schedule built for it, is scored on the dev set (BLEU and chrF++,
+  ``systems.Decoding``; dev CE) and has its schedule checked, written to
+  ``RUN/candidates/<name>_s<seed>.json``; a finished one is skipped on
+  the next run, an interrupted one restarts (its directory is kept as
+  ``*.abandoned-N``). The table is rewritten after each run.
 * ``table``: the candidate JSONs, the selection dev set and the runs' dev
-  hypotheses (for the paired bootstrap against each system's centre).
+  hypotheses (for the paired bootstrap against each candidate's base);
+  records of the earlier protocol are read too.
 * ``final``: the candidate JSONs (the systems' picks: rank 1 on dev unless
-  ``--m4moe_candidate``/``--peer_candidate``), the selection corpus, and
+  ``--m4moe_candidate``/``--peer_candidate``; this protocol's records
+  only), the selection corpus and dev hypotheses (the dev gap), and
   ``CORPUS/test/<lang>.tsv`` past its first ``--test_skip`` lines and
-  ``CORPUS/test_ood/<lang>.tsv``. Writes ``OUT/peer.json``.
+  ``CORPUS/test_ood/<lang>.tsv``. Writes ``OUT/peer.json``
+  (``final_runs.py``, ``final.py``).
 
 Nothing is written into the repository unless ``--output_dir`` points there.
 """

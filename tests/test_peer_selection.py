@@ -211,6 +211,12 @@ def test_round_queue_builds_on_the_best_so_far():
   assert [(c.base, c.decay, c.peak) for c in third] == [
       ("peer_r2_cosine", "cosine", 0.0014), ("peer_r2_cosine", "cosine",
                                              0.0028)]
+  # A round that has started keeps its base, even if later seeds reorder
+  # the rounds before it.
+  records.append(_record("peer_r1_lr8e-3", "opennmt-tf", 1, 90.0, 2.0,
+                         round=1, spec=known["peer_r1_lr8e-3"].to_dict()))
+  assert {c.base for c in selection.round_queue(records, 2)
+          if c.system == "opennmt-tf"} == {"peer_r1_lr2e-3"}
 
 
 def test_schedules_fit_the_budget_at_every_batch_size():

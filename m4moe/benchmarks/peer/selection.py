@@ -219,7 +219,10 @@ def round_queue(records: Sequence[Mapping[str, Any]], round_: int
   """Both systems' candidates of ``round_``, built on their best so far.
 
   Rounds 2 and 3 change each system's rank-1 candidate on dev among the
-  finished ones of the rounds before.
+  finished ones of the rounds before. Once a round has a finished record,
+  its base stays the one that record names, so that later seeds of other
+  candidates (which may reorder the earlier rounds) do not move a round
+  that has started.
 
   Raises:
     ValueError: a system has no finished candidate of an earlier round.
@@ -229,11 +232,14 @@ def round_queue(records: Sequence[Mapping[str, Any]], round_: int
   for system in SYSTEMS:
     base = None
     if round_ > 1:
-      if not ranking.get(system):
+      started = [r["base"] for r in records if r["system"] == system
+                 and r.get("round") == round_ and r.get("base")]
+      if not started and not ranking.get(system):
         raise ValueError(f"round {round_} of {system} starts from its best "
                          f"finished candidate of rounds 1..{round_ - 1}, "
                          "and there is none: run --rounds=1 first")
-      base = spec_of(records, ranking[system][0].candidate)
+      base = spec_of(records, started[0] if started
+                     else ranking[system][0].candidate)
     out += candidates_lib.round_candidates(system, round_, base)
   return out
 

@@ -23,6 +23,7 @@ import sacrebleu
 
 from m4moe.benchmarks.peer import candidates as candidates_lib
 from m4moe.benchmarks.peer import final
+from m4moe.benchmarks.peer import final_runs
 from m4moe.benchmarks.peer import runs
 from m4moe.benchmarks.peer import schedules
 from m4moe.benchmarks.peer import select
@@ -935,3 +936,42 @@ def test_our_candidates_and_decoding_flags_parse(module):
                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
   assert done.returncode == 0, done.stderr[-2000:]
   assert "parsed" in done.stdout
+
+
+def test_a_final_run_keeps_its_logs_and_is_reused_only_unchanged(
+    tmp_path, monkeypatch):
+  trained = []
+
+  def fake_train_and_decode(*, candidate, data, root, splits, budget, seed,
+                            core, peer_python):
+    trained.append(candidate.name)
+    (root / "train.log").write_text("step 1\n", encoding="utf-8")
+    (root / throughput.PEER_STEPS_FILENAME).write_text("{}\n",
+                                                       encoding="utf-8")
+    schedule = candidate.schedule(
+        planned_steps=budget.steps_for(candidate.batch_tokens))
+    train = {"steps": 3, "target_tokens_per_sec": 1.0,
+             "schedule_check": schedules.check(schedule, steps=3)}
+    return train, {s: systems.Decoded(
+        split=s, hypotheses=["a", "b"], sentences=2, seconds=1.0,
+        eval_path=root / "e.json", bleu=1.0, chrf=2.0) for s in splits}
+
+  monkeypatch.setattr(runs, "train_and_decode", fake_train_and_decode)
+  peer = candidates_lib.ROUND1["opennmt-tf"][0]
+  budget = systems.Budget(tokens=4096 * 10)
+  kwargs = dict(seed=1, run_dir=tmp_path, data=None, budget=budget,
+                core="1", peer_python=None)
+  record = final_runs.final_run(candidate=peer, **kwargs)
+  runs_dir = tmp_path / "final" / "runs"
+  assert record["logs"] == {"train.log": "opennmt-tf_s1.train.log",
+                            "steps.jsonl": "opennmt-tf_s1.steps.jsonl"}
+  assert (runs_dir / "opennmt-tf_s1.train.log").read_text() == "step 1\n"
+  assert (runs_dir / "opennmt-tf_s1.test.hyp").read_text() == "a\nb\n"
+  # 3 of 10 planned steps: flagged in the record.
+  assert record["schedule_check"]["schedule_complete"] is False
+  assert record["decoding"] == systems.Decoding().to_dict()
+  assert final_runs.final_run(candidate=peer, **kwargs) == record
+  assert trained == [peer.name]
+  with pytest.raises(ValueError, match="ran with other budget_tokens"):
+    final_runs.final_run(candidate=peer, **{
+        **kwargs, "budget": systems.Budget(tokens=4096 * 20)})

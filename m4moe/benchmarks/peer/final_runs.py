@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import shutil
 from typing import Any, Mapping, Sequence
 
 from m4moe.benchmarks.peer import candidates as candidates_lib
@@ -28,6 +29,7 @@ from m4moe.benchmarks.peer import throughput
 from m4moe.benchmarks.peer import toolkit
 from m4moe.eval import examples as examples_lib
 from m4moe.eval import testsets as testsets_lib
+from m4moe.training import metrics_log
 
 Picks = dict[str, selection.Ranked]
 Specs = dict[str, candidates_lib.Candidate]
@@ -107,6 +109,26 @@ def _reused(path: pathlib.Path, expect: Mapping[str, Any]
   return record
 
 
+# Each system's own training logs, kept beside its final run record so that
+# a divergent or degenerate seed can be examined from the results alone.
+_LOGS = ("train.log", f"model/{metrics_log.METRICS_FILENAME}",
+         throughput.PEER_STEPS_FILENAME)
+
+
+def keep_logs(root: pathlib.Path, record_path: pathlib.Path
+              ) -> dict[str, str]:
+  """Copies the run's training logs next to its record; their names."""
+  kept = {}
+  for name in _LOGS:
+    source = root / name
+    if source.is_file():
+      target = record_path.with_name(
+          f"{record_path.stem}.{pathlib.Path(name).name}")
+      shutil.copyfile(source, target)
+      kept[pathlib.Path(name).name] = target.name
+  return kept
+
+
 def final_run(*, candidate: candidates_lib.Candidate, seed: int,
               run_dir: pathlib.Path, data: systems.Data,
               budget: systems.Budget, core: str,
@@ -132,6 +154,7 @@ def final_run(*, candidate: candidates_lib.Candidate, seed: int,
                                                 max(d.seconds, 1e-9), 3)}
   record = {**expect, "core": core, "train": train,
             "schedule_check": train["schedule_check"], "splits": splits,
+            "logs": keep_logs(root, path),
             "tokens_per_sec_definition": throughput.DEFINITION,
             "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
             "code_commit": runs_lib.code_commit()}

@@ -589,6 +589,15 @@ def test_final_report_schema_and_sacrebleu_scores():
   warned = final.warnings(out)
   assert any("opennmt-tf seed(s) [0]" in w for w in warned)
   assert any("disagree by more than their intervals" in w for w in warned)
+  out["recipes"] = {s: final.recipe_entry(p) for s, p in picks.items()}
+  out["budget"], out["seeds"] = {"budget_tokens": 4096000}, [0, 1]
+  table = final.markdown(out)
+  assert "| opennmt-tf: `peer_ours` | 9/20, 20/20 | flagged seeds [0] |" in (
+      table)
+  assert "| m4moe: `m4moe_zoo` | 20/20, 20/20 | complete |" in table
+  assert f"| seed mean | -30.0* ±1.0 (p=0.001) | {diff['score']:+.1f}" in (
+      table)
+  assert table.count("Warning: ") == 2
   with pytest.raises(ValueError, match="different seeds"):
     final.report(picks=picks, runs={**runs, "m4moe": runs["m4moe"][:1]},
                  hypotheses=hyp, references=refs, splits={}, setup={})
@@ -719,6 +728,8 @@ def test_table_tests_each_candidate_against_its_centre_on_dev(tmp_path):
   assert list(out["bleu_minus_base"]) == ["m4moe_ls0"]
   table = (tmp_path / "out" / "selection.md").read_text(encoding="utf-8")
   assert "| 1 | 2 | m4moe_ls0 |" in table and "(p=" in table
+  # Only ours ranked: no dev gap of the picks yet.
+  assert out["picks_dev_gap"] is None and "Dev gap of the picks" not in table
 
 
 _SLEEPER = ("import os, pathlib, sys, time\n"
@@ -902,6 +913,13 @@ def test_dev_gap_of_the_picks_is_over_the_seeds_both_have(tmp_path):
           for s in (0, 1)]
   assert gap["score"] == pytest.approx(100.0 - sum(peer) / 2)
   assert gap["ci"] >= 0 and 0 <= gap["p_value"] <= 1
+  text = selection.table_markdown(
+      ranking, manifest={"language": "pt", "dev": {
+          "sentences": 5, "from_dev_split": 2, "from_train_carve": 3}},
+      budgets=[], picks_gap={"m4moe": "m4moe_a", "opennmt-tf": "peer_b",
+                             **gap})
+  assert ("Dev gap of the picks, m4moe_a minus peer_b (dev BLEU, paired "
+          f"bootstrap over the seeds both have): {gap['score']:+.1f}") in text
   lonely = selection.rank([_record("m4moe_a", "m4moe", 3, 1.0, 2.0),
                            _record("peer_b", "opennmt-tf", 2, 1.0, 2.0)])
   with pytest.raises(ValueError, match="share no selection seed"):

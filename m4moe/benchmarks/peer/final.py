@@ -162,3 +162,58 @@ def report(*, picks: Mapping[str, selection.Ranked],
     out["dev_vs_test"] = gap_check(dev_gap,
                                    out["m4moe_minus_peer"]["test"]["bleu"])
   return out
+
+
+def _mean_text(block: Mapping[str, Any]) -> str:
+  """A metric block as ``mean (per seed) ±ci``."""
+  seeds = ", ".join(f"{v:.1f}" for v in block["per_seed"])
+  return (f"{block['seed_spread']['mean']:.1f} ({seeds}) "
+          f"±{block['interval']['ci']:.1f}")
+
+
+def _system_row(system: str, value: Mapping[str, Any]) -> str:
+  entry, recipe = value["systems"][system], value["recipes"][system]
+  checks = entry["schedule"]["per_seed"]
+  steps = ", ".join(f"{c['steps']}/{c['planned_steps']}" for c in checks)
+  flagged = entry["schedule"]["flagged_seeds"]
+  schedule = f"flagged seeds {flagged}" if flagged else "complete"
+  speed = entry["speed"]
+  decode = " / ".join(
+      f"{speed[f'decode_sentences_per_sec_{s}']['mean']:.1f}" for s in SPLITS)
+  scores = " | ".join(_mean_text(entry[s][m]) for s in SPLITS
+                      for m in METRICS)
+  return (f"| {system}: `{recipe['candidate']}` | {steps} | {schedule} | "
+          f"{speed['target_tokens_per_sec']['mean']:,.0f} | "
+          f"{speed['dev_ce']['mean']:.3f} | {scores} | {decode} |")
+
+
+def _gap_text(d: Mapping[str, Any] | None) -> str:
+  if d is None:
+    return "–"
+  star = "*" if d.get("significant") else ""
+  return f"{d['score']:+.1f}{star} ±{d['ci']:.1f} (p={d['p_value']:.3f})"
+
+
+def markdown(value: Mapping[str, Any]) -> str:
+  """``peer.md``: the final's table, the dev gap beside the test gaps."""
+  gaps = value["m4moe_minus_peer"]
+  lines = [
+      f"Final comparison at {value['budget']}, seeds "
+      f"{', '.join(map(str, value['seeds']))}, both systems decoding with "
+      "one config (peer.json: decoding); steps are trained/planned; "
+      "scores are seed means (per seed) ±95% over sentences; target "
+      "tokens/s: " + value.get("tokens_per_sec_definition", "") + ".", "",
+      "| system, recipe chosen on dev | steps | schedule | target tokens/s |"
+      " dev CE | test BLEU | test chrF++ | test_ood BLEU | test_ood chrF++ |"
+      " decode sent/s test / ood |",
+      "| --- | --- | --- |" + " ---: |" * 7 + " ---: |"]
+  lines += [_system_row(s, value) for s in value["systems"]]
+  lines += ["", "| m4moe − OpenNMT-tf (BLEU, paired bootstrap) | dev "
+            "(selection) | test | test_ood |", "| --- | ---: | ---: | ---: |",
+            f"| seed mean | {_gap_text(gaps.get('dev', {}).get('bleu'))} | "
+            f"{_gap_text(gaps['test']['bleu'])} | "
+            f"{_gap_text(gaps['test_ood']['bleu'])} |", ""]
+  lines += [f"Warning: {w}" for w in warnings(value)]
+  if "dev_vs_test" not in value:
+    lines.append("No dev gap was recorded: the test gap stands alone.")
+  return "\n".join(lines) + "\n"

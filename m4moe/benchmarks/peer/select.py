@@ -349,6 +349,23 @@ def dev_gap(run_dir: pathlib.Path, picks: Mapping[str, selection.Ranked], *,
           **significance.paired_difference(mine, theirs).to_dict()}
 
 
+def _picks_gap(run_dir: pathlib.Path,
+               ranking: Mapping[str, Sequence[selection.Ranked]], *,
+               language: str) -> dict[str, Any] | None:
+  """The dev gap of the current rank-1 picks (None: not both ranked)."""
+  if not all(ranking.get(s) for s in selection.SYSTEMS):
+    return None
+  picks = {s: ranking[s][0] for s in selection.SYSTEMS}
+  try:
+    gap = dev_gap(run_dir, picks, language=language)
+  except ValueError as e:
+    return {"m4moe": picks[selection.SYSTEM_M4MOE].candidate,
+            "opennmt-tf": picks[selection.SYSTEM_PEER].candidate,
+            "unavailable": str(e)}
+  return {"m4moe": picks[selection.SYSTEM_M4MOE].candidate,
+          "opennmt-tf": picks[selection.SYSTEM_PEER].candidate, **gap}
+
+
 def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
   """``selection.md`` and ``selection.json``: the dev-only ranking."""
   manifest = json.loads((run_dir / "data" / "manifest.json").read_text(
@@ -358,9 +375,10 @@ def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
   ranking = selection.rank(records)
   differences = dev_differences(run_dir, ranking,
                                 language=manifest["language"])
+  gap = _picks_gap(run_dir, ranking, language=manifest["language"])
   text = selection.table_markdown(ranking, manifest=manifest,
                                   budgets=[json.loads(b) for b in budgets],
-                                  differences=differences)
+                                  differences=differences, picks_gap=gap)
   output_dir.mkdir(parents=True, exist_ok=True)
   (output_dir / "selection.md").write_text(text + "\n", encoding="utf-8")
   toolkit.write_json(output_dir / "selection.json", {
@@ -369,6 +387,7 @@ def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
       "dev": manifest["dev"], "carve": manifest["rule"],
       "care": selection.care_counts(ranking),
       "planned": candidates_lib.counts(),
+      "picks_dev_gap": gap,
       "ranking": {s: [r.to_dict() for r in items]
                   for s, items in ranking.items()},
       "bleu_minus_base": differences})
@@ -523,6 +542,8 @@ def main_final() -> None:
   except (toolkit.PeerError, OSError, ValueError) as e:
     sys.exit(f"select: error: {e}")
   toolkit.write_json(output_dir / "peer.json", value)
+  (output_dir / "peer.md").write_text(final.markdown(value),
+                                      encoding="utf-8")
   for line in final.warnings(value):
     print(f"select: WARNING: {line}", flush=True)
   print(f"Wrote {output_dir / 'peer.json'}", flush=True)

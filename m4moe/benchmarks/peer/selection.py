@@ -433,16 +433,31 @@ def _care_lines(ranking: Mapping[str, Sequence[Ranked]]) -> list[str]:
   return [*lines, ""]
 
 
+def _gap_lines(gap: Mapping[str, Any] | None) -> list[str]:
+  if gap is None:
+    return []
+  head = (f"Dev gap of the picks, {gap['m4moe']} minus {gap['opennmt-tf']}"
+          " (dev BLEU, paired bootstrap over the seeds both have): ")
+  if "unavailable" in gap:
+    return [head + f"not available ({gap['unavailable']}).", ""]
+  star = "*" if gap["significant"] else ""
+  return [head + f"{gap['score']:+.1f}{star} ±{gap['ci']:.1f} "
+          f"(p={gap['p_value']:.3f}), seeds "
+          f"{', '.join(map(str, gap['seeds']))}.", ""]
+
+
 def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
                    manifest: Mapping[str, Any],
                    budgets: Sequence[Mapping[str, float]],
-                   differences: Mapping[str, Mapping[str, Any]] | None = None
-                   ) -> str:
+                   differences: Mapping[str, Mapping[str, Any]] | None = None,
+                   picks_gap: Mapping[str, Any] | None = None) -> str:
   """The dev-only selection table: the care count, then one per system.
 
   ``differences``: per candidate, its dev BLEU minus its base's
   with sacrebleu's paired bootstrap over the dev sentences (``Δ ±95%``,
   ``*`` for p < 0.05); without one, the plain difference of the means.
+  ``picks_gap``: the two rank-1 picks' dev gap (``select.dev_gap``), the
+  number the final's test gap is set beside.
   """
   dev = manifest["dev"]
   lines = [
@@ -455,7 +470,7 @@ def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
       "over the dev sentences (* p < 0.05); target tokens/s: real target "
       "tokens per second of training-step time; ⚑: seeds whose schedule "
       "check failed. No test sentence is read.", "",
-      *_care_lines(ranking)]
+      *_care_lines(ranking), *_gap_lines(picks_gap)]
   for system in SYSTEMS:
     items = ranking.get(system, ())
     if not items:

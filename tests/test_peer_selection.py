@@ -993,3 +993,110 @@ def test_a_final_run_keeps_its_logs_and_is_reused_only_unchanged(
   with pytest.raises(ValueError, match="ran with other budget_tokens"):
     final_runs.final_run(candidate=peer, **{
         **kwargs, "budget": systems.Budget(tokens=4096 * 20)})
+
+
+def _fake_decoded(*, data, root, split, name, seed):
+  """Hypotheses that keep a name-dependent share of each reference (the
+  same for every seed, so that the picks' seeds keep them rank 1)."""
+  del seed
+  (testset,) = testsets_lib.load_testsets(data.corpus_dir, split=split,
+                                          langs=[data.language])
+  keep = 1 + int(hashlib.sha256(name.encode()).hexdigest(), 16) % 4
+  hyps = [" ".join(r.split()[:keep]) for r in testset.references]
+  systems.write_hypotheses(systems.hypotheses_path(root, split,
+                                                   data.language), hyps)
+  return systems.Decoded(
+      split=split, hypotheses=hyps, sentences=len(hyps), seconds=1.0,
+      eval_path=root / "e.json", bleu=sacrebleu.corpus_bleu(
+          hyps, [list(testset.references)]).score, chrf=1.0)
+
+
+def _train_summary(steps):
+  return {"steps": steps, "dev_ce": 3.0, "tokens_per_sec": 10.0,
+          "target_tokens_per_sec": 5.0, "target_tokens": 100,
+          "steps_per_sec": 1.0, "train_seconds": 1.0, "stopped_by": None,
+          "logged_learning_rate": 1e-3, "logged_learning_rate_step": steps}
+
+
+def _fake_both_systems(monkeypatch):
+  """Every training and decoding step, faked; runs train their plan."""
+  seeds = {}
+
+  def train_m4moe(*, data, root, config, flags, batch_tokens, budget, seed,
+                  core, checkpoint_every=0, keep_checkpoints=0):
+    seeds[root] = seed
+    return _train_summary(budget.steps_for(batch_tokens))
+
+  def prepare_peer(*, data, root, recipe, model, budget):
+    (root / "planned").write_text(str(budget.steps_for(recipe.batch_tokens)))
+
+  def train_peer(*, python, root, budget, seed, core):
+    seeds[root] = seed
+    return _train_summary(int((root / "planned").read_text()))
+
+  monkeypatch.setattr(systems, "train_m4moe", train_m4moe)
+  monkeypatch.setattr(systems, "prepare_peer", prepare_peer)
+  monkeypatch.setattr(systems, "train_peer", train_peer)
+  monkeypatch.setattr(systems, "average_m4moe", lambda **_: None)
+  monkeypatch.setattr(systems, "decode_m4moe", lambda *, data, root, split,
+                      name, core, decoding, averaged: _fake_decoded(
+                          data=data, root=root, split=split, name=name,
+                          seed=seeds[root]))
+  monkeypatch.setattr(systems, "decode_peer", lambda *, python, data, root,
+                      testset, split, name, seed, core, decoding, average:
+                      _fake_decoded(data=data, root=root, split=split,
+                                    name=name, seed=seed))
+
+
+def test_select_then_final_end_to_end_with_fake_toolkits(
+    corpus, tmp_path, monkeypatch):
+  """The selection's three rounds, the picks' seeds and the final, as the
+  two commands run them, with every toolkit step faked."""
+  _fake_both_systems(monkeypatch)
+  run_dir, budget = tmp_path / "run", systems.Budget(tokens=40 * 4096)
+  manifest = select.prepare_data(corpus_dir=corpus / "corpus",
+                                 run_dir=run_dir, language="de", permille=200)
+  data = systems.Data(corpus_dir=run_dir / "data" / "selection_corpus",
+                      vocab_dir=corpus / "vocab", language="de")
+  common = dict(run_dir=run_dir, data=data, manifest=manifest,
+                budget=budget, core="1", peer_python=pathlib.Path("/p"))
+  select._run_rounds(rounds=[1, 2, 3], names=[], seeds=[0], **common)  # pylint: disable=protected-access
+  ranking = selection.rank(selection.read_records(run_dir))
+  picks = [ranking[s][0].candidate for s in selection.SYSTEMS]
+  select._run_rounds(rounds=[1, 2, 3], names=picks, seeds=[0, 1, 2],  # pylint: disable=protected-access
+                     **common)
+  select.write_table(run_dir, run_dir)
+  table = json.loads((run_dir / "selection.json").read_text())
+  assert table["care"]["m4moe"] == table["care"]["opennmt-tf"] == {
+      "round_1": 4, "round_2": 9, "round_3": 2, "candidates": 15,
+      "runs": 17}
+  assert table["picks_dev_gap"]["seeds"] == [0, 1, 2]
+  chosen, specs, final_budget = final_runs.picks_and_budget(
+      run_dir, names={}, min_seeds=3, budget_tokens=None)
+  assert final_budget == budget
+  assert [chosen[s].candidate for s in selection.SYSTEMS] == picks
+  splits = selection.write_final_corpus(
+      selection_dir=run_dir / "data" / "selection_corpus",
+      corpus_dir=corpus / "corpus", output_dir=run_dir / "final" / "corpus",
+      language="de", test_skip=4, ood_sentences=0)
+  final_data = systems.Data(corpus_dir=run_dir / "final" / "corpus",
+                            vocab_dir=corpus / "vocab", language="de")
+  done = final_runs.run_all(specs=specs, seeds=[0, 1, 2], cores=["0", "1"],
+                            run_dir=run_dir, data=final_data,
+                            budget=final_budget, peer_python=pathlib.Path("/p"))
+  value = final_runs.assemble(
+      picks=chosen, runs=done, run_dir=run_dir, data=final_data,
+      splits=splits, budget=final_budget, cores=["0", "1"],
+      manifest=manifest, n_samples=20,
+      dev_gap=select.dev_gap(run_dir, chosen, language="de"))
+  assert value["budget"] == {"budget_tokens": 40 * 4096}
+  assert value["decoding"]["m4moe"] == value["decoding"]["opennmt-tf"] == (
+      systems.Decoding().to_dict())
+  assert value["tokens_per_sec_definition"] == throughput.DEFINITION
+  assert value["seeds"] == [0, 1, 2]
+  for system in selection.SYSTEMS:
+    schedule = value["systems"][system]["schedule"]
+    assert schedule["flagged_seeds"] == [] and len(schedule["per_seed"]) == 3
+  assert value["m4moe_minus_peer"]["dev"]["bleu"]["seeds"] == [0, 1, 2]
+  assert set(value["dev_vs_test"]) >= {"dev", "test", "disagree"}
+  assert "| m4moe: `" in final.markdown(value)

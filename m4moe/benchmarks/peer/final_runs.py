@@ -28,6 +28,7 @@ from m4moe.benchmarks.peer import systems
 from m4moe.benchmarks.peer import throughput
 from m4moe.benchmarks.peer import toolkit
 from m4moe.eval import examples as examples_lib
+from m4moe.eval import significance
 from m4moe.eval import testsets as testsets_lib
 from m4moe.training import metrics_log
 
@@ -186,7 +187,8 @@ def assemble(*, picks: Picks, runs: Mapping[str, Sequence[Mapping[str, Any]]],
              run_dir: pathlib.Path, data: systems.Data,
              splits: Mapping[str, Any], budget: systems.Budget,
              cores: Sequence[str], manifest: Mapping[str, Any],
-             dev_gap: Mapping[str, Any]) -> dict[str, Any]:
+             dev_gap: Mapping[str, Any],
+             n_samples: int = significance.DEFAULT_SAMPLES) -> dict[str, Any]:
   """``peer.json`` from the finished runs (``final.report``)."""
   references = {
       split: list(testsets_lib.load_testsets(
@@ -208,4 +210,4 @@ def assemble(*, picks: Picks, runs: Mapping[str, Sequence[Mapping[str, Any]]],
                          "planned": candidates_lib.counts()}}
   return final.report(picks=picks, runs=runs, hypotheses=hypotheses,
                       references=references, splits=splits, setup=setup,
-                      dev_gap=dev_gap)
+                      dev_gap=dev_gap, n_samples=n_samples)

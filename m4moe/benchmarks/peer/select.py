@@ -440,7 +440,7 @@ def _select_plan() -> tuple[list[int], list[str]]:
 def _run_rounds(*, rounds: Sequence[int], names: Sequence[str],
                 seeds: Sequence[int], run_dir: pathlib.Path,
                 data: systems.Data, manifest: dict[str, Any],
-                budget: systems.Budget,
+                budget: systems.Budget, core: str,
                 peer_python: pathlib.Path | None) -> None:
   """Every round in order, each built on the records finished before it."""
   for round_ in rounds:
@@ -451,7 +451,7 @@ def _run_rounds(*, rounds: Sequence[int], names: Sequence[str],
       for seed in seeds:
         if run_candidate(candidate=candidate, seed=seed, run_dir=run_dir,
                          data=data, manifest=manifest, budget=budget,
-                         core=_CORE.value, peer_python=peer_python):
+                         core=core, peer_python=peer_python):
           write_table(run_dir, run_dir)
 
 
@@ -479,7 +479,7 @@ def main_select() -> None:
     data = systems.Data(corpus_dir=run_dir / "data" / "selection_corpus",
                         vocab_dir=vocab, language=_LANGUAGE.value)
     _run_rounds(rounds=rounds, names=names, seeds=seeds, run_dir=run_dir,
-                data=data, manifest=manifest, budget=budget,
+                data=data, manifest=manifest, budget=budget, core=_CORE.value,
                 peer_python=peer_python)
     write_table(run_dir, run_dir)
   except (toolkit.PeerError, OSError, ValueError) as e:

@@ -1100,3 +1100,18 @@ def test_select_then_final_end_to_end_with_fake_toolkits(
   assert value["m4moe_minus_peer"]["dev"]["bleu"]["seeds"] == [0, 1, 2]
   assert set(value["dev_vs_test"]) >= {"dev", "test", "disagree"}
   assert "| m4moe: `" in final.markdown(value)
+
+
+def test_select_refuses_a_run_dir_of_the_earlier_protocol(corpus, tmp_path):
+  (tmp_path / "run" / "candidates").mkdir(parents=True)
+  (tmp_path / "run" / "candidates" / "m4moe_zoo_s0.json").write_text(
+      json.dumps(_record("m4moe_zoo", "m4moe", 0, 30.0, 2.5,
+                         budget_steps=1000)), encoding="utf-8")
+  done = subprocess.run(
+      [sys.executable, "-m", "m4moe.benchmarks.peer.select", "--mode=select",
+       f"--corpus_dir={corpus / 'corpus'}", f"--run_dir={tmp_path / 'run'}",
+       "--language=de", "--onmt_venv=/nonexistent"],
+      capture_output=True, text=True, cwd=tmp_path, check=False)
+  assert done.returncode != 0 and "Traceback" not in done.stderr
+  assert "holds 1 candidate(s) of the earlier protocol" in done.stderr
+  assert not (tmp_path / "run" / "data").exists()

@@ -589,6 +589,11 @@ def test_final_report_schema_and_sacrebleu_scores():
   warned = final.warnings(out)
   assert any("opennmt-tf seed(s) [0]" in w for w in warned)
   assert any("disagree by more than their intervals" in w for w in warned)
+  assert out["systems"]["m4moe"]["test"]["repeating_outputs_per_seed"] == [
+      0, 0]
+  assert final.repeats_three_times("Download Download Download now")
+  assert final.repeats_three_times("a b a b a b")
+  assert not final.repeats_three_times("a b a b c a b")
   out["recipes"] = {s: final.recipe_entry(p) for s, p in picks.items()}
   out["budget"], out["seeds"] = {"budget_tokens": 4096000}, [0, 1]
   table = final.markdown(out)

@@ -8,7 +8,8 @@ seed-mean's 95% interval over test sentences, and m4moe minus the peer with
 sacrebleu's paired bootstrap (``m4moe.eval.significance``: each seed's
 hypotheses are resampled with the same sentence indices, the seeds'
 resamples averaged index by index); tokens/s and decode sentences/s with
-their seed spread.
+their seed spread; per seed and split, how many outputs repeat a word or
+phrase three times in a row (a degenerate seed shows there first).
 
 It also sets the test gap beside the dev gap of the two picks (the
 selection's paired bootstrap over the same seeds): a test gap outside
@@ -44,6 +45,19 @@ def _metric_block(hyps_by_seed: Sequence[Sequence[str]],
   return ({"per_seed": [round(r.score, 2) for r in resamples],
            "seed_spread": spread.to_dict(),
            "interval": significance.interval(mean).to_dict()}, mean)
+
+
+def repeats_three_times(hypothesis: str, *, max_n: int = 3) -> bool:
+  """Whether a word or phrase of up to ``max_n`` words occurs three times
+  in a row ("Download Download Download"): the degenerate output a
+  diverging or undertrained run produces."""
+  words = hypothesis.split()
+  for n in range(1, max_n + 1):
+    for i in range(len(words) - 3 * n + 1):
+      if words[i:i + n] == words[i + n:i + 2 * n] == words[i + 2 * n:
+                                                           i + 3 * n]:
+        return True
+  return False
 
 
 def _speed(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -152,6 +166,9 @@ def report(*, picks: Mapping[str, selection.Ranked],
                                     metric=metric, n_samples=n_samples)
         out["systems"][system].setdefault(split, {})[metric] = block
         means.setdefault(metric, {})[system] = mean
+      out["systems"][system][split]["repeating_outputs_per_seed"] = [
+          sum(map(repeats_three_times, hyps))
+          for hyps in hypotheses[system][split]]
     out["m4moe_minus_peer"][split] = {
         metric: significance.paired_difference(
             means[metric][selection.SYSTEM_M4MOE],

@@ -1102,6 +1102,7 @@ def test_select_then_final_end_to_end_with_fake_toolkits(
   for system in selection.SYSTEMS:
     schedule = value["systems"][system]["schedule"]
     assert schedule["flagged_seeds"] == [] and len(schedule["per_seed"]) == 3
+    assert value["systems"][system]["speed"]["target_tokens"] == [100] * 3
   assert value["m4moe_minus_peer"]["dev"]["bleu"]["seeds"] == [0, 1, 2]
   assert set(value["dev_vs_test"]) >= {"dev", "test", "disagree"}
   assert "| m4moe: `" in final.markdown(value)

@@ -65,6 +65,7 @@ def _speed(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                    ).to_dict(),
          "target_tokens_per_sec": seeds_lib.spread(
              [r["train"]["target_tokens_per_sec"] for r in runs]).to_dict(),
+         "target_tokens": [r["train"].get("target_tokens") for r in runs],
          "dev_ce": seeds_lib.spread([r["train"]["dev_ce"] for r in runs]
                                     ).to_dict()}
   for split in SPLITS:

@@ -15,6 +15,7 @@ import types
 import pytest
 
 from m4moe.benchmarks.peer import driver
+from m4moe.benchmarks.peer import throughput
 from m4moe.benchmarks.peer import toolkit
 from m4moe.data import fixtures
 from m4moe.data import vocab as vocab_lib
@@ -200,22 +201,37 @@ def _metrics(path, records):
 
 
 def test_m4moe_train_summary(tmp_path):
+  # A hand-made log: 50 steps an interval; tokens_seen counts target tokens.
   path = _metrics(tmp_path / "metrics.jsonl", [
       {"kind": "start", "step": 0},
-      {"kind": "train", "step": 50, "tokens_per_sec": 100.0},
-      {"kind": "train", "step": 100, "tokens_per_sec": 4000.0},
-      {"kind": "train", "step": 150, "tokens_per_sec": 5000.0},
+      {"kind": "train", "step": 50, "tokens_per_sec": 100.0,
+       "tokens_seen": 10000, "step_time_sec": 0.5, "learning_rate": 0.004},
+      {"kind": "train", "step": 100, "tokens_per_sec": 4000.0,
+       "tokens_seen": 30000, "step_time_sec": 0.2, "learning_rate": 0.004},
+      {"kind": "train", "step": 150, "tokens_per_sec": 5000.0,
+       "tokens_seen": 45000, "step_time_sec": 0.1, "learning_rate": 0.003},
       {"kind": "eval", "step": 160, "dev_ce": {"pt": 3.21}},
       {"kind": "end", "step": 160, "train_seconds": 80.0,
        "stopped_by": "time_budget"}])
   summary = toolkit.m4moe_train_summary(path, language="pt")
+  # Target tokens over step seconds, the first interval (tracing) left
+  # out: (20000 + 15000) / (50 * 0.2 + 50 * 0.1).
   assert summary == {"steps": 160, "train_seconds": 80.0, "steps_per_sec": 2.0,
                      "tokens_per_sec": 4500.0, "dev_ce": 3.21,
-                     "stopped_by": "time_budget"}
+                     "stopped_by": "time_budget",
+                     "target_tokens_per_sec": round(35000 / 15, 1),
+                     "target_tokens": 45000, "logged_learning_rate": 0.003,
+                     "logged_learning_rate_step": 150}
   with pytest.raises(toolkit.PeerError, match="no dev evaluation of 'kk'"):
     toolkit.m4moe_train_summary(path, language="kk")
   unfinished = _metrics(tmp_path / "u.jsonl", [{"kind": "train", "step": 1,
                                                 "tokens_per_sec": 1.0}])
+  untimed = _metrics(tmp_path / "t.jsonl", [
+      {"kind": "train", "step": 50, "tokens_per_sec": 1.0},
+      {"kind": "eval", "step": 50, "dev_ce": {"pt": 3.0}},
+      {"kind": "end", "step": 50, "train_seconds": 1.0}])
+  with pytest.raises(toolkit.PeerError, match="lacks 'tokens_seen'"):
+    toolkit.m4moe_train_summary(untimed, language="pt")
   with pytest.raises(toolkit.PeerError, match="did not finish"):
     toolkit.m4moe_train_summary(unfinished, language="pt")
   broken = tmp_path / "b.jsonl"
@@ -331,10 +347,32 @@ def test_ensure_venv_failures_name_the_command_and_never_reuse_a_foreign_venv(
 def test_driver_rejects_bad_budget_before_importing_opennmt(capsys):
   with pytest.raises(SystemExit) as exit_info:
     driver.main(["train", "--config=c", "--model_file=m", "--summary=s",
-                 "--budget_seconds=0"])
+                 "--steps_log=l", "--budget_seconds=0"])
   assert exit_info.value.code == 2
   assert "--budget_seconds=0.0: use a positive" in capsys.readouterr().err
   assert "opennmt" not in sys.modules
+
+
+def test_driver_step_log_is_read_by_the_shared_definition(tmp_path):
+  path = tmp_path / "steps.jsonl"
+  log = driver.StepLog(str(path), every=2)
+  # Hand-made steps: (step, target tokens, seconds); the last one flushes.
+  for step, tokens, seconds in ((1, 50, 4.0), (2, 70, 0.5), (3, 60, 0.5),
+                                (4, 80, 0.5), (5, 90, 0.25)):
+    log.add(step=step, target_tokens=tokens, seconds=seconds,
+            learning_rate=1e-3 * step, last=step == 5)
+  intervals = throughput.peer_intervals(path)
+  assert [(i.step, i.steps, i.target_tokens) for i in intervals] == [
+      (2, 2, 120), (4, 2, 140), (5, 1, 90)]
+  # The first interval (tracing) is left out: (140 + 90) / (1.0 + 0.25).
+  assert throughput.target_tokens_per_sec(intervals) == pytest.approx(
+      230 / 1.25)
+  assert throughput.summary(intervals)["logged_learning_rate"] == 5e-3
+  path.write_text('{"step": 1}\n', encoding="utf-8")
+  with pytest.raises(ValueError, match=r"steps.jsonl:1: not an interval"):
+    throughput.peer_intervals(path)
+  with pytest.raises(ValueError, match="no logged training interval"):
+    throughput.target_tokens_per_sec([])
 
 
 def test_driver_throughput_log_reads_onmt_step_lines():

@@ -1,22 +1,29 @@
 """Entry point run by the OpenNMT-tf virtualenv's Python (not ours).
 
   PEER_PYTHON driver.py train --config=C.json --model_file=M.py \
-      --budget_seconds=480 --summary=train.json
+      --budget_seconds=480 --summary=train.json --steps_log=steps.jsonl
   PEER_PYTHON driver.py infer --config=C.json --model_file=M.py \
       --features=test.pt.pieces --predictions=test.en.pieces \
-      --summary=decode.json
+      --summary=decode.json [--average=5]
 
 ``train`` runs OpenNMT-tf's own Runner and Trainer with one change: the
-training-step generator ends once ``--budget_seconds`` of wall-clock have
-passed since it started (like ``m4moe-train --max_train_seconds``), so the
-Trainer takes its normal exit -- final checkpoint -- and the driver then
-evaluates the dev set once. The summary JSON has the steps, the loop's
-seconds, tokens/s (mean of OpenNMT-tf's logged intervals after the first)
+training-step generator is wrapped, to end once ``--budget_seconds`` of
+wall-clock have passed since it started (like ``m4moe-train
+--max_train_seconds``; the config's ``max_step`` ends it otherwise), and
+to time each step and count its non-padding target tokens (the Trainer's
+own target word counter) into ``--steps_log``, one JSON interval every
+``--report_every`` steps (``throughput.Interval``: step, steps,
+target_tokens, step_seconds, learning_rate). The Trainer takes its normal
+exit -- final checkpoint -- and the driver then evaluates the dev set once.
+The summary JSON has the steps, the loop's seconds, the last learning rate
 and the dev loss (cross-entropy per target token, no label smoothing).
 
-``infer`` decodes with the latest checkpoint; the summary has the seconds of
-``Runner.infer`` (checkpoint restore and graph tracing included, as our
-translator's time includes tracing).
+``infer`` restores the latest checkpoint (or, with ``--average=N``, the
+average of the last N, made first with ``Runner.average_checkpoints``),
+then decodes; the summary's seconds are those of decoding only (graph
+tracing included, as in our translator; building the model and restoring
+or averaging checkpoints excluded, as our translator's time excludes
+loading the model).
 
 Only the standard library is imported at module level; ``opennmt`` and
 TensorFlow are imported inside the commands. Writes nothing but the model
@@ -61,6 +68,53 @@ def _runner(args: argparse.Namespace):
   return runner_lib.Runner(model, config, auto_config=False, seed=args.seed)
 
 
+class StepLog:
+  """Per-step target tokens and seconds, written as one line per interval.
+
+  Standard library only, so that it is tested without OpenNMT-tf.
+  """
+
+  def __init__(self, path: str, *, every: int):
+    self.path, self.every = pathlib.Path(path), every
+    self.path.write_text("", encoding="utf-8")
+    self._reset()
+
+  def _reset(self) -> None:
+    self.steps, self.tokens, self.seconds = 0, 0, 0.0
+
+  def add(self, *, step: int, target_tokens: int, seconds: float,
+          learning_rate: float | None, last: bool = False) -> None:
+    """Adds one step; writes the interval every ``every`` steps or at the
+    ``last`` one."""
+    self.steps += 1
+    self.tokens += target_tokens
+    self.seconds += seconds
+    if step % self.every == 0 or last:
+      self.flush(step=step, learning_rate=learning_rate)
+
+  def flush(self, *, step: int, learning_rate: float | None) -> None:
+    if not self.steps:
+      return
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps({"step": step, "steps": self.steps,
+                          "target_tokens": self.tokens,
+                          "step_seconds": round(self.seconds, 6),
+                          "learning_rate": learning_rate}) + "\n")
+    self._reset()
+
+
+def _target_count(trainer) -> int:
+  """The Trainer's target word counter (reset at each of its log lines)."""
+  stats = getattr(trainer, "_training_stats", None)
+  counter = getattr(stats, "_words_counters", {}).get("target")
+  return 0 if counter is None else int(counter.numpy())
+
+
+def _learning_rate(trainer, step: int) -> float:
+  rate = trainer._optimizer.learning_rate  # pylint: disable=protected-access
+  return float(rate(step) if callable(rate) else rate)
+
+
 class _ThroughputLog(logging.Handler):
   """Collects the tokens/s of OpenNMT-tf's "Step = N ; ..." lines."""
 
@@ -81,13 +135,29 @@ def train(args: argparse.Namespace) -> None:
   clock: dict[str, float] = {}
   steps_of = training.Trainer._steps  # pylint: disable=protected-access
 
+  log = StepLog(args.steps_log, every=args.report_every)
+
   def budgeted_steps(self, dataset, accum_steps=1):
     clock["start"] = time.monotonic()
-    for loss in steps_of(self, dataset, accum_steps=accum_steps):
-      yield loss
+    steps, counted = steps_of(self, dataset, accum_steps=accum_steps), 0
+    while True:
+      began = time.perf_counter()
+      try:
+        loss = next(steps)
+      except StopIteration:
+        return
+      seconds = time.perf_counter() - began
+      # pylint: disable-next=protected-access
+      step = int(self._optimizer.iterations.numpy())
       clock["end"] = time.monotonic()
+      over = clock["end"] - clock["start"] >= args.budget_seconds
+      log.add(step=step, target_tokens=_target_count(self) - counted,
+              seconds=seconds, learning_rate=_learning_rate(self, step),
+              last=over or step >= args.max_step)
+      yield loss
+      counted = _target_count(self)  # after the Trainer's own resets
       clock.setdefault("first_step", clock["end"] - clock["start"])
-      if clock["end"] - clock["start"] >= args.budget_seconds:
+      if over:
         clock["stopped_by"] = 1.0
         return
 
@@ -104,6 +174,7 @@ def train(args: argparse.Namespace) -> None:
       "steps_per_sec": round(steps / max(seconds, 1e-9), 4),
       "tokens_per_sec": round(sum(kept) / max(len(kept), 1), 1),
       "dev_ce": round(float(metrics["loss"]), 4),
+      "last_learning_rate": summary.get("last_learning_rate"),
       "stopped_by": "time_budget" if "stopped_by" in clock else "max_step",
       "first_step_seconds": round(clock.get("first_step", 0.0), 1),
       "logged_tokens_per_sec": rates.rates,
@@ -111,9 +182,29 @@ def train(args: argparse.Namespace) -> None:
 
 
 def infer(args: argparse.Namespace) -> None:
+  # pylint: disable=g-import-not-at-top
+  from opennmt import inference
+  from opennmt.utils import checkpoint as checkpoint_util
+  # pylint: enable=g-import-not-at-top
   runner = _runner(args)
+  if args.average:
+    runner.average_checkpoints(
+        str(pathlib.Path(runner.model_dir) / "averaged"),
+        max_count=args.average)
+  # Runner.infer's steps, with the clock around the decoding only.
+  # pylint: disable=protected-access
+  config = runner._finalize_config()
+  model = runner._init_model(config)
+  checkpoint = checkpoint_util.Checkpoint.from_config(config, model)
+  checkpoint.restore(weights_only=True)
+  infer_config = config["infer"]
+  dataset = model.examples_inputter.make_inference_dataset(
+      args.features, infer_config["batch_size"],
+      batch_type=infer_config["batch_type"],
+      length_bucket_width=infer_config["length_bucket_width"])
   start = time.monotonic()
-  runner.infer(args.features, predictions_file=args.predictions)
+  inference.predict_dataset(model, dataset, print_params=infer_config,
+                            predictions_file=args.predictions)
   seconds = time.monotonic() - start
   with open(args.predictions, encoding="utf-8") as f:
     lines = sum(1 for _ in f)
@@ -133,6 +224,11 @@ def main(argv: list[str]) -> int:
     command.add_argument("--intra_op_threads", type=int, default=1)
   sub.choices["train"].add_argument("--budget_seconds", type=float,
                                     required=True)
+  sub.choices["train"].add_argument("--steps_log", required=True)
+  sub.choices["train"].add_argument("--report_every", type=int, default=50)
+  sub.choices["train"].add_argument("--max_step", type=int,
+                                    default=10_000_000)
+  sub.choices["infer"].add_argument("--average", type=int, default=0)
   sub.choices["infer"].add_argument("--features", required=True)
   sub.choices["infer"].add_argument("--predictions", required=True)
   args = parser.parse_args(argv)

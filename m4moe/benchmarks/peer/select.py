@@ -1,17 +1,24 @@
 r"""Dev-only recipe selection for m4moe and OpenNMT-tf, then the final match.
 
-  # Screen candidates (one at a time, pinned to --core), resumable:
+  # Screen both systems' candidates (three rounds, one run at a time,
+  # pinned to --core), resumable:
   taskset -c 1 nice -n 0 python -m m4moe.benchmarks.peer.select \
       --mode=select --corpus_dir=CORPUS --run_dir=RUN --core=1 \
-      --onmt_venv=VENV --budget_steps=1000 [--candidates=a,b] [--seeds=0]
+      --onmt_venv=VENV --budget_tokens=4096000
+  # The picks' seeds for the final (three each):
+  ... --mode=select ... --candidates=M4MOE_PICK,PEER_PICK --seeds=0,1,2
   # The dev-only ranking table from the finished candidates:
   python -m m4moe.benchmarks.peer.select --mode=table --run_dir=RUN \
       --output_dir=OUT
-  # The comparison on sentences no selection read (both systems at once,
-  # one core each, equal wall-clock, every seed):
+  # The comparison on sentences no choice was made on (both systems at
+  # once, one core each, the selection's token budget, seeds 0,1,2):
   python -m m4moe.benchmarks.peer.select --mode=final --corpus_dir=CORPUS \
-      --run_dir=RUN --onmt_venv=VENV --budget_seconds=800 --seeds=0,1 \
-      --output_dir=OUT
+      --run_dir=RUN --onmt_venv=VENV --output_dir=OUT
+
+One budget for both modes: ``--budget_tokens`` training tokens per run
+(a run with B-token batches trains tokens/B steps); the final takes the
+budget its picks' records hold and refuses another, because a recipe
+chosen at one budget and reported at another measures the budget.
 
 What each mode reads:
 
@@ -19,46 +26,56 @@ What each mode reads:
   write ``RUN/data/selection_corpus`` (train minus the dev carve; the dev
   set; no test split: see ``selection.py``), then only that copy. Trains
   ``RUN/data/vocab`` on its train split unless ``--vocab_dir`` is given.
-  Each candidate and seed trains for ``--budget_steps`` (batches of 4096
-  tokens; other batch sizes train as many tokens) or ``--budget_seconds``
-  and is scored on the dev set (BLEU and chrF++ with beam 4, dev CE),
-  written to ``RUN/candidates/<name>_s<seed>.json``; a finished one is
-  skipped on the next run, an interrupted one restarts (its directory is
-  kept as ``*.abandoned-N``). The table is rewritten after each candidate.
+  Each candidate (``candidates.py``) and seed trains for the budget with
+  the schedule built for it, is scored on the dev set (BLEU and chrF++,
+  ``systems.Decoding``; dev CE) and has its schedule checked, written to
+  ``RUN/candidates/<name>_s<seed>.json``; a finished one is skipped on
+  the next run, an interrupted one restarts (its directory is kept as
+  ``*.abandoned-N``). The table is rewritten after each run.
 * ``table``: the candidate JSONs, the selection dev set and the runs' dev
-  hypotheses (for the paired bootstrap against each system's centre).
+  hypotheses (for the paired bootstrap against each candidate's base);
+  records of the earlier protocol are read too.
 * ``final``: the candidate JSONs (the systems' picks: rank 1 on dev unless
-  ``--m4moe_candidate``/``--peer_candidate``), the selection corpus, and
+  ``--m4moe_candidate``/``--peer_candidate``; this protocol's records
+  only), the selection corpus and dev hypotheses (the dev gap), and
   ``CORPUS/test/<lang>.tsv`` past its first ``--test_skip`` lines and
-  ``CORPUS/test_ood/<lang>.tsv``. Writes ``OUT/peer.json``.
+  ``CORPUS/test_ood/<lang>.tsv``. Writes ``OUT/peer.json``
+  (``final_runs.py``, ``final.py``).
 
 Nothing is written into the repository unless ``--output_dir`` points there.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import hashlib
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import app
 from absl import flags
 
 from m4moe import jsonfile
+from m4moe.benchmarks.peer import candidates as candidates_lib
 from m4moe.benchmarks.peer import final
+from m4moe.benchmarks.peer import final_runs
+from m4moe.benchmarks.peer import runs
 from m4moe.benchmarks.peer import selection
 from m4moe.benchmarks.peer import systems
+from m4moe.benchmarks.peer import throughput
 from m4moe.benchmarks.peer import toolkit
 from m4moe.eval import examples as examples_lib
 from m4moe.eval import significance
 from m4moe.eval import testsets as testsets_lib
+
+DEFAULT_BUDGET_TOKENS = 1000 * 4096
+DEFAULT_SEEDS = {"select": [0], "final": [0, 1, 2]}
+MIN_FINAL_SEEDS = 3
+
 
 def _define_flags() -> None:
   """The tool's flags, defined only when it runs as a program.
@@ -68,7 +85,7 @@ def _define_flags() -> None:
   that imports this module and one of those (the test suite does).
   """
   global _MODE, _CORPUS_DIR, _RUN_DIR, _VOCAB_DIR, _LANGUAGE, _CARVE
-  global _CANDIDATES, _SEEDS, _BUDGET, _BUDGET_STEPS
+  global _CANDIDATES, _SEEDS, _BUDGET_TOKENS, _ROUNDS
   _MODE = flags.DEFINE_enum("mode", "select", ["select", "table", "final"],
                             "select: screen candidates on dev; table: rank "
                             "them; final: the comparison on unseen test.")
@@ -85,17 +102,20 @@ def _define_flags() -> None:
       "carve_permille", selection.DEFAULT_CARVE_PERMILLE,
       "Train groups carved into the dev set, per thousand (selection.py).")
   _CANDIDATES = flags.DEFINE_list(
-      "candidates", [], "Candidates to run, in order (default: the whole "
-      "queue of selection.CANDIDATES).")
-  _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds of every candidate "
-                             "(select) or system (final: at least two).")
-  _BUDGET = flags.DEFINE_float(
-      "budget_seconds", None, "Training wall-clock per run (final: required "
-      "unless the selection ran on seconds; select: instead of "
-      "--budget_steps).")
-  _BUDGET_STEPS = flags.DEFINE_integer(
-      "budget_steps", None, "Select: training steps per run, in batches of "
-      "4096 tokens (default 1000 unless --budget_seconds).")
+      "candidates", [], "Select: only these candidates of --rounds (default:"
+      " every candidate of both systems, candidates.py).")
+  _ROUNDS = flags.DEFINE_list(
+      "rounds", ["1", "2", "3"], "Select: the rounds to run, in order; round"
+      " 2 and 3 start from the best finished candidate of the rounds before.")
+  _SEEDS = flags.DEFINE_list(
+      "seeds", None, "Seeds of every candidate (select, default 0) or "
+      "system (final, default 0,1,2; at least three).")
+  _BUDGET_TOKENS = flags.DEFINE_integer(
+      "budget_tokens", None, "Training tokens per run (batch capacity: a "
+      "run with B-token batches trains tokens/B steps), for select and "
+      "final alike. Select: default "
+      f"{DEFAULT_BUDGET_TOKENS} (1000 batches of 4096); final: default and"
+      " only allowed value: the budget the picks were selected at.")
   _define_run_flags()
 
 
@@ -122,26 +142,17 @@ def _define_run_flags() -> None:
       "test_ood_sentences", 3000, "Final: score the first N test_ood lines "
       "(0: all; the pt split has about 15.7k).")
   _MIN_SEEDS = flags.DEFINE_integer(
-      "min_selection_seeds", 2, "Final: refuse a pick with fewer selection "
-      "seeds (run it with --mode=select --seeds=0,1 first).")
+      "min_selection_seeds", 3, "Final: refuse a pick with fewer selection "
+      "seeds (run it with --mode=select --candidates=PICK --seeds=0,1,2 "
+      "first); the dev gap is taken over the seeds both picks have.")
   _M4MOE_PICK = flags.DEFINE_string(
       "m4moe_candidate", None, "Final: m4moe's recipe (default: rank 1).")
   _PEER_PICK = flags.DEFINE_string(
       "peer_candidate", None, "Final: the peer's recipe (default: rank 1).")
 
 
-DEFAULT_SELECT_STEPS = 1000
-
-
 def _sha256(path: pathlib.Path) -> str:
   return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _code_commit() -> str | None:
-  done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                        text=True, check=False,
-                        cwd=pathlib.Path(__file__).resolve().parent)
-  return done.stdout.strip() or None
 
 
 def prepare_data(*, corpus_dir: pathlib.Path, run_dir: pathlib.Path,
@@ -192,79 +203,30 @@ def prepare_vocab(*, run_dir: pathlib.Path, vocab_dir: str | None,
   return out
 
 
-def _fresh_dir(path: pathlib.Path) -> pathlib.Path:
-  """``path``, after moving an interrupted earlier attempt aside."""
-  if path.exists():
-    n = 1
-    while path.with_name(f"{path.name}.abandoned-{n}").exists():
-      n += 1
-    path.rename(path.with_name(f"{path.name}.abandoned-{n}"))
-  path.mkdir(parents=True)
-  return path
-
-
-def _peer_objects(candidate: selection.Candidate
-                  ) -> tuple[toolkit.PeerRecipe, toolkit.PeerModel]:
-  values = candidate.peer_settings()
-  recipe = toolkit.PeerRecipe(
-      learning_rate=values["learning_rate"],
-      warmup_steps=int(values["warmup_steps"]),
-      label_smoothing=values["label_smoothing"],
-      batch_tokens=candidate.batch_tokens, max_length=systems.MAX_LENGTH,
-      beam_size=systems.BEAM_SIZE, length_penalty=systems.ALPHA,
-      decode_batch_size=systems.DECODE_BATCH)
-  return recipe, toolkit.PeerModel(dropout=values["dropout"])
-
-
-def train_and_decode(*, candidate: selection.Candidate, data: systems.Data,
-                     root: pathlib.Path, splits: Sequence[str],
-                     budget: systems.Budget, seed: int, core: str,
-                     peer_python: pathlib.Path | None
-                     ) -> tuple[dict[str, Any], dict[str, systems.Decoded]]:
-  """Trains one candidate and decodes each of ``splits`` of ``data``."""
-  decoded = {}
-  if candidate.system == selection.SYSTEM_M4MOE:
-    train = systems.train_m4moe(
-        data=data, root=root, config="tiny/dense",
-        flags=(*selection.M4MOE_BASE, *candidate.settings),
-        batch_tokens=candidate.batch_tokens, budget=budget,
-        seed=seed, core=core)
-    for split in splits:
-      decoded[split] = systems.decode_m4moe(data=data, root=root, split=split,
-                                            name=candidate.name, core=core)
-    return train, decoded
-  if peer_python is None:
-    raise toolkit.PeerError("the peer needs --onmt_venv")
-  recipe, model = _peer_objects(candidate)
-  systems.prepare_peer(data=data, root=root, recipe=recipe, model=model,
-                       budget=budget)
-  train = systems.train_peer(python=peer_python, root=root,
-                             budget=budget, seed=seed,
-                             core=core)
-  for split in splits:
-    (testset,) = testsets_lib.load_testsets(data.corpus_dir, split=split,
-                                            langs=[data.language])
-    decoded[split] = systems.decode_peer(
-        python=peer_python, data=data, root=root, testset=testset,
-        split=split, name=candidate.name, seed=seed, core=core)
-  return train, decoded
-
-
-def _expect(candidate: selection.Candidate, *, seed: int,
+def _expect(candidate: candidates_lib.Candidate, *, seed: int,
             budget: systems.Budget,
             manifest: dict[str, Any], vocab_dir: pathlib.Path
             ) -> dict[str, Any]:
   """What a finished record of this run must match to be reused."""
-  return {"candidate": candidate.name, "system": candidate.system,
-          "settings": list(candidate.settings),
+  return {"protocol": selection.PROTOCOL, "candidate": candidate.name,
+          "system": candidate.system, "spec": candidate.to_dict(),
+          "round": candidate.round, "base": candidate.base,
+          "settings": list(candidate.settings()),
           "batch_tokens": candidate.batch_tokens, "seed": seed,
           **budget.to_dict(),
+          "decoding": systems.Decoding().to_dict(),
           "dev_sha256": manifest["sha256"][f"dev/{manifest['language']}.tsv"],
           "vocab_sha256": _sha256(vocab_dir / "source.model")[:16] + ":" +
                           _sha256(vocab_dir / "target.model")[:16]}
 
 
-def run_candidate(*, candidate: selection.Candidate, seed: int,
+_TRAIN_KEYS = ("steps", "tokens_per_sec", "target_tokens_per_sec",
+               "target_tokens", "steps_per_sec", "train_seconds",
+               "stopped_by", "logged_learning_rate",
+               "logged_learning_rate_step")
+
+
+def run_candidate(*, candidate: candidates_lib.Candidate, seed: int,
                   run_dir: pathlib.Path, data: systems.Data,
                   manifest: dict[str, Any], budget: systems.Budget, core: str,
                   peer_python: pathlib.Path | None) -> bool:
@@ -275,11 +237,11 @@ def run_candidate(*, candidate: selection.Candidate, seed: int,
   if selection.finished(path, expect=expect):
     print(f"select: {path.name} finished earlier, skipped", flush=True)
     return False
-  root = _fresh_dir(run_dir / "work" / f"{candidate.name}_s{seed}")
+  root = runs.fresh_dir(run_dir / "work" / f"{candidate.name}_s{seed}")
   print(f"select: {candidate.name} seed {seed}: {budget.to_dict()} on core "
         f"{core} ({root})", flush=True)
-  started, commit = time.time(), _code_commit()  # the code that trains
-  train, decoded = train_and_decode(
+  started, commit = time.time(), runs.code_commit()  # the code that trains
+  train, decoded = runs.train_and_decode(
       candidate=candidate, data=data, root=root, splits=("dev",),
       budget=budget, seed=seed, core=core, peer_python=peer_python)
   dev = decoded["dev"]
@@ -287,32 +249,37 @@ def run_candidate(*, candidate: selection.Candidate, seed: int,
             "selected_on": selection.SELECTED_ON,
             "dev": {"bleu": round(dev.bleu, 2), "chrf": round(dev.chrf, 2),
                     "ce": train["dev_ce"], "sentences": dev.sentences},
-            "train": {k: train[k] for k in ("steps", "tokens_per_sec",
-                                            "steps_per_sec", "train_seconds",
-                                            "stopped_by")},
+            "train": {k: train.get(k) for k in _TRAIN_KEYS},
+            "schedule_check": train["schedule_check"],
+            "tokens_per_sec_definition": throughput.DEFINITION,
             "decode_sentences_per_sec": round(
                 dev.sentences / max(dev.seconds, 1e-9), 3),
             "core": core, "wall_seconds": round(time.time() - started, 1),
             "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
             "code_commit": commit}
   toolkit.write_json(path, record)
+  flag = " (schedule flagged)" if train["schedule_check"]["flagged"] else ""
   print(f"select: {candidate.name} seed {seed}: dev BLEU {dev.bleu:.2f} "
         f"chrF++ {dev.chrf:.2f} CE {train['dev_ce']:.3f}, "
-        f"{train['steps']} steps", flush=True)
+        f"{train['steps']} steps{flag}", flush=True)
   return True
 
 
 def _budget_of(record: dict[str, Any]) -> dict[str, float]:
-  return {k: record[k] for k in ("budget_seconds", "budget_steps")
-          if k in record}
+  return {k: record[k] for k in ("budget_seconds", "budget_steps",
+                                 "budget_tokens") if k in record}
 
 
 def _dev_resamples(run_dir: pathlib.Path, ranked: selection.Ranked, *,
-                   references: list[str], language: str
+                   references: list[str], language: str,
+                   seeds: Sequence[int] | None = None
                    ) -> significance.Resamples | None:
-  """The seed-mean of a candidate's dev BLEU resamples (None: no hyps)."""
+  """The seed-mean of a candidate's dev BLEU resamples (None: no hyps).
+
+  ``seeds``: only these of its seeds (default: all).
+  """
   items = []
-  for seed in ranked.seeds:
+  for seed in (ranked.seeds if seeds is None else seeds):
     path = systems.hypotheses_path(
         run_dir / "work" / f"{ranked.candidate}_s{seed}", "dev", language)
     if not path.is_file():
@@ -328,7 +295,7 @@ def dev_differences(run_dir: pathlib.Path,
                     language: str) -> dict[str, dict[str, Any]]:
   """Each candidate's dev BLEU minus its base's (paired bootstrap).
 
-  The base is the candidate it changes (``selection.base_of``). Reads the
+  The base is the candidate it changes (``Ranked.base``). Reads the
   selection dev set and the runs' dev hypotheses only.
   """
   (dev,) = testsets_lib.load_testsets(
@@ -339,7 +306,7 @@ def dev_differences(run_dir: pathlib.Path,
   for system, items in ranking.items():
     by_name = {r.candidate: r for r in items}
     for r in items:
-      base = by_name.get(selection.base_of(r.candidate, system))
+      base = by_name.get(r.base) if r.base else None
       if base is None or base is r:
         continue
       mine, theirs = resamples(r), resamples(base)
@@ -348,6 +315,55 @@ def dev_differences(run_dir: pathlib.Path,
             "base": base.candidate,
             **significance.paired_difference(mine, theirs).to_dict()}
   return out
+
+
+def dev_gap(run_dir: pathlib.Path, picks: Mapping[str, selection.Ranked], *,
+            language: str) -> dict[str, Any]:
+  """m4moe's pick minus the peer's on dev, over the seeds both have.
+
+  The paired bootstrap of the seed-mean dev BLEU (each seed's dev
+  hypotheses resampled with the same sentence indices), the number the
+  test gap is set beside.
+
+  Raises:
+    ValueError: the picks share no seed, or a dev hypothesis file is
+      missing.
+  """
+  ours, peer = (picks[selection.SYSTEM_M4MOE], picks[selection.SYSTEM_PEER])
+  seeds = sorted(set(ours.seeds) & set(peer.seeds))
+  if not seeds:
+    raise ValueError(f"{ours.candidate} (seeds {list(ours.seeds)}) and "
+                     f"{peer.candidate} (seeds {list(peer.seeds)}) share no "
+                     "selection seed: run --mode=select for both with the "
+                     "same --seeds")
+  (dev,) = testsets_lib.load_testsets(
+      run_dir / "data" / "selection_corpus", split="dev", langs=[language])
+  refs = list(dev.references)
+  mine, theirs = (_dev_resamples(run_dir, r, references=refs,
+                                 language=language, seeds=seeds)
+                  for r in (ours, peer))
+  if mine is None or theirs is None:
+    raise ValueError(f"{run_dir / 'work'} lacks a dev hypothesis file of "
+                     f"{ours.candidate} or {peer.candidate} (seeds {seeds})")
+  return {"seeds": seeds, "metric": "bleu",
+          **significance.paired_difference(mine, theirs).to_dict()}
+
+
+def _picks_gap(run_dir: pathlib.Path,
+               ranking: Mapping[str, Sequence[selection.Ranked]], *,
+               language: str) -> dict[str, Any] | None:
+  """The dev gap of the current rank-1 picks (None: not both ranked)."""
+  if not all(ranking.get(s) for s in selection.SYSTEMS):
+    return None
+  picks = {s: ranking[s][0] for s in selection.SYSTEMS}
+  try:
+    gap = dev_gap(run_dir, picks, language=language)
+  except ValueError as e:
+    return {"m4moe": picks[selection.SYSTEM_M4MOE].candidate,
+            "opennmt-tf": picks[selection.SYSTEM_PEER].candidate,
+            "unavailable": str(e)}
+  return {"m4moe": picks[selection.SYSTEM_M4MOE].candidate,
+          "opennmt-tf": picks[selection.SYSTEM_PEER].candidate, **gap}
 
 
 def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
@@ -359,21 +375,27 @@ def write_table(run_dir: pathlib.Path, output_dir: pathlib.Path) -> None:
   ranking = selection.rank(records)
   differences = dev_differences(run_dir, ranking,
                                 language=manifest["language"])
+  gap = _picks_gap(run_dir, ranking, language=manifest["language"])
   text = selection.table_markdown(ranking, manifest=manifest,
                                   budgets=[json.loads(b) for b in budgets],
-                                  differences=differences)
+                                  differences=differences, picks_gap=gap)
   output_dir.mkdir(parents=True, exist_ok=True)
   (output_dir / "selection.md").write_text(text + "\n", encoding="utf-8")
   toolkit.write_json(output_dir / "selection.json", {
       "selected_on": selection.SELECTED_ON,
       "budgets": [json.loads(b) for b in budgets],
       "dev": manifest["dev"], "carve": manifest["rule"],
+      "care": selection.care_counts(ranking),
+      "planned": candidates_lib.counts(),
+      "picks_dev_gap": gap,
       "ranking": {s: [r.to_dict() for r in items]
                   for s, items in ranking.items()},
       "bleu_minus_base": differences})
 
 
 def _seeds() -> list[int]:
+  if _SEEDS.value is None:
+    return list(DEFAULT_SEEDS[_MODE.value])
   try:
     seeds = [int(s) for s in _SEEDS.value]
   except ValueError as e:
@@ -390,26 +412,63 @@ def _required(*names: str) -> None:
       raise app.UsageError(f"--{name} is required with --mode={_MODE.value}")
 
 
+def _select_budget() -> systems.Budget:
+  try:
+    return systems.Budget(tokens=_BUDGET_TOKENS.value or DEFAULT_BUDGET_TOKENS)
+  except ValueError as e:
+    raise app.UsageError(f"--budget_tokens={_BUDGET_TOKENS.value}: use a "
+                         "positive number of tokens") from e
+
+
+def _select_plan() -> tuple[list[int], list[str]]:
+  """``--rounds`` and ``--candidates``, checked before anything runs."""
+  try:
+    rounds = [int(r) for r in _ROUNDS.value]
+  except ValueError:
+    rounds = []
+  if not rounds or not set(rounds) <= set(candidates_lib.ROUNDS):
+    raise app.UsageError(f"--rounds={','.join(_ROUNDS.value)}: list rounds "
+                         "among 1,2,3")
+  known = candidates_lib.all_names()
+  unknown = [n for n in _CANDIDATES.value if n not in known]
+  if unknown:
+    raise app.UsageError(f"--candidates: unknown {unknown}; known: "
+                         f"{', '.join(known)}")
+  return rounds, list(_CANDIDATES.value)
+
+
+def _run_rounds(*, rounds: Sequence[int], names: Sequence[str],
+                seeds: Sequence[int], run_dir: pathlib.Path,
+                data: systems.Data, manifest: dict[str, Any],
+                budget: systems.Budget, core: str,
+                peer_python: pathlib.Path | None) -> None:
+  """Every round in order, each built on the records finished before it."""
+  for round_ in rounds:
+    queue = selection.round_queue(selection.read_records(run_dir), round_)
+    for candidate in queue:
+      if names and candidate.name not in names:
+        continue
+      for seed in seeds:
+        if run_candidate(candidate=candidate, seed=seed, run_dir=run_dir,
+                         data=data, manifest=manifest, budget=budget,
+                         core=core, peer_python=peer_python):
+          write_table(run_dir, run_dir)
+
+
 def main_select() -> None:
   _required("corpus_dir", "run_dir")
-  try:
-    budget = systems.Budget(
-        seconds=_BUDGET.value or 0.0,
-        steps=_BUDGET_STEPS.value or (0 if _BUDGET.value else
-                                      DEFAULT_SELECT_STEPS))
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
+  budget = _select_budget()
   if not _CORE.value.isdigit():
     raise app.UsageError(f"--core={_CORE.value}: give one CPU number")
   seeds = _seeds()
-  try:
-    queue = selection.candidates_by_name(_CANDIDATES.value)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
+  rounds, names = _select_plan()
   run_dir = pathlib.Path(_RUN_DIR.value).resolve()
   peer_python = None
   try:
-    if any(c.system == selection.SYSTEM_PEER for c in queue):
+    selection.require_protocol(selection.read_records(run_dir),
+                               run_dir=run_dir)
+    if not names or any(candidates_lib.all_names()[n] ==
+                        selection.SYSTEM_PEER for n in names):
       venv = systems.onmt_venv(_ONMT_VENV.value)
       peer_python = toolkit.ensure_venv(venv, log=run_dir / "onmt_venv.log")
     manifest = prepare_data(
@@ -419,12 +478,9 @@ def main_select() -> None:
                           core=_CORE.value)
     data = systems.Data(corpus_dir=run_dir / "data" / "selection_corpus",
                         vocab_dir=vocab, language=_LANGUAGE.value)
-    for candidate in queue:
-      for seed in seeds:
-        if run_candidate(candidate=candidate, seed=seed, run_dir=run_dir,
-                         data=data, manifest=manifest, budget=budget,
-                         core=_CORE.value, peer_python=peer_python):
-          write_table(run_dir, run_dir)
+    _run_rounds(rounds=rounds, names=names, seeds=seeds, run_dir=run_dir,
+                data=data, manifest=manifest, budget=budget, core=_CORE.value,
+                peer_python=peer_python)
     write_table(run_dir, run_dir)
   except (toolkit.PeerError, OSError, ValueError) as e:
     sys.exit(f"select: error: {e}")
@@ -446,78 +502,22 @@ def main_table() -> None:
   print(f"Wrote {output_dir / 'selection.md'}", flush=True)
 
 
-def final_run(*, candidate: selection.Candidate, seed: int,
-              run_dir: pathlib.Path, data: systems.Data, budget: float,
-              core: str, peer_python: pathlib.Path | None) -> dict[str, Any]:
-  """One system and seed of the final comparison (reused when finished)."""
-  path = run_dir / "final" / "runs" / f"{candidate.system}_s{seed}.json"
-  if path.is_file():
-    record = json.loads(path.read_text(encoding="utf-8"))
-    if (record["candidate"], record["budget_seconds"]) == (candidate.name,
-                                                           budget):
-      return record
-    raise ValueError(f"{path} ran {record['candidate']} for "
-                     f"{record['budget_seconds']} s: use a new --run_dir")
-  root = _fresh_dir(run_dir / "final" / "work" / f"{candidate.system}_s{seed}")
-  train, decoded = train_and_decode(
-      candidate=candidate, data=data, root=root, splits=final.SPLITS,
-      budget=systems.Budget(seconds=budget), seed=seed, core=core,
-      peer_python=peer_python)
-  splits = {}
-  for split, d in decoded.items():
-    hyp_path = path.with_name(f"{path.stem}.{split}.hyp")
-    hyp_path.parent.mkdir(parents=True, exist_ok=True)
-    hyp_path.write_text("".join(h + "\n" for h in d.hypotheses),
-                        encoding="utf-8")
-    splits[split] = {"bleu": round(d.bleu, 2), "chrf": round(d.chrf, 2),
-                     "sentences": d.sentences, "hypotheses": hyp_path.name,
-                     "sentences_per_sec": round(d.sentences /
-                                                max(d.seconds, 1e-9), 3)}
-  record = {"system": candidate.system, "candidate": candidate.name,
-            "seed": seed, "budget_seconds": budget, "core": core,
-            "train": train, "splits": splits,
-            "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
-            "code_commit": _code_commit()}
-  toolkit.write_json(path, record)
-  return record
-
-
-def _final_setup(run_dir: pathlib.Path
-                 ) -> tuple[dict[str, selection.Ranked], float]:
-  """The systems' picks (rank 1 on dev unless named) and the budget."""
-  ranking = selection.rank(selection.read_records(run_dir))
-  picks = {selection.SYSTEM_M4MOE: selection.chosen(
-               ranking, selection.SYSTEM_M4MOE, name=_M4MOE_PICK.value),
-           selection.SYSTEM_PEER: selection.chosen(
-               ranking, selection.SYSTEM_PEER, name=_PEER_PICK.value)}
-  for pick in picks.values():
-    if len(pick.seeds) < _MIN_SEEDS.value:
-      raise ValueError(
-          f"{pick.candidate} (rank {pick.rank} of {pick.system} on dev) has "
-          f"{len(pick.seeds)} selection seed(s), fewer than "
-          f"--min_selection_seeds={_MIN_SEEDS.value}: run --mode=select "
-          f"--candidates={pick.candidate} --seeds=0,1 first")
-  budgets = {r.get("budget_seconds") for r in selection.read_records(run_dir)
-             if r["candidate"] in {p.candidate for p in picks.values()}}
-  budget = _BUDGET.value or (budgets.pop() if len(budgets) == 1 else None)
-  if not budget or budget <= 0:
-    raise app.UsageError("--budget_seconds: give the comparison's positive "
-                         "wall-clock (the selection ran on steps)")
-  return picks, budget
-
-
 def main_final() -> None:
   _required("corpus_dir", "run_dir")
   seeds, cores = _seeds(), list(_CORES.value)
   if len(cores) != 2 or not all(c.isdigit() for c in cores):
     raise app.UsageError("--cores: give two CPU numbers, e.g. 0,1")
-  if len(seeds) < 2:
+  if len(seeds) < MIN_FINAL_SEEDS:
     raise app.UsageError(f"--seeds={','.join(map(str, seeds))}: the final "
-                         "comparison needs at least two seeds, e.g. 0,1")
+                         f"comparison needs at least {MIN_FINAL_SEEDS} "
+                         "seeds, e.g. 0,1,2 (the default)")
   run_dir = pathlib.Path(_RUN_DIR.value).resolve()
   output_dir = pathlib.Path(_OUTPUT_DIR.value or run_dir / "final").resolve()
   try:
-    picks, budget = _final_setup(run_dir)
+    picks, specs, budget = final_runs.picks_and_budget(
+        run_dir, names={selection.SYSTEM_M4MOE: _M4MOE_PICK.value,
+                        selection.SYSTEM_PEER: _PEER_PICK.value},
+        min_seeds=_MIN_SEEDS.value, budget_tokens=_BUDGET_TOKENS.value)
     peer_python = toolkit.ensure_venv(systems.onmt_venv(_ONMT_VENV.value),
                                       log=run_dir / "onmt_venv.log")
     manifest = json.loads((run_dir / "data" / "manifest.json").read_text(
@@ -532,58 +532,21 @@ def main_final() -> None:
         vocab_dir=prepare_vocab(run_dir=run_dir, vocab_dir=_VOCAB_DIR.value,
                                 core=cores[0]),
         language=manifest["language"])
-    runs = _final_runs(picks=picks, seeds=seeds, cores=cores, run_dir=run_dir,
-                       data=data, budget=budget, peer_python=peer_python)
-    value = _final_report(picks=picks, runs=runs, run_dir=run_dir, data=data,
-                          splits=splits, budget=budget, cores=cores,
-                          manifest=manifest)
+    done = final_runs.run_all(
+        specs=specs, seeds=seeds, cores=cores, run_dir=run_dir, data=data,
+        budget=budget, peer_python=peer_python)
+    value = final_runs.assemble(
+        picks=picks, runs=done, run_dir=run_dir, data=data, splits=splits,
+        budget=budget, cores=cores, manifest=manifest,
+        dev_gap=dev_gap(run_dir, picks, language=manifest["language"]))
   except (toolkit.PeerError, OSError, ValueError) as e:
     sys.exit(f"select: error: {e}")
   toolkit.write_json(output_dir / "peer.json", value)
+  (output_dir / "peer.md").write_text(final.markdown(value),
+                                      encoding="utf-8")
+  for line in final.warnings(value):
+    print(f"select: WARNING: {line}", flush=True)
   print(f"Wrote {output_dir / 'peer.json'}", flush=True)
-
-
-def _final_runs(*, picks: dict[str, selection.Ranked], seeds: list[int],
-                cores: list[str], run_dir: pathlib.Path, data: systems.Data,
-                budget: float, peer_python: pathlib.Path
-                ) -> dict[str, list[dict[str, Any]]]:
-  """Every seed: both systems at once, m4moe on cores[0], the peer on [1]."""
-  runs: dict[str, list[dict[str, Any]]] = {s: [] for s in picks}
-  for seed in seeds:
-    print(f"select: final seed {seed}: {budget:.0f} s each on cores "
-          f"{', '.join(cores)}", flush=True)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-      futures = {
-          system: pool.submit(
-              final_run, candidate=selection.candidates_by_name(
-                  [pick.candidate])[0], seed=seed, run_dir=run_dir, data=data,
-              budget=budget, core=core, peer_python=peer_python)
-          for (system, pick), core in zip(picks.items(), cores)}
-      for system, future in futures.items():
-        runs[system].append(future.result())
-  return runs
-
-
-def _final_report(*, picks: dict[str, selection.Ranked],
-                  runs: dict[str, list[dict[str, Any]]],
-                  run_dir: pathlib.Path, data: systems.Data,
-                  splits: dict[str, Any], budget: float, cores: list[str],
-                  manifest: dict[str, Any]) -> dict[str, Any]:
-  references = {
-      split: list(testsets_lib.load_testsets(
-          data.corpus_dir, split=split, langs=[data.language])[0].references)
-      for split in final.SPLITS}
-  hypotheses = {
-      system: {split: [examples_lib.read_hypotheses(
-          run_dir / "final" / "runs" / r["splits"][split]["hypotheses"])
-                       for r in items]
-               for split in final.SPLITS}
-      for system, items in runs.items()}
-  setup = {"language": data.language, "budget_seconds": budget,
-           "cores": {s: c for s, c in zip(picks, cores)},
-           "selection": {"dev": manifest["dev"], "carve": manifest["rule"]}}
-  return final.report(picks=picks, runs=runs, hypotheses=hypotheses,
-                      references=references, splits=splits, setup=setup)
 
 
 def main(argv: list[str]) -> None:

@@ -28,12 +28,16 @@ import math
 import pathlib
 from typing import Any, Iterable, Mapping, Sequence
 
+from m4moe.benchmarks.peer import candidates as candidates_lib
 from m4moe.data import split as split_lib
 from m4moe.eval import dev_ranking
 
-SYSTEM_M4MOE = "m4moe"
-SYSTEM_PEER = "opennmt-tf"
-SYSTEMS = (SYSTEM_M4MOE, SYSTEM_PEER)
+SYSTEM_M4MOE = candidates_lib.SYSTEM_M4MOE
+SYSTEM_PEER = candidates_lib.SYSTEM_PEER
+SYSTEMS = candidates_lib.SYSTEMS
+# Records of this selection protocol (equal token budget, schedules stated
+# for it, equal rounds) carry it; earlier records have none.
+PROTOCOL = 2
 CARVE_SALT = "m4moe-peer-selection-dev"
 DEFAULT_CARVE_PERMILLE = 10
 SELECTED_ON = "dev"
@@ -145,195 +149,6 @@ def write_final_corpus(*, selection_dir: pathlib.Path,
   return counts
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Candidate:
-  """One recipe to screen.
-
-  Attributes:
-    name: unique id (file names, tables).
-    system: ``m4moe`` or ``opennmt-tf``.
-    why: what the candidate changes, for the table.
-    settings: for ``m4moe``, m4moe-train flags over the zoo's 2+2
-      ``tiny/dense`` (``--flag=value``); for the peer, ``field=value`` over
-      :data:`PEER_CENTER` (fields of ``toolkit.PeerRecipe`` and ``dropout``).
-    batch_tokens: training batch size in tokens.
-    base: the candidate this one changes, whose dev BLEU the table
-      subtracts (None: the system's centre, :data:`CENTRES`).
-  """
-
-  name: str
-  system: str
-  why: str
-  settings: tuple[str, ...] = ()
-  batch_tokens: int = 4096
-  base: str | None = None
-
-  def __post_init__(self) -> None:
-    if self.system not in SYSTEMS:
-      raise ValueError(f"candidate {self.name}: system {self.system!r} is "
-                       f"not one of {', '.join(SYSTEMS)}")
-    for setting in self.settings:
-      key, eq, _ = setting.partition("=")
-      ok = (key.startswith("--") if self.system == SYSTEM_M4MOE
-            else eq and key in PEER_FIELDS)
-      if not ok:
-        raise ValueError(
-            f"candidate {self.name}: setting {setting!r} is not an "
-            "m4moe-train flag (--flag[=value])" if self.system == SYSTEM_M4MOE
-            else f"candidate {self.name}: setting {setting!r} is not "
-            f"field=value with a field of {', '.join(PEER_FIELDS)}")
-    if self.batch_tokens < 64:
-      raise ValueError(f"candidate {self.name}: batch_tokens="
-                       f"{self.batch_tokens}: use >= 64")
-
-  def peer_settings(self) -> dict[str, float]:
-    """The peer's fields: :data:`PEER_CENTER` updated by ``settings``."""
-    values = dict(PEER_CENTER)
-    for setting in self.settings:
-      key, _, value = setting.partition("=")
-      values[key] = float(value)
-    return values
-
-
-# The peer's fields a candidate may set, and the centre of its screening:
-# our recipe's values (Adam peak 1e-3, 1000 warmup steps, no
-# dropout); its original recipe (5e-4, 300, 0.1) is a candidate too.
-PEER_FIELDS = ("learning_rate", "warmup_steps", "dropout", "label_smoothing")
-PEER_CENTER = {"learning_rate": 1e-3, "warmup_steps": 1000.0, "dropout": 0.0,
-               "label_smoothing": 0.1}
-
-# m4moe's rate flag is peak * sqrt(warmup) (rsqrt decay after a constant
-# warmup): 1e-3 held 1000 steps is 0.031623.
-# Every m4moe candidate starts from ``tiny/dense`` with the rate it had
-# when the selection began (1e-3 held 1000 steps), then its settings: the
-# candidates keep their meaning after the selection changes the zoo's rate.
-M4MOE_BASE = ("--learning_rate=0.031623", "--warmup_steps=1000")
-_M = SYSTEM_M4MOE
-_P = SYSTEM_PEER
-
-
-def _dropout(rate: str) -> tuple[str, str]:
-  return (f"--dropout_rate={rate}", f"--attention_dropout_rate={rate}")
-
-
-def _m4moe_rate(peak: float, *, warmup: int = 1000) -> str:
-  """m4moe-train's ``--learning_rate`` for ``peak`` held ``warmup`` steps."""
-  return f"--learning_rate={peak * math.sqrt(warmup):.6f}"
-
-
-# Round 1: each system's centre, dropout and the peak learning rate.
-_ROUND1: tuple[Candidate, ...] = (
-    Candidate(name="m4moe_zoo", system=_M, why="the zoo's recipe (centre)"),
-    Candidate(name="peer_ours", system=_P,
-              why="our values: Adam 1e-3, warmup 1000, dropout 0 (centre)"),
-    Candidate(name="m4moe_dropout0.1", system=_M, why="dropout 0.1",
-              settings=_dropout("0.1")),
-    Candidate(name="peer_dropout0.1", system=_P, why="dropout 0.1",
-              settings=("dropout=0.1",)),
-    *(Candidate(name=f"m4moe_peak{p}", system=_M, why=f"peak {p}",
-                settings=(_m4moe_rate(float(p)),))
-      for p in ("2e-3", "4e-3", "8e-3")),
-    *(Candidate(name=f"peer_lr{p}", system=_P, why=f"peak {p}",
-                settings=(f"learning_rate={float(p)}",))
-      for p in ("2e-3", "4e-3", "8e-3")),
-    Candidate(name="peer_original", system=_P,
-              why="its first recipe: 5e-4, warmup 300, dropout 0.1",
-              settings=("learning_rate=0.0005", "warmup_steps=300",
-                        "dropout=0.1")),
-)
-
-# Round 2: one change at a time from each system's best peak on dev
-# (m4moe 4e-3, the peer 2e-3). Other batch sizes train on the same tokens
-# with the same warmup in tokens and the same peak rate.
-_M4 = "m4moe_peak4e-3"
-_P2 = "peer_lr2e-3"
-_M4_RATE = 4e-3
-_P2_RATE = ("learning_rate=0.002",)
-
-
-def _m4(name: str, why: str, *settings: str, warmup: int = 1000,
-        batch_tokens: int = 4096) -> Candidate:
-  """A change to ``m4moe_peak4e-3``: the peak stays 4e-3 unless
-  ``settings`` give their own ``--learning_rate``."""
-  rate_flags = () if any(f.startswith("--learning_rate=") for f in settings
-                         ) else (_m4moe_rate(_M4_RATE, warmup=warmup),)
-  warmup_flags = (f"--warmup_steps={warmup}",) if warmup != 1000 else ()
-  return Candidate(name=f"m4moe_p4_{name}", system=_M,
-                   why=f"peak 4e-3, {why}", base=_M4,
-                   settings=(*rate_flags, *warmup_flags, *settings),
-                   batch_tokens=batch_tokens)
-
-
-def _p2(name: str, why: str, *settings: str,
-        batch_tokens: int = 4096) -> Candidate:
-  return Candidate(name=f"peer_lr2e-3_{name}", system=_P,
-                   why=f"peak 2e-3, {why}", base=_P2,
-                   settings=(*_P2_RATE, *settings), batch_tokens=batch_tokens)
-
-
-_ROUND2: tuple[Candidate, ...] = (
-    _m4("warmup300", "held 300 steps", warmup=300),
-    _p2("warmup300", "warmup 300", "warmup_steps=300"),
-    _m4("batch8192", "8192-token batches (warmup 500)", warmup=500,
-        batch_tokens=8192),
-    _p2("batch8192", "8192-token batches (warmup 500)", "warmup_steps=500",
-        batch_tokens=8192),
-    _m4("ls0", "label smoothing 0", "--label_smoothing=0"),
-    _p2("ls0", "label smoothing 0", "label_smoothing=0"),
-    _m4("beta1_0", "no momentum (beta1 0)", "--beta1=0"),
-    _m4("factored", "factored second moments", "--factored"),
-    _m4("clip1", "update clipping 1.0", "--clipping_threshold=1.0"),
-    _m4("paramscale", "parameter scaling (relative step 4e-2)",
-        "--multiply_by_parameter_scale", _m4moe_rate(4e-2)),
-    _m4("batch2048", "2048-token batches (warmup 2000)", warmup=2000,
-        batch_tokens=2048),
-    _p2("batch2048", "2048-token batches (warmup 2000)", "warmup_steps=2000",
-        batch_tokens=2048),
-)
-
-# Round 3: the peak rate again beside each system's round-2 winner on dev:
-# the peer's 2048-token batches at half its peak (smaller batches may want
-# a lower one), our peak held 300 steps at twice its peak (the rate decays
-# from step 300 instead of 1000).
-_ROUND3: tuple[Candidate, ...] = (
-    Candidate(name="peer_b2048_lr1e-3", system=_P,
-              why="peak 1e-3, 2048-token batches (warmup 2000)",
-              base="peer_lr2e-3_batch2048",
-              settings=("learning_rate=0.001", "warmup_steps=2000"),
-              batch_tokens=2048),
-    Candidate(name="m4moe_w300_p8e-3", system=_M,
-              why="peak 8e-3 held 300 steps", base="m4moe_p4_warmup300",
-              settings=(_m4moe_rate(8e-3, warmup=300), "--warmup_steps=300")),
-)
-
-# In screening order: round 1 (ran first), round 2, round 3.
-CANDIDATES: tuple[Candidate, ...] = (*_ROUND1, *_ROUND2, *_ROUND3)
-CENTRES = {_M: "m4moe_zoo", _P: "peer_ours"}
-
-
-def base_of(name: str, system: str) -> str:
-  """The candidate ``name``'s dev BLEU is compared with in the table."""
-  known = {c.name: c for c in CANDIDATES}
-  base = known[name].base if name in known else None
-  return base or CENTRES[system]
-
-
-def candidates_by_name(names: Sequence[str] = ()) -> list[Candidate]:
-  """The named candidates in the given order (all, in queue order, if none).
-
-  Raises:
-    ValueError: an unknown or repeated name.
-  """
-  known = {c.name: c for c in CANDIDATES}
-  if not names:
-    return list(CANDIDATES)
-  unknown = [n for n in names if n not in known]
-  if unknown or len(set(names)) != len(names):
-    raise ValueError(f"--candidates: unknown or repeated {unknown or names}; "
-                     f"known: {', '.join(known)}")
-  return [known[n] for n in names]
-
-
 def record_path(run_dir: pathlib.Path, candidate: str, seed: int
                 ) -> pathlib.Path:
   """Where one finished candidate run's JSON lives."""
@@ -367,13 +182,83 @@ def read_records(run_dir: pathlib.Path) -> list[dict[str, Any]]:
   return out
 
 
+def require_protocol(records: Sequence[Mapping[str, Any]], *,
+                     run_dir: pathlib.Path) -> None:
+  """Refuses records of the earlier protocol for select and final.
+
+  Raises:
+    ValueError: a record lacks :data:`PROTOCOL` (names them and the fix).
+  """
+  old = sorted({r["candidate"] for r in records
+                if r.get("protocol") != PROTOCOL})
+  if old:
+    raise ValueError(
+        f"{run_dir / 'candidates'} holds {len(old)} candidate(s) of the "
+        f"earlier protocol (a step or wall-clock budget, warmup in steps, "
+        f"unequal rounds: {', '.join(old[:4])}{' ...' if len(old) > 4 else ''}"
+        "); --mode=table still reads them, but --mode=select and "
+        "--mode=final need this protocol's records: use a new --run_dir")
+
+
+def spec_of(records: Sequence[Mapping[str, Any]], name: str
+            ) -> candidates_lib.Candidate:
+  """The candidate ``name`` as its record states it.
+
+  Raises:
+    ValueError: no record of ``name`` has a spec.
+  """
+  for record in records:
+    if record["candidate"] == name and "spec" in record:
+      return candidates_lib.Candidate.from_dict(record["spec"])
+  raise ValueError(f"no record of candidate {name!r} with its spec: run "
+                   "--mode=select for it first")
+
+
+def round_queue(records: Sequence[Mapping[str, Any]], round_: int
+                ) -> list[candidates_lib.Candidate]:
+  """Both systems' candidates of ``round_``, built on their best so far.
+
+  Rounds 2 and 3 change each system's rank-1 candidate on dev among the
+  finished ones of the rounds before. Once a round has a finished record,
+  its base stays the one that record names, so that later seeds of other
+  candidates (which may reorder the earlier rounds) do not move a round
+  that has started.
+
+  Raises:
+    ValueError: a system has no finished candidate of an earlier round.
+  """
+  out: list[candidates_lib.Candidate] = []
+  ranking = rank(records, rounds=range(1, round_)) if round_ > 1 else {}
+  for system in SYSTEMS:
+    base = None
+    if round_ > 1:
+      started = [r["base"] for r in records if r["system"] == system
+                 and r.get("round") == round_ and r.get("base")]
+      if not started and not ranking.get(system):
+        raise ValueError(f"round {round_} of {system} starts from its best "
+                         f"finished candidate of rounds 1..{round_ - 1}, "
+                         "and there is none: run --rounds=1 first")
+      base = spec_of(records, started[0] if started
+                     else ranking[system][0].candidate)
+    out += candidates_lib.round_candidates(system, round_, base)
+  return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ranked:
   """One candidate's dev scores over its seeds, and its rank in its system.
 
   Attributes:
     rank: 1 for the system's best mean dev BLEU (ties: lower dev CE).
+    round: the selection round (0: a record of the earlier protocol).
+    base: the candidate it changes (None: round 1, or an earlier record).
     bleu, chrf, dev_ce: per seed, in seed order; the means are ``*_mean``.
+    tokens_per_sec: the record's own ``tokens_per_sec`` (earlier records:
+      source + target tokens over logged intervals).
+    target_tokens_per_sec: real target tokens per second of training-step
+      time (``throughput.DEFINITION``); None in earlier records.
+    flagged_seeds: seeds whose schedule check failed (peak not reached or
+      stopped before the planned end).
   """
 
   rank: int
@@ -389,6 +274,10 @@ class Ranked:
   steps: float
   tokens_per_sec: float
   decode_sentences_per_sec: float
+  round: int = 0
+  base: str | None = None
+  target_tokens_per_sec: float | None = None
+  flagged_seeds: tuple[int, ...] = ()
 
   @property
   def bleu_mean(self) -> float:
@@ -412,11 +301,36 @@ def _mean(values: Sequence[float]) -> float:
   return math.fsum(values) / len(values)
 
 
-def rank(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Ranked]]:
+def _ranked(system: str, name: str,
+            runs: Sequence[Mapping[str, Any]]) -> Ranked:
+  """One candidate's runs (seed order) as an unranked :class:`Ranked`."""
+  first = runs[0]
+  target_rates = [r["train"].get("target_tokens_per_sec") for r in runs]
+  return Ranked(
+      rank=0, system=system, candidate=name, why=first["why"],
+      settings=tuple(first["settings"]), batch_tokens=first["batch_tokens"],
+      seeds=tuple(r["seed"] for r in runs),
+      bleu=tuple(r["dev"]["bleu"] for r in runs),
+      chrf=tuple(r["dev"]["chrf"] for r in runs),
+      dev_ce=tuple(r["dev"]["ce"] for r in runs),
+      steps=_mean([r["train"]["steps"] for r in runs]),
+      tokens_per_sec=_mean([r["train"]["tokens_per_sec"] for r in runs]),
+      decode_sentences_per_sec=_mean(
+          [r["decode_sentences_per_sec"] for r in runs]),
+      round=int(first.get("round", 0)), base=first.get("base"),
+      target_tokens_per_sec=(None if None in target_rates
+                             else _mean(target_rates)),
+      flagged_seeds=tuple(r["seed"] for r in runs
+                          if r.get("schedule_check", {}).get("flagged")))
+
+
+def rank(records: Sequence[Mapping[str, Any]], *,
+         rounds: Sequence[int] | None = None) -> dict[str, list[Ranked]]:
   """Per system, its candidates best first by mean dev BLEU over seeds.
 
   Reads each record's ``dev`` scores and training speed only; a record
-  scored on another split is refused.
+  scored on another split is refused. ``rounds``: only candidates of
+  these rounds (None: all).
 
   Raises:
     ValueError: a record not selected on dev.
@@ -426,23 +340,14 @@ def rank(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Ranked]]:
     if record.get("selected_on") != SELECTED_ON:
       raise ValueError(f"record {record.get('candidate')!r} was not scored "
                        f"on {SELECTED_ON}")
+    if rounds is not None and record.get("round") not in rounds:
+      continue
     groups.setdefault((record["system"], record["candidate"]), []).append(
         record)
   unranked: dict[str, list[Ranked]] = {}
   for (system, name), runs in groups.items():
-    runs = sorted(runs, key=lambda r: r["seed"])
-    first = runs[0]
-    unranked.setdefault(system, []).append(Ranked(
-        rank=0, system=system, candidate=name, why=first["why"],
-        settings=tuple(first["settings"]), batch_tokens=first["batch_tokens"],
-        seeds=tuple(r["seed"] for r in runs),
-        bleu=tuple(r["dev"]["bleu"] for r in runs),
-        chrf=tuple(r["dev"]["chrf"] for r in runs),
-        dev_ce=tuple(r["dev"]["ce"] for r in runs),
-        steps=_mean([r["train"]["steps"] for r in runs]),
-        tokens_per_sec=_mean([r["train"]["tokens_per_sec"] for r in runs]),
-        decode_sentences_per_sec=_mean(
-            [r["decode_sentences_per_sec"] for r in runs])))
+    unranked.setdefault(system, []).append(
+        _ranked(system, name, sorted(runs, key=lambda r: r["seed"])))
   return {system: [dataclasses.replace(r, rank=rank)
                    for rank, r in dev_ranking.best_first(
                        items, score=lambda r: (-r.bleu_mean, r.dev_ce_mean,
@@ -473,38 +378,86 @@ def _fmt_seeds(values: Sequence[float], digits: int) -> str:
 def _budget_text(budgets: Sequence[Mapping[str, float]]) -> str:
   parts = []
   for budget in budgets:
-    if "budget_steps" in budget:
-      parts.append(f"{budget['budget_steps']:.0f} steps of 4096 tokens (other "
-                   "batch sizes: the same tokens)")
+    if "budget_tokens" in budget:
+      parts.append(f"{budget['budget_tokens']:,.0f} training tokens (batch "
+                   "capacity; steps = tokens / batch size)")
+    elif "budget_steps" in budget:
+      parts.append(f"{budget['budget_steps']:.0f} steps of 4096 tokens "
+                   "(earlier protocol)")
     else:
-      parts.append(f"{budget['budget_seconds']:.0f} s")
+      parts.append(f"{budget['budget_seconds']:.0f} s (earlier protocol)")
   return " and ".join(parts) or "no runs yet"
 
 
 def _delta_text(r: Ranked, items: Sequence[Ranked],
                 differences: Mapping[str, Mapping[str, Any]]) -> str:
-  base_name = base_of(r.candidate, r.system)
-  base = next((b for b in items if b.candidate == base_name), None)
+  base = next((b for b in items if b.candidate == r.base), None)
   if base is None or r is base:
     return "–"
   d = differences.get(r.candidate)
   if d is None:
-    return f"{r.bleu_mean - base.bleu_mean:+.1f} vs {base_name}"
+    return f"{r.bleu_mean - base.bleu_mean:+.1f} vs {base.candidate}"
   star = "*" if d["significant"] else ""
   return (f"{d['score']:+.1f}{star} ±{d['ci']:.1f} (p={d['p_value']:.3f}) "
-          f"vs {base_name}")
+          f"vs {base.candidate}")
+
+
+def care_counts(ranking: Mapping[str, Sequence[Ranked]]
+                ) -> dict[str, dict[str, int]]:
+  """Per system: finished candidates per round and in all, and runs."""
+  out = {}
+  for system in SYSTEMS:
+    items = ranking.get(system, ())
+    row = {f"round_{n}": sum(1 for r in items if r.round == n)
+           for n in candidates_lib.ROUNDS}
+    row["candidates"] = len(items)
+    row["runs"] = sum(len(r.seeds) for r in items)
+    out[system] = row
+  return out
+
+
+def _care_lines(ranking: Mapping[str, Sequence[Ranked]]) -> list[str]:
+  """The side-by-side count of what each system had tried."""
+  counts = care_counts(ranking)
+  planned = candidates_lib.counts()
+  lines = ["### Equal care: candidates per system", "",
+           "| | " + " | ".join(SYSTEMS) + " |",
+           "| --- |" + " ---: |" * len(SYSTEMS)]
+  for n in candidates_lib.ROUNDS:
+    lines.append(f"| round {n} (finished / planned) | " + " | ".join(
+        f"{counts[s][f'round_{n}']} / {planned[s][n]}" for s in SYSTEMS)
+        + " |")
+  for key in ("candidates", "runs"):
+    lines.append(f"| {key} | " + " | ".join(str(counts[s][key])
+                                            for s in SYSTEMS) + " |")
+  return [*lines, ""]
+
+
+def _gap_lines(gap: Mapping[str, Any] | None) -> list[str]:
+  if gap is None:
+    return []
+  head = (f"Dev gap of the picks, {gap['m4moe']} minus {gap['opennmt-tf']}"
+          " (dev BLEU, paired bootstrap over the seeds both have): ")
+  if "unavailable" in gap:
+    return [head + f"not available ({gap['unavailable']}).", ""]
+  star = "*" if gap["significant"] else ""
+  return [head + f"{gap['score']:+.1f}{star} ±{gap['ci']:.1f} "
+          f"(p={gap['p_value']:.3f}), seeds "
+          f"{', '.join(map(str, gap['seeds']))}.", ""]
 
 
 def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
                    manifest: Mapping[str, Any],
                    budgets: Sequence[Mapping[str, float]],
-                   differences: Mapping[str, Mapping[str, Any]] | None = None
-                   ) -> str:
-  """The dev-only selection table, one section per system.
+                   differences: Mapping[str, Mapping[str, Any]] | None = None,
+                   picks_gap: Mapping[str, Any] | None = None) -> str:
+  """The dev-only selection table: the care count, then one per system.
 
   ``differences``: per candidate, its dev BLEU minus its base's
   with sacrebleu's paired bootstrap over the dev sentences (``Δ ±95%``,
   ``*`` for p < 0.05); without one, the plain difference of the means.
+  ``picks_gap``: the two rank-1 picks' dev gap (``select.dev_gap``), the
+  number the final's test gap is set beside.
   """
   dev = manifest["dev"]
   lines = [
@@ -513,26 +466,32 @@ def table_markdown(ranking: Mapping[str, Sequence[Ranked]], *,
       f"{dev['from_train_carve']} carved from train); training per run: "
       f"{_budget_text(budgets)}, on one core; beam 4. Ranked by mean dev "
       "BLEU over seeds (ties: dev CE); Δ: dev BLEU minus that of the "
-      "candidate it changes (round 1: the system's centre; round 2: the "
-      "system's best round-1 peak rate), with sacrebleu's paired bootstrap "
-      "over the dev sentences (* p < 0.05). No test sentence is read.", ""]
+      "candidate it changes (its base), with sacrebleu's paired bootstrap "
+      "over the dev sentences (* p < 0.05); target tokens/s: real target "
+      "tokens per second of training-step time; ⚑: seeds whose schedule "
+      "check failed. No test sentence is read.", "",
+      *_care_lines(ranking), *_gap_lines(picks_gap)]
   for system in SYSTEMS:
     items = ranking.get(system, ())
     if not items:
       continue
     lines += [f"### {system}", "",
-              "| rank | candidate | change | seeds | steps | tokens/s | "
-              "dev CE | dev BLEU per seed | dev BLEU | Δ | "
+              "| rank | round | candidate | change | seeds | steps | "
+              "target tokens/s | dev CE | dev BLEU per seed | dev BLEU | Δ | "
               "dev chrF++ | decode sent/s |",
-              "| ---: | --- | --- | --- | ---: | ---: | ---: | --- | ---: | "
-              "---: | ---: | ---: |"]
+              "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | --- | "
+              "---: | ---: | ---: | ---: |"]
     for r in items:
       delta = _delta_text(r, items, differences or {})
+      rate = ("–" if r.target_tokens_per_sec is None
+              else f"{r.target_tokens_per_sec:,.0f}")
+      flag = f" ⚑{','.join(map(str, r.flagged_seeds))}" if (
+          r.flagged_seeds) else ""
       lines.append(
-          f"| {r.rank} | {r.candidate} | {r.why} | "
-          f"{', '.join(map(str, r.seeds))} | {r.steps:.0f} | "
-          f"{r.tokens_per_sec:,.0f} | {r.dev_ce_mean:.3f} | "
-          f"{_fmt_seeds(r.bleu, 1)} | {r.bleu_mean:.1f} | {delta} | "
-          f"{r.chrf_mean:.1f} | {r.decode_sentences_per_sec:.1f} |")
+          f"| {r.rank} | {r.round or '–'} | {r.candidate}{flag} | {r.why} | "
+          f"{', '.join(map(str, r.seeds))} | {r.steps:.0f} | {rate} | "
+          f"{r.dev_ce_mean:.3f} | {_fmt_seeds(r.bleu, 1)} | "
+          f"{r.bleu_mean:.1f} | {delta} | {r.chrf_mean:.1f} | "
+          f"{r.decode_sentences_per_sec:.1f} |")
     lines.append("")
   return "\n".join(lines)

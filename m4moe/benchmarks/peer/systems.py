@@ -17,6 +17,7 @@ import pathlib
 import sys
 from typing import Any, Sequence
 
+from m4moe.benchmarks.peer import throughput
 from m4moe.benchmarks.peer import toolkit
 from m4moe.data import vocab as vocab_lib
 from m4moe.eval import evaluate as evaluate_lib
@@ -33,40 +34,94 @@ PEER_NAME = "OpenNMT-tf 2.32.0"
 ONMT_VENV_ENV = "M4MOE_ONMT_VENV"
 
 
-# Training steps are counted in batches of this many tokens: a run with
-# other batches gets the steps that give it the same training tokens.
-REFERENCE_BATCH_TOKENS = 4096
-# The driver's wall-clock budget when steps bound the run instead.
+# The driver's wall-clock budget when tokens bound the run instead.
 NO_TIME_LIMIT = 1e9
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Budget:
-  """How long a run trains: wall-clock ``seconds`` or ``steps``, not both.
+  """How long a run trains: wall-clock ``seconds`` or training ``tokens``.
 
-  ``steps`` are batches of :data:`REFERENCE_BATCH_TOKENS` tokens; a run with
-  other batches trains the same number of tokens (:meth:`steps_for`).
-  Seconds compare toolkits at equal time but depend on the machine's load;
-  steps give every candidate the same training however busy the machine.
+  ``tokens`` counts batch capacity: a run with ``B``-token batches trains
+  ``tokens / B`` steps (:meth:`steps_for`), so every candidate and system
+  gets the same training tokens whatever its batch size and however busy
+  the machine. Seconds (``run.py`` only) compare toolkits at equal time
+  but depend on the machine's load.
   """
 
   seconds: float = 0.0
-  steps: int = 0
+  tokens: int = 0
 
   def __post_init__(self) -> None:
-    if (self.seconds > 0) == (self.steps > 0) or min(self.seconds,
-                                                     self.steps) < 0:
-      raise ValueError(f"budget seconds={self.seconds}, steps={self.steps}: "
-                       "give exactly one of --budget_seconds and "
-                       "--budget_steps, positive")
+    if (self.seconds > 0) == (self.tokens > 0) or min(self.seconds,
+                                                      self.tokens) < 0:
+      raise ValueError(f"budget seconds={self.seconds}, tokens={self.tokens}"
+                       ": give exactly one of them, positive "
+                       "(select.py: --budget_tokens)")
 
   def steps_for(self, batch_tokens: int) -> int:
     """Steps of ``batch_tokens``-token batches (0 for a time budget)."""
-    return round(self.steps * REFERENCE_BATCH_TOKENS / batch_tokens)
+    if not self.tokens:
+      return 0
+    return max(1, round(self.tokens / batch_tokens))
 
   def to_dict(self) -> dict[str, float]:
     return ({"budget_seconds": self.seconds} if self.seconds
-            else {"budget_steps": self.steps})
+            else {"budget_tokens": self.tokens})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decoding:
+  """How both systems decode in the selection and the final: one config.
+
+  A comparison whose systems decode with different output caps, source
+  cuts or batch orders measures those: the cap sets how long a run-on
+  hypothesis may grow (and the cost of every beam-search batch), the
+  batch order which sentences share a batch. So both get exactly this.
+
+  Attributes:
+    beam_size: beam width.
+    length_penalty: GNMT length-penalty alpha.
+    batch_size: sentences per beam-search batch.
+    max_source_pieces: sources are cut to this many SentencePiece pieces
+      (the longest training source: 64 ids with the tag and EOS).
+    max_output_tokens: the fixed cap on decoded target tokens, the rule
+      ``2 * max_source_pieces + 16`` (twice the longest source plus 16),
+      the same for every sentence and both systems.
+    sort_by_length: batches are formed from the non-empty sources sorted
+      by their (cut) piece count, ties in input order; outputs are put
+      back in input order.
+  """
+
+  beam_size: int = BEAM_SIZE
+  length_penalty: float = ALPHA
+  batch_size: int = DECODE_BATCH
+  max_source_pieces: int = MAX_LENGTH - 2
+  max_output_tokens: int = 2 * (MAX_LENGTH - 2) + 16
+  sort_by_length: bool = True
+
+  def m4moe_flags(self) -> tuple[str, ...]:
+    """m4moe-eval's flags for this config (a fixed cap: no length ratio)."""
+    return (f"--beam_size={self.beam_size}",
+            f"--alpha={self.length_penalty}",
+            f"--batch_size={self.batch_size}",
+            f"--max_input_length={self.max_source_pieces + 2}",
+            "--decode_length_ratio=0",
+            f"--max_decode_length={self.max_output_tokens}")
+
+  def to_dict(self) -> dict[str, Any]:
+    return {**dataclasses.asdict(self),
+            "output_cap_rule": "2 * max_source_pieces + 16, fixed",
+            "speed": "sentences over the seconds of decoding only (graph "
+                     "tracing included; model building and checkpoint "
+                     "restore or averaging excluded), same sentences"}
+
+
+def sorted_order(lengths: Sequence[int]) -> list[int]:
+  """Input indices of the non-empty sentences, shortest first, ties in
+  input order (the order our translator batches them in)."""
+  return sorted((i for i, n in enumerate(lengths) if n > 0),
+                key=lambda i: (lengths[i], i))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,10 +197,17 @@ def run_pinned(command: Sequence[str], *, core: str, log: pathlib.Path,
 
 def train_m4moe(*, data: Data, root: pathlib.Path, config: str,
                 flags: Sequence[str], batch_tokens: int, budget: Budget,
-                seed: int, core: str) -> dict[str, Any]:
-  """Trains ``config`` 2+2 for ``budget``; returns its summary."""
+                seed: int, core: str, checkpoint_every: int = 0,
+                keep_checkpoints: int = 0) -> dict[str, Any]:
+  """Trains ``config`` 2+2 for ``budget``; returns its summary.
+
+  ``checkpoint_every`` and ``keep_checkpoints`` (0: the final checkpoint
+  only) keep checkpoints for :func:`average_m4moe`.
+  """
   model_dir = root / "model"
   steps = budget.steps_for(batch_tokens) or toolkit.NO_STEP_LIMIT
+  keep = ([f"--keep_checkpoints={keep_checkpoints}"] if keep_checkpoints
+          else [])
   run_pinned(
       [sys.executable, "-m", "m4moe.cli.train", f"--config={config}",
        "--num_encoder_layers=2", "--num_decoder_layers=2",
@@ -154,7 +216,8 @@ def train_m4moe(*, data: Data, root: pathlib.Path, config: str,
        f"--sequence_length={MAX_LENGTH}",
        f"--train_steps={steps}", f"--max_train_seconds={budget.seconds}",
        "--eval_every=0",
-       f"--checkpoint_every={toolkit.NO_STEP_LIMIT}", "--log_every=50",
+       f"--checkpoint_every={checkpoint_every or toolkit.NO_STEP_LIMIT}",
+       *keep, "--log_every=50",
        f"--seed={seed}", f"--model_dir={model_dir}", *flags],
       core=core, log=root / "train.log", what=f"{root.name} training")
   return toolkit.m4moe_train_summary(model_dir / metrics_log.METRICS_FILENAME,
@@ -176,17 +239,35 @@ def write_hypotheses(path: pathlib.Path, hypotheses: Sequence[str]) -> None:
   path.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
 
 
+def average_m4moe(*, root: pathlib.Path, last: int, core: str) -> None:
+  """Averages the last ``last`` checkpoints of the run under ``root``."""
+  run_pinned([sys.executable, "-m", "m4moe.cli.average",
+              f"--model_dir={root / 'model'}", f"--last={last}"],
+             core=core, log=root / "average.log",
+             what=f"{root.name} averaging")
+
+
 def decode_m4moe(*, data: Data, root: pathlib.Path, split: str, name: str,
-                 core: str, max_sentences: int = 0) -> Decoded:
-  """Decodes ``split`` of ``data.corpus_dir`` with the model under ``root``."""
+                 core: str, max_sentences: int = 0,
+                 decoding: Decoding | None = None,
+                 averaged: bool = False) -> Decoded:
+  """Decodes ``split`` of ``data.corpus_dir`` with the model under ``root``.
+
+  ``decoding``: the shared config (None: m4moe-eval's own length rule, as
+  ``run.py`` decodes); ``averaged``: decode :func:`average_m4moe`'s
+  checkpoint.
+  """
   eval_path = root / f"eval_{split}.json"
   hyp_dir = hypotheses_path(root, split, data.language).parent
+  decode_flags = (decoding.m4moe_flags() if decoding else (
+      f"--beam_size={BEAM_SIZE}", f"--alpha={ALPHA}",
+      f"--batch_size={DECODE_BATCH}"))
   run_pinned(
       [sys.executable, "-m", "m4moe.cli.eval", f"--model_dir={root / 'model'}",
+       *(["--checkpoint=averaged"] if averaged else []),
        f"--vocab_dir={data.vocab_dir}", f"--corpus_dir={data.corpus_dir}",
        f"--split={split}", f"--languages={data.language}",
-       f"--max_sentences={max_sentences}", f"--beam_size={BEAM_SIZE}",
-       f"--alpha={ALPHA}", f"--batch_size={DECODE_BATCH}",
+       f"--max_sentences={max_sentences}", *decode_flags,
        f"--model_name={name}", "--kind=bilingual",
        f"--hypotheses_dir={hyp_dir}", f"--output={eval_path}"],
       core=core, log=root / f"eval_{split}.log",
@@ -257,18 +338,61 @@ def _driver(python: pathlib.Path, command: str, root: pathlib.Path,
 
 def train_peer(*, python: pathlib.Path, root: pathlib.Path, budget: Budget,
                seed: int, core: str) -> dict[str, Any]:
-  """Trains the peer prepared (with ``budget``) under ``root``."""
+  """Trains the peer prepared (with ``budget``) under ``root``.
+
+  Its summary gains ``throughput.summary`` of the driver's steps.jsonl
+  (``target_tokens_per_sec``: the definition shared with ours).
+
+  Raises:
+    toolkit.PeerError: training failed, or its steps log is damaged.
+  """
+  config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+  steps_log = root / throughput.PEER_STEPS_FILENAME
   run_pinned([*_driver(python, "train", root, seed),
               f"--budget_seconds={budget.seconds or NO_TIME_LIMIT}",
+              f"--max_step={config['train']['max_step']}",
+              f"--steps_log={steps_log}",
               f"--summary={root / 'train.json'}"],
              core=core, log=root / "train.log", what=f"{root.name} training")
-  return json.loads((root / "train.json").read_text(encoding="utf-8"))
+  summary = json.loads((root / "train.json").read_text(encoding="utf-8"))
+  try:
+    return {**summary,
+            **throughput.summary(throughput.peer_intervals(steps_log))}
+  except ValueError as e:
+    raise toolkit.PeerError(f"{steps_log}: {e}") from e
+
+
+def _peer_features(testset: testsets_lib.TestSet, *, source_sp: Any,
+                   path: pathlib.Path, decoding: Decoding | None
+                   ) -> tuple[list[int], int]:
+  """Writes the peer's features; returns their input indices and cuts.
+
+  With ``decoding`` (sorted by length) only the non-empty sources are
+  written, shortest first, as our translator batches them; without it
+  every source in input order (``run.py``).
+  """
+  max_pieces = decoding.max_source_pieces if decoding else MAX_LENGTH - 2
+  if decoding is None or not decoding.sort_by_length:
+    order = list(range(len(testset.sources)))
+  else:
+    lengths = [min(len(source_sp.encode(s, out_type=str)), max_pieces)
+               if s.strip() else 0 for s in testset.sources]
+    order = sorted_order(lengths)
+  truncated = toolkit.write_test_pieces(
+      [testset.sources[i] for i in order], source_sp=source_sp, path=path,
+      max_pieces=max_pieces)
+  return order, sum(truncated)
 
 
 def decode_peer(*, python: pathlib.Path, data: Data, root: pathlib.Path,
                 testset: testsets_lib.TestSet, split: str, name: str,
-                seed: int, core: str) -> Decoded:
+                seed: int, core: str, decoding: Decoding | None = None,
+                average: int = 0) -> Decoded:
   """Decodes ``testset`` with the peer trained under ``root`` and scores it.
+
+  ``decoding``: the shared config (the run config's cap was written from
+  it by :func:`prepare_peer`); ``average``: decode the mean of the last
+  N checkpoints.
 
   Raises:
     toolkit.PeerError: decoding failed or gave the wrong number of lines.
@@ -276,33 +400,35 @@ def decode_peer(*, python: pathlib.Path, data: Data, root: pathlib.Path,
   source_sp = vocab_lib.load(data.vocab_dir / "source.model")
   target_sp = vocab_lib.load(data.vocab_dir / "target.model")
   features = root / "data" / f"{split}.{data.language}.src"
-  # Our translator keeps tag + pieces + EOS within MAX_LENGTH.
-  truncated = toolkit.write_test_pieces(testset.sources, source_sp=source_sp,
-                                        path=features,
-                                        max_pieces=MAX_LENGTH - 2)
+  order, truncated = _peer_features(testset, source_sp=source_sp,
+                                    path=features, decoding=decoding)
   predictions = root / f"{split}.{data.language}.en.pieces"
   summary = root / f"decode_{split}.json"
   run_pinned([*_driver(python, "infer", root, seed), f"--features={features}",
-              f"--predictions={predictions}", f"--summary={summary}"],
+              f"--predictions={predictions}", f"--summary={summary}",
+              f"--average={average}"],
              core=core, log=root / f"decode_{split}.log",
              what=f"{root.name} decoding ({split})")
   decode = json.loads(summary.read_text(encoding="utf-8"))
   lines = examples_lib.read_hypotheses(predictions)
-  if len(lines) != len(testset.sources):
+  if len(lines) != len(order):
     raise toolkit.PeerError(f"{predictions}: {len(lines)} lines for "
-                            f"{len(testset.sources)} sentences")
-  hyps = [toolkit.detokenize(line, target_sp=target_sp) if src.strip()
-          else "" for line, src in zip(lines, testset.sources)]
+                            f"{len(order)} sentences")
+  hyps = [""] * len(testset.sources)
+  for index, line in zip(order, lines):
+    if testset.sources[index].strip():
+      hyps[index] = toolkit.detokenize(line, target_sp=target_sp)
   result = evaluate_lib.evaluate(
       lambda sources, **_: hyps, [testset], model=name, kind="bilingual",
-      metadata={"system": PEER_NAME, "beam_size": BEAM_SIZE,
-                "length_penalty": ALPHA, "split": split, "decode": decode,
-                "sources_truncated": sum(truncated)})
+      metadata={"system": PEER_NAME, "split": split, "decode": decode,
+                "decoding": (decoding.to_dict() if decoding else {
+                    "beam_size": BEAM_SIZE, "length_penalty": ALPHA}),
+                "sources_truncated": truncated})
   eval_path = root / f"eval_{split}.json"
   results.write_eval_json(result, eval_path)
   write_hypotheses(hypotheses_path(root, split, data.language), hyps)
   score = result.languages[data.language]
   return Decoded(split=split, hypotheses=hyps,
-                 sentences=int(decode["sentences"]),
+                 sentences=len(testset.sources),
                  seconds=float(decode["seconds"]), eval_path=eval_path,
                  bleu=float(score.bleu), chrf=float(score.chrf))

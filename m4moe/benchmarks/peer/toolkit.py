@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sentencepiece as spm
 
+from m4moe.benchmarks.peer import throughput
 from m4moe.training import metrics_log
 
 # The peer's exact pins: OpenNMT-tf 2.32 needs TF 2.13 and addons;
@@ -269,11 +270,20 @@ class PeerRecipe:
 
   Attributes:
     learning_rate: Adam's peak rate, reached after ``warmup_steps``.
-    warmup_steps: linear warmup, then lr * sqrt(warmup_steps / step).
+    warmup_steps: linear warmup, then the ``decay``.
+    decay: ``rsqrt`` (InvSqrtDecay: lr * sqrt(warmup_steps / step)) or
+      ``cosine`` (CosineAnnealing to 0 at ``planned_steps``).
+    planned_steps: the run's planned steps (the cosine's end; 0 with
+      ``rsqrt`` and a wall-clock budget).
     beta1, beta2: Adam's moment decay rates.
+    clipnorm: Adam's per-variable gradient norm clip (0: off), the
+      ``optimizer_params`` OpenNMT-tf's own ``clip_gradients`` becomes.
+    checkpoint_every, keep_checkpoints: checkpoints kept for averaging
+      (0: only the final one).
     label_smoothing: training label smoothing.
     batch_tokens: tokens per training batch (OpenNMT-tf token batches).
     max_length: longest training sequence on either side, in tokens.
+    max_decode_length: most target tokens a decoded sentence may have.
     beam_size: beam width at test time.
     length_penalty: GNMT length-penalty alpha.
     decode_batch_size: test sentences per beam-search batch.
@@ -282,11 +292,17 @@ class PeerRecipe:
 
   learning_rate: float = 5e-4
   warmup_steps: int = 300
+  decay: str = "rsqrt"
+  planned_steps: int = 0
   beta1: float = 0.9
   beta2: float = 0.999
+  clipnorm: float = 0.0
+  checkpoint_every: int = 0
+  keep_checkpoints: int = 2
   label_smoothing: float = 0.1
   batch_tokens: int = 4096
   max_length: int = 64
+  max_decode_length: int = 64
   beam_size: int = 4
   length_penalty: float = 0.6
   decode_batch_size: int = 32
@@ -305,6 +321,19 @@ class PeerRecipe:
       raise ValueError(f"max_length={self.max_length}, batch_tokens="
                        f"{self.batch_tokens}: need 4 <= max_length <= "
                        "batch_tokens")
+    if self.decay not in ("rsqrt", "cosine") or (
+        self.decay == "cosine" and self.planned_steps <= self.warmup_steps):
+      raise ValueError(f"decay={self.decay!r} with warmup_steps="
+                       f"{self.warmup_steps}, planned_steps="
+                       f"{self.planned_steps}: use rsqrt, or cosine with "
+                       "planned_steps past the warmup")
+    if min(self.clipnorm, self.checkpoint_every) < 0 or (
+        self.keep_checkpoints < 1 or self.max_decode_length < 1):
+      raise ValueError(f"clipnorm={self.clipnorm}, checkpoint_every="
+                       f"{self.checkpoint_every}, keep_checkpoints="
+                       f"{self.keep_checkpoints}, max_decode_length="
+                       f"{self.max_decode_length}: use clipnorm and "
+                       "checkpoint_every >= 0 (0: off), the others >= 1")
     for name in ("beta1", "beta2", "label_smoothing"):
       if not 0 <= getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)}: use a value in "
@@ -328,14 +357,32 @@ class PeerFiles:
 NO_STEP_LIMIT = 10_000_000
 
 
+def _optimizer_params(recipe: PeerRecipe) -> dict[str, float]:
+  params = {"beta_1": recipe.beta1, "beta_2": recipe.beta2}
+  if recipe.clipnorm:
+    params["clipnorm"] = recipe.clipnorm
+  return params
+
+
+def _decay(recipe: PeerRecipe) -> dict[str, Any]:
+  """The schedule: a linear warmup, then inverse-sqrt or cosine decay."""
+  if recipe.decay == "cosine":
+    return {"decay_type": "CosineAnnealing",
+            "decay_params": {"warmup_steps": recipe.warmup_steps,
+                             "max_step": recipe.planned_steps,
+                             "eta_min": 0.0}}
+  return {"decay_type": "InvSqrtDecay",
+          "decay_params": {"warmup_steps": recipe.warmup_steps}}
+
+
 def run_config(*, recipe: PeerRecipe, files: PeerFiles,
                model_dir: pathlib.Path,
                max_step: int = NO_STEP_LIMIT) -> dict[str, Any]:
   """OpenNMT-tf's run configuration (written as JSON, which YAML reads).
 
-  Checkpoints and dev evaluations happen only when the training ends (at
-  the driver's time budget or at ``max_step``), then once each, as for our
-  trainer.
+  Dev evaluations happen only when the training ends (at the driver's
+  time budget or at ``max_step``), once, as for our trainer; checkpoints
+  too, unless ``recipe.checkpoint_every`` keeps some for averaging.
   """
   return {
       "model_dir": str(model_dir),
@@ -349,16 +396,14 @@ def run_config(*, recipe: PeerRecipe, files: PeerFiles,
       },
       "params": {
           "optimizer": "Adam",
-          "optimizer_params": {"beta_1": recipe.beta1,
-                               "beta_2": recipe.beta2},
+          "optimizer_params": _optimizer_params(recipe),
           "learning_rate": recipe.learning_rate,
-          "decay_type": "InvSqrtDecay",
-          "decay_params": {"warmup_steps": recipe.warmup_steps},
+          **_decay(recipe),
           "label_smoothing": recipe.label_smoothing,
           "average_loss_in_time": True,
           "beam_width": recipe.beam_size,
           "length_penalty": recipe.length_penalty,
-          "maximum_decoding_length": recipe.max_length,
+          "maximum_decoding_length": recipe.max_decode_length,
           "num_hypotheses": 1,
       },
       "train": {
@@ -366,8 +411,8 @@ def run_config(*, recipe: PeerRecipe, files: PeerFiles,
           "batch_type": "tokens",
           "effective_batch_size": None,
           "max_step": max_step,
-          "save_checkpoints_steps": NO_STEP_LIMIT,
-          "keep_checkpoint_max": 2,
+          "save_checkpoints_steps": recipe.checkpoint_every or NO_STEP_LIMIT,
+          "keep_checkpoint_max": max(2, recipe.keep_checkpoints),
           "save_summary_steps": recipe.report_every,
           "maximum_features_length": recipe.max_length,
           "maximum_labels_length": recipe.max_length,
@@ -401,7 +446,9 @@ def m4moe_train_summary(metrics_path: pathlib.Path, *,
 
   ``tokens_per_sec`` (source + target non-padding tokens) is the mean over
   the logging intervals after the first, which holds graph tracing;
-  ``steps_per_sec`` is steps over the training loop's seconds.
+  ``target_tokens_per_sec`` is ``throughput.DEFINITION``, the one compared
+  with the peer's; ``steps_per_sec`` is steps over the training loop's
+  seconds.
 
   Raises:
     PeerError: the run did not finish (no ``end`` record), has no dev
@@ -424,11 +471,15 @@ def m4moe_train_summary(metrics_path: pathlib.Path, *,
       r["tokens_per_sec"] for r in train]
   seconds = float(end[-1]["train_seconds"])
   steps = int(end[-1]["step"])
+  try:
+    rate = throughput.summary(throughput.m4moe_intervals(records))
+  except ValueError as e:
+    raise PeerError(f"{metrics_path}: {e}") from e
   return {"steps": steps, "train_seconds": round(seconds, 1),
           "steps_per_sec": round(steps / max(seconds, 1e-9), 4),
           "tokens_per_sec": round(sum(rates) / max(len(rates), 1), 1),
           "dev_ce": round(float(evals[-1]["dev_ce"][language]), 4),
-          "stopped_by": end[-1].get("stopped_by")}
+          "stopped_by": end[-1].get("stopped_by"), **rate}
 
 
 def system_record(*, train: Mapping[str, Any], bleu: float, chrf: float,

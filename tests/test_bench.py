@@ -275,6 +275,25 @@ def test_recipe_models_add_flags_and_name_the_unknown(one_layer_configs):
     train_step.recipe_models(recipe, ["big"])
 
 
+def test_recipe_models_leave_out_budgets_and_load_as_model_configs():
+  # A recipe that selects at equal CPU time gives each model a budget
+  # flag, which is m4moe-train's and not a model flag: the step keeps
+  # every other flag and its config loads.
+  from m4moe import config as config_lib  # pylint: disable=g-import-not-at-top
+  from m4moe.pipeline import recipes  # pylint: disable=g-import-not-at-top
+  recipe = recipes.load_recipe("study4_screen")
+  names = [model.name for model in recipe.models]
+  models = train_step.recipe_models(recipe, names)
+  for model in recipe.models:
+    config, flags = models[model.name]
+    assert flags == tuple(f for f in model.extra_flags
+                          if not f.startswith("--max_train_cpu_seconds="))
+    assert len(flags) == len(model.extra_flags) - 1
+    loaded = config_lib.load_model_config(
+        config, flags, src_vocab_size=16000, tgt_vocab_size=8000)
+    assert loaded.num_encoder_layers == 2
+
+
 @pytest.mark.slow
 def test_recipe_step_tiny(one_layer_configs):
   recipe = _tiny_recipe(one_layer_configs)

@@ -186,13 +186,21 @@ def packed_batch(*, rows: int, length: int, source_vocab_size: int,
   return batch
 
 
+# m4moe-train flags a recipe model may carry that say when training stops
+# and nothing about a step (a recipe that selects at equal CPU time gives
+# every model --max_train_cpu_seconds).
+BUDGET_FLAGS = ("max_train_seconds", "max_train_cpu_seconds")
+
+
 def recipe_models(recipe: recipes.Recipe, specs: Sequence[str]
                   ) -> dict[str, tuple[str, tuple[str, ...]]]:
   """``{spec: (config, extra flags)}`` of recipe models named by ``specs``.
 
   A spec is a model name, optionally followed by further flags joined with
   ``+`` (``moe_E32_every+--dispatch=index``): the same model with those
-  flags after its own, for an A/B of one option in one process.
+  flags after its own, for an A/B of one option in one process. The
+  model's budget flags (:data:`BUDGET_FLAGS`: when training stops, not
+  what a step does) are left out of the step's flags.
 
   Raises:
     ValueError: a spec names no model of the recipe.
@@ -205,7 +213,9 @@ def recipe_models(recipe: recipes.Recipe, specs: Sequence[str]
       raise ValueError(f"--recipe_models: {recipe.name} has no model {name!r};"
                        f" use any of {','.join(by_name)}")
     model = by_name[name]
-    out[spec] = (model.config, tuple(model.extra_flags) + tuple(flags))
+    own = tuple(flag for flag in model.extra_flags
+                if flag.split("=", 1)[0].lstrip("-") not in BUDGET_FLAGS)
+    out[spec] = (model.config, own + tuple(flags))
   return out
 
 

@@ -18,7 +18,8 @@
 * ``runs``: one candidate run (train, check the schedule, decode).
 * ``select``: chooses both systems' recipes on the dev set at one token
   budget and runs the final comparison at the same budget.
-* ``final_runs``: the final comparison's runs; ``final``: its report.
+* ``final_runs``: the final comparison's runs.
+* ``final``: the final comparison's report.
 
 See README.md beside this file and docs/peer.md.
 """

@@ -40,8 +40,12 @@ class TrainingCost:
     batch_tokens: tokens per batch.
     device_hours: devices x wall hours.
     wall_hours: first to last record.
-    steps: last step.
+    steps: last step: the end record's where the run ended, else the last
+      logged training step (a run stops between its log lines).
     tokens: last tokens_seen.
+    train_cpu_seconds: the CPU seconds its training steps used in all, from
+      the end record (what ``--max_train_cpu_seconds`` budgets; None: the
+      run has not ended, or ended before the trainer recorded it).
   """
 
   devices: int | None
@@ -52,6 +56,7 @@ class TrainingCost:
   wall_hours: float | None
   steps: int | None
   tokens: int | None
+  train_cpu_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +147,11 @@ def training_cost(records: Sequence[dict]) -> TrainingCost:
   wall = (max(times) - min(times)) / 3600 if len(times) >= 2 else None
   device_count = max(devices) if devices else None
   tokens = [_tokens(r) for r in train if _tokens(r) is not None]
+  ends = [r for r in records
+          if r.get("kind") == "end" and _num(r.get("step")) is not None]
+  steps = [int(r["step"]) for r in train] + [int(r["step"]) for r in ends]
+  cpu = [float(r["train_cpu_seconds"]) for r in ends
+         if _num(r.get("train_cpu_seconds")) is not None]
   return TrainingCost(
       devices=device_count, steps_per_sec=_steps_per_sec(train),
       cpu_sec_per_step=_cpu_sec_per_step(train),
@@ -149,8 +159,9 @@ def training_cost(records: Sequence[dict]) -> TrainingCost:
       device_hours=(device_count * wall
                     if device_count and wall is not None else None),
       wall_hours=wall,
-      steps=int(max(r["step"] for r in train)) if train else None,
-      tokens=int(tokens[-1]) if tokens else None)
+      steps=max(steps) if train else None,
+      tokens=int(tokens[-1]) if tokens else None,
+      train_cpu_seconds=cpu[-1] if cpu else None)
 
 
 def tokens_to_reach(records: Sequence[dict],

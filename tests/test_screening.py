@@ -101,6 +101,33 @@ def test_candidates_rank_by_best_dev_ce(tmp_path):
   assert [l.split("|")[2].strip() for l in lines] == ["b", "a", "c"]
 
 
+def test_a_run_stopped_by_its_cpu_budget_between_log_lines(tmp_path):
+  # A run stopped by --max_train_cpu_seconds ends between its log lines:
+  # its steps are the end record's, and its training CPU seconds are shown
+  # so the table shows the budgets were equal.
+  path = tmp_path / "screen.toml"
+  path.write_text(_RECIPE)
+  recipe = recipes_lib.load_recipe(str(path))
+  run_dir = tmp_path / "run"
+  _run(run_dir, "a_s1", [(10, 3.2), (20, 3.0)], bleu={"de": 10.0},
+       cpu={10: 0.4, 20: 0.5})
+  metrics = run_dir / "models" / "a_s1" / "metrics.jsonl"
+  with metrics.open("a") as out:
+    out.write(json.dumps({"kind": "eval", "step": 23, "dev_ce_mean": 2.9})
+              + "\n" + json.dumps({"kind": "end", "step": 23,
+                                   "stopped_by": "cpu_budget",
+                                   "train_cpu_seconds": 10.25}) + "\n")
+  files = landing.RunFiles(run_dir=run_dir)
+  row = screening.candidate(recipe.models[0], "a_s1", files, ce_target=2.96)
+  assert (row.steps, row.train_cpu_seconds) == (23, 10.25)
+  assert (row.best_dev_ce, row.best_step) == (2.9, 23)
+  table = screening.markdown(recipe, [row], ce_target=2.96)
+  header, _, line = [l for l in table.splitlines() if l.startswith("|")]
+  cells = dict(zip([c.strip() for c in header.split("|")],
+                   [c.strip() for c in line.split("|")]))
+  assert (cells["steps"], cells["train CPU s"]) == ("23", "10")
+
+
 def test_the_tool_refuses_a_recipe_that_scores_test(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "m4moe.pipeline.screening", "--recipe=demo",

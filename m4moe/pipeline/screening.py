@@ -78,6 +78,7 @@ class Candidate:
   executed_ffn_fraction: dict[str, float] | None = None
   steps_per_sec: float | None = None
   cpu_sec_per_step: float | None = None
+  train_cpu_seconds: float | None = None
   num_params: int | None = None
   flags: tuple[str, ...] = ()
   steps_to_target: float | None = None
@@ -181,6 +182,7 @@ def candidate(model: recipes_lib.ModelRun, run: str,
       final_dev_ce=points[-1][1] if points else None, dev_bleu=bleu,
       dev_languages=languages, executed_ffn_fraction=_executed(records),
       steps_per_sec=cost.steps_per_sec, cpu_sec_per_step=cpu_per_step,
+      train_cpu_seconds=cost.train_cpu_seconds,
       num_params=start[0].get("num_params") if start else None,
       flags=model.extra_flags,
       bucket_dev_ce=_bucket_dev_ce(
@@ -239,7 +241,10 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
            "(encoder / decoder means). CPU s/step = the trainer's median "
            "CPU seconds per step (all threads; a shared core's other work "
            "does not inflate it, unlike steps/s; it is the code of that run's "
-           f"time). To CE {ce_target:g}: the step and the training CPU "
+           "time). Train CPU s = the CPU seconds all its training steps "
+           "used (the end record's; a budget of equal CPU time, "
+           "`--max_train_cpu_seconds`, stops each run at about the same "
+           f"value). To CE {ce_target:g}: the step and the training CPU "
            "seconds (summed over the logged intervals; for runs with CPU "
            "times for part of training, the steps times the median) at "
            "which dev CE first reaches it, linear between evaluations: the "
@@ -251,10 +256,10 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
            "| rank | candidate | status | steps | best dev CE (step) | final "
            "dev CE | dev CE high / mid / low | dev BLEU (langs) | executed "
            "FFN enc / dec | steps/s | "
-           f"CPU s/step | steps to CE {ce_target:g} | CPU s to CE "
-           f"{ce_target:g} | params |",
+           f"CPU s/step | train CPU s | steps to CE {ce_target:g} | CPU s to "
+           f"CE {ce_target:g} | params |",
            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-           "---:|"]
+           "---:|---:|"]
   ranked = dev_ranking.best_first(rows, score=lambda c: (
       None if c.best_dev_ce is None else (c.best_dev_ce,)))
   for rank, c in ranked:
@@ -270,6 +275,7 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
         f"| {_cell(c.dev_bleu, '.2f')} "
         f"({c.dev_languages}) | {executed} | {_cell(c.steps_per_sec, '.3f')} "
         f"| {_cell(c.cpu_sec_per_step, '.3f')} "
+        f"| {_cell(c.train_cpu_seconds, ',.0f')} "
         f"| {_cell(c.steps_to_target, '.0f')} "
         f"| {_cell(c.cpu_sec_to_target, ',.0f')} "
         f"| {_cell(c.num_params, ',d')} |")

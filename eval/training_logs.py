@@ -216,7 +216,11 @@ def cpu_seconds_at(records: Sequence[dict]) -> dict[int, float] | None:
   Each logged interval's ``step_cpu_sec`` times its steps (evaluations and
   checkpoints excluded, so this is the training compute). None if any
   logged interval lacks ``step_cpu_sec`` (logs written before the trainer
-  measured it), so a partial sum is never mistaken for the total.
+  measured it), so a partial sum is never mistaken for the total. A run
+  that ended after its last logged step (a budget stops it between log
+  lines) adds its end step with the end record's ``train_cpu_seconds``,
+  the trainer's own total (never below the logged sum, so the curve keeps
+  rising).
   """
   out, total, last = {}, 0.0, 0
   for record in sorted(_train_records(records), key=lambda r: r["step"]):
@@ -226,6 +230,12 @@ def cpu_seconds_at(records: Sequence[dict]) -> dict[int, float] | None:
     step = int(record["step"])
     total += cpu * (step - last)
     out[step], last = total, step
+  ends = [r for r in records if r.get("kind") == "end"
+          and _num(r.get("step")) is not None
+          and _num(r.get("train_cpu_seconds")) is not None]
+  if out and ends and int(ends[-1]["step"]) > last:
+    out[int(ends[-1]["step"])] = max(total, float(
+        ends[-1]["train_cpu_seconds"]))
   return out or None
 
 

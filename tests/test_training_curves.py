@@ -31,6 +31,14 @@ def test_cpu_seconds_add_each_interval_and_refuse_partial_logs():
   # 50 x 2.0, then 50 x 1.0, then 20 x 0.5.
   assert training_logs.cpu_seconds_at(records) == {50: 100.0, 100: 150.0,
                                                    120: 160.0}
+  # A budget stopped the run between log lines: its end step carries the
+  # trainer's own total, so evaluations after the last log line have a
+  # CPU time too.
+  ended = records + [{"kind": "eval", "step": 131, "dev_ce_mean": 4.0},
+                     {"kind": "end", "step": 131,
+                      "train_cpu_seconds": 166.5}]
+  assert training_logs.cpu_seconds_at(ended) == {50: 100.0, 100: 150.0,
+                                                 120: 160.0, 131: 166.5}
   del records[1]["step_cpu_sec"]
   assert training_logs.cpu_seconds_at(records) is None
 

@@ -208,3 +208,34 @@ def test_bilingual_probes_are_bucketed_among_each_other(tmp_path):
   table = screening.markdown(recipes_lib.load_recipe(str(recipe_path)), [],
                              ce_target=3.0, buckets=only)
   assert "high: ru; mid: -; low: -" in table
+
+
+def test_at_equal_measured_cost_the_ranking_can_turn(tmp_path):
+  # b has the better dev CE at its end, but its step costs 1.5 of a's:
+  # the most reference steps both reached is a's 30; there b is at its
+  # step 20 (3.0), behind a (2.9). c has not started: no value, ranked
+  # last.
+  path = tmp_path / "screen.toml"
+  path.write_text(_RECIPE)
+  recipe = recipes_lib.load_recipe(str(path))
+  run_dir = tmp_path / "run"
+  _run(run_dir, "a_s1", [(10, 3.4), (20, 3.1), (30, 2.9)], bleu={"de": 1.0})
+  _run(run_dir, "b_s1", [(10, 3.3), (20, 3.0), (30, 2.8)], bleu={"de": 1.0})
+  files = landing.RunFiles(run_dir=run_dir)
+  rows = [screening.candidate(m, run, files, ce_target=2.96)
+          for m in recipe.models for run, _ in m.runs()]
+  rows, budget = screening.at_equal_cost(rows, files,
+                                         {"a": 1.0, "b": 1.5, "c": 1.2})
+  assert budget == 30
+  by_name = {r.name: r for r in rows}
+  assert by_name["a"].equal_cost_dev_ce == pytest.approx(2.9)
+  assert by_name["b"].equal_cost_dev_ce == pytest.approx(3.0)
+  assert by_name["c"].equal_cost_dev_ce is None
+  table = screening.markdown(recipe, rows, ce_target=2.96, budget=budget)
+  assert "dev CE at equal cost" in table and "at 30 reference steps" in table
+  lines = [l for l in table.splitlines() if l.startswith("| ")][1:]
+  assert [l.split("|")[2].strip() for l in lines] == ["a", "b", "c"]
+  # Without costs, the best dev CE ranks: b first.
+  plain = screening.markdown(recipe, rows, ce_target=2.96)
+  lines = [l for l in plain.splitlines() if l.startswith("| ")][1:]
+  assert [l.split("|")[2].strip() for l in lines] == ["b", "a", "c"]

@@ -12,6 +12,8 @@
 * ``curves``: dev CE curves of runs against a reference, at equal steps
   and CPU time.
 * ``screening``: the selection table of a dev-only recipe.
+* ``equal_cost``: candidates read at equal measured step cost, which the
+  machine's drifting speed does not move.
 * ``baseline_rates``: each bilingual baseline's peak rate, chosen per
   language on dev CE.
 """

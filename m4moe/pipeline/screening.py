@@ -34,6 +34,7 @@ from m4moe.eval import dev_ranking
 from m4moe.eval import results as results_lib
 from m4moe.eval import training_logs
 from m4moe.pipeline import curves as curves_lib
+from m4moe.pipeline import equal_cost
 from m4moe.pipeline import landing
 from m4moe.pipeline import recipes as recipes_lib
 from m4moe.training import metrics_log
@@ -57,6 +58,13 @@ def _define_flags() -> None:
                       "run directory has no training log of.")
   flags.DEFINE_string("output", None,
                       "Directory for screening.md and screening.json.")
+  flags.DEFINE_list(
+      "step_costs", [],
+      "Step-cost files (what `m4moe-bench recipe_step --clock=cpu "
+      "--step_recipe=RECIPE` prints; several are averaged): then each "
+      "candidate is also read at equal measured cost, the largest number "
+      "of reference steps every candidate reached "
+      "(m4moe.pipeline.equal_cost), and ranked there.")
   flags.DEFINE_float(
       "ce_target", 3.2,
       "Dev CE whose cost the table compares: the steps and CPU seconds "
@@ -84,6 +92,8 @@ class Candidate:
   steps_to_target: float | None = None
   cpu_sec_to_target: float | None = None
   bucket_dev_ce: dict[str, float] | None = None
+  step_cost: float | None = None
+  equal_cost_dev_ce: float | None = None
 
 
 def _executed(records: Sequence[dict]) -> dict[str, float] | None:
@@ -190,6 +200,28 @@ def candidate(model: recipes_lib.ModelRun, run: str,
       **_to_target(curve, ce_target, cpu_per_step=cpu_per_step))
 
 
+def at_equal_cost(rows: Sequence[Candidate], files: landing.RunFiles,
+                  costs: dict[str, float]
+                  ) -> tuple[list[Candidate], float | None]:
+  """``rows`` with their step cost and dev CE at the common budget of
+  reference steps (:mod:`m4moe.pipeline.equal_cost`), and that budget."""
+  curves = {row.name: list(curves_lib.read_curve(files, row.run).points)
+            for row in rows if row.status != "not started"}
+  finished = {name: curve for name, curve in curves.items()
+              if any(r.name == name and r.status in ("scored", "trained")
+                     for r in rows)}
+  budget = equal_cost.common_budget(finished, costs)
+  out = []
+  for row in rows:
+    cost = costs.get(row.name)
+    value = (equal_cost.dev_ce_at(curves[row.name], cost=cost, budget=budget)
+             if cost is not None and budget is not None
+             and row.name in curves else None)
+    out.append(dataclasses.replace(row, step_cost=cost,
+                                   equal_cost_dev_ce=value))
+  return out, budget
+
+
 def _own_step(step: int | None, source: tuple[str, int] | None
               ) -> int | None:
   """The run's own log step of a curve step (an upcycled run's curve
@@ -228,9 +260,25 @@ def _buckets_text(buckets: dict[str, str]) -> str:
           + "; ".join(parts) + ").")
 
 
+def _equal_cost_text(budget: float | None) -> str:
+  """The table's note on the equal-cost columns ('' without them)."""
+  if budget is None:
+    return ""
+  return (" Ranked instead by the dev CE at equal measured cost: step cost "
+          "= the candidate's training step over the reference's (the cost "
+          "file's first model), measured interleaved in one process "
+          "(`m4moe-bench recipe_step --clock=cpu`); each candidate's dev CE "
+          f"read at {budget:,.0f} reference steps (its steps x its step "
+          "cost), the most every finished candidate reached, linear between "
+          "its evaluations. Unlike logged CPU seconds, this does not drift "
+          "with the machine's speed while the candidates train.")
+
+
 def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
-             ce_target: float, buckets: dict[str, str] | None = None) -> str:
-  """The ranked table (best dev CE first; unmeasured candidates last)."""
+             ce_target: float, buckets: dict[str, str] | None = None,
+             budget: float | None = None) -> str:
+  """The ranked table (best dev CE first, or with ``budget`` the dev CE at
+  equal measured cost; unmeasured candidates last)."""
   lines = [f"# {recipe.name}: selection on dev", "",
            "Ranked by the best token-weighted dev cross-entropy over the "
            "recipe's languages (lower is better); dev BLEU is the mean over "
@@ -252,16 +300,19 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
            "include its source run's. Regenerate: `python3 -m "
            "m4moe.pipeline.screening --recipe=RECIPE --run_dir=RUN_DIR "
            f"[--landed=LANDED] --output=DIR --ce_target={ce_target:g}`."
-           + _buckets_text(buckets or {}), "",
+           + _buckets_text(buckets or {}) + _equal_cost_text(budget), "",
            "| rank | candidate | status | steps | best dev CE (step) | final "
            "dev CE | dev CE high / mid / low | dev BLEU (langs) | executed "
            "FFN enc / dec | steps/s | "
            f"CPU s/step | train CPU s | steps to CE {ce_target:g} | CPU s to "
-           f"CE {ce_target:g} | params |",
+           f"CE {ce_target:g} | params |" + (
+               " step cost | dev CE at equal cost |" if budget else ""),
            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-           "---:|---:|"]
+           "---:|---:|" + ("---:|---:|" if budget else "")]
+  key = ((lambda c: c.equal_cost_dev_ce) if budget
+         else (lambda c: c.best_dev_ce))
   ranked = dev_ranking.best_first(rows, score=lambda c: (
-      None if c.best_dev_ce is None else (c.best_dev_ce,)))
+      None if key(c) is None else (key(c),)))
   for rank, c in ranked:
     executed = ("-" if not c.executed_ffn_fraction else " / ".join(
         f"{v:.2f}" for v in c.executed_ffn_fraction.values()))
@@ -278,7 +329,9 @@ def markdown(recipe: recipes_lib.Recipe, rows: Sequence[Candidate], *,
         f"| {_cell(c.train_cpu_seconds, ',.0f')} "
         f"| {_cell(c.steps_to_target, '.0f')} "
         f"| {_cell(c.cpu_sec_to_target, ',.0f')} "
-        f"| {_cell(c.num_params, ',d')} |")
+        f"| {_cell(c.num_params, ',d')} |" + (
+            f" {_cell(c.step_cost, '.3f')} "
+            f"| {_cell(c.equal_cost_dev_ce, '.3f')} |" if budget else ""))
   return "\n".join(lines) + "\n"
 
 
@@ -311,13 +364,23 @@ def main(argv: list[str]) -> None:
   buckets = resource_buckets(files, [run for _, run in runs])
   rows = [candidate(model, run, files, ce_target=target, buckets=buckets)
           for model, run in runs]
+  budget = None
+  if values.step_costs:
+    try:
+      costs = equal_cost.read_step_costs(
+          [pathlib.Path(p) for p in values.step_costs])
+    except (OSError, ValueError) as e:
+      raise app.UsageError(f"--step_costs: {e}") from None
+    rows, budget = at_equal_cost(rows, files, costs)
   out = pathlib.Path(values.output)
   out.mkdir(parents=True, exist_ok=True)
-  text = markdown(recipe, rows, ce_target=target, buckets=buckets)
+  text = markdown(recipe, rows, ce_target=target, buckets=buckets,
+                  budget=budget)
   (out / "screening.md").write_text(text, encoding="utf-8")
   (out / "screening.json").write_text(json.dumps(
       {"recipe": recipe.name, "selected_on": "dev", "ce_target": target,
-       "buckets": buckets,
+       "buckets": buckets, "equal_cost_reference_steps": budget,
+       "step_costs": list(values.step_costs),
        "candidates": [dataclasses.asdict(r) for r in rows]}, indent=1),
       encoding="utf-8")
   print(text)

@@ -14,7 +14,7 @@ _MINIMAL = recipe_fixtures.MINIMAL
 def test_packaged_recipes_are_the_documented_ones():
   assert recipes_lib.packaged_names() == [
       "demo", "demo_pypi", "smoke", "study", "study3", "study3_baselines",
-      "study3_screen", "study4_screen"]
+      "study3_screen", "study4", "study4_screen"]
 
 
 def _flag(model, name: str) -> str | None:
@@ -213,3 +213,40 @@ def test_ood_holdout_needs_the_packaged_corpus(tmp_path):
   with pytest.raises(recipes_lib.RecipeError,
                      match="ood_holdout needs the packaged corpus recipe"):
     recipes_lib.load_recipe(str(path))
+
+
+def test_study4_confirms_the_selection_at_its_equal_cost(tmp_path):
+  # The confirmation trains each side's rank 1 of the committed selection
+  # to the cost it was ranked at: the dense model the common budget of
+  # reference steps, the MoE that budget over its measured step cost
+  # (the committed interleaved measurements), as fixed step budgets; the
+  # rest of each training command is the screen's, on the same data.
+  import json  # pylint: disable=g-import-not-at-top
+  from m4moe.pipeline import equal_cost  # pylint: disable=g-import-not-at-top
+  root = pathlib.Path(__file__).resolve().parents[1] / "results/study/v4"
+  table = json.loads((root / "screening/screening.json").read_text())
+  budget = table["equal_cost_reference_steps"]
+  costs = equal_cost.read_step_costs(
+      [root / "bench/step_costs_a.jsonl", root / "bench/step_costs_b.jsonl"])
+  ranked = sorted((c for c in table["candidates"]
+                   if c["equal_cost_dev_ce"] is not None),
+                  key=lambda c: c["equal_cost_dev_ce"])
+  screen = {m.name: m for m in recipes_lib.load_recipe("study4_screen").models}
+  best = {side: next(c["name"] for c in ranked
+                     if screen[c["name"]].config == side)
+          for side in ("tiny/dense", "tiny/moe")}
+  confirm = {m.name: m for m in recipes_lib.load_recipe("study4").models}
+  assert sorted(confirm) == sorted(best.values())
+  for name, model in confirm.items():
+    assert list(model.seeds) == [1, 2, 3]
+    assert abs(model.train_steps - budget / costs[name]) <= 1, name
+    assert list(model.extra_flags) == [
+        f for f in screen[name].extra_flags
+        if not f.startswith("--max_train_cpu_seconds=")]
+  commands = {
+      name: {stage.name: stage.command()[1:] for stage in plan_lib.plan(
+          recipes_lib.load_recipe(name), run_dir=tmp_path,
+          cache_dir=tmp_path / "cache")}
+      for name in ("study4_screen", "study4")}
+  for stage in ("corpus", "vocab"):
+    assert commands["study4"][stage] == commands["study4_screen"][stage]

@@ -39,6 +39,12 @@ def test_step_cost_files_must_share_a_reference_and_carry_speeds(tmp_path):
                      match=r"broken.jsonl: recipe_step line 2 \(moe\) has "
                      "no speed_vs_d"):
     equal_cost.read_step_costs([broken])
+  garbled = tmp_path / "garbled.jsonl"
+  garbled.write_text(json.dumps({"benchmark": "recipe_step", "model": "d"})
+                     + "\n{cut off\n")
+  with pytest.raises(equal_cost.StepCostError,
+                     match="garbled.jsonl:2: not a JSON line"):
+    equal_cost.read_step_costs([garbled])
   empty = tmp_path / "empty.jsonl"
   empty.write_text("\n")
   with pytest.raises(equal_cost.StepCostError, match="no recipe_step lines"):

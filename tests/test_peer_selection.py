@@ -701,12 +701,18 @@ def test_final_refuses_the_earlier_protocols_records(tmp_path):
   assert "m4moe_zoo, peer_ours" in err and "use a new --run_dir" in err
 
 
-def test_table_tests_each_candidate_against_its_centre_on_dev(tmp_path):
+def _write_dev_set(run_dir):
+  """Five English dev references in the selection corpus; returns them."""
   refs = ["the file is open", "close the window", "print it now",
           "save all files", "open a new page"]
-  (tmp_path / "data" / "selection_corpus" / "dev").mkdir(parents=True)
-  (tmp_path / "data" / "selection_corpus" / "dev" / "pt.tsv").write_text(
+  (run_dir / "data" / "selection_corpus" / "dev").mkdir(parents=True)
+  (run_dir / "data" / "selection_corpus" / "dev" / "pt.tsv").write_text(
       "".join(f"{r}\tx{i}\n" for i, r in enumerate(refs)), encoding="utf-8")
+  return refs
+
+
+def test_table_tests_each_candidate_against_its_centre_on_dev(tmp_path):
+  refs = _write_dev_set(tmp_path)
   (tmp_path / "data" / "manifest.json").write_text(json.dumps(
       {"language": "pt", "rule": "r", "dev": {
           "sentences": 5, "from_dev_split": 2, "from_train_carve": 3}}),
@@ -895,11 +901,7 @@ class _Scored:
 
 
 def test_dev_gap_of_the_picks_is_over_the_seeds_both_have(tmp_path):
-  refs = ["the file is open", "close the window", "print it now",
-          "save all files", "open a new page"]
-  (tmp_path / "data" / "selection_corpus" / "dev").mkdir(parents=True)
-  (tmp_path / "data" / "selection_corpus" / "dev" / "pt.tsv").write_text(
-      "".join(f"{r}\tx{i}\n" for i, r in enumerate(refs)), encoding="utf-8")
+  refs = _write_dev_set(tmp_path)
   hyps = {("m4moe_a", 0): refs, ("m4moe_a", 1): refs,
           ("peer_b", 0): ["the file", "close", "print it", "save", "a page"],
           ("peer_b", 1): ["file open", "close window", "print it now",

@@ -11,6 +11,15 @@ import recipe_fixtures
 _MINIMAL = recipe_fixtures.MINIMAL
 
 
+def _stage_commands(run_dir, names):
+  """``{recipe: {stage: its command without the interpreter}}``."""
+  return {
+      name: {stage.name: stage.command()[1:] for stage in plan_lib.plan(
+          recipes_lib.load_recipe(name), run_dir=run_dir,
+          cache_dir=run_dir / "cache")}
+      for name in names}
+
+
 def test_packaged_recipes_are_the_documented_ones():
   assert recipes_lib.packaged_names() == [
       "demo", "demo_pypi", "smoke", "study", "study3", "study3_baselines",
@@ -44,11 +53,7 @@ def test_study4_screen_compares_at_equal_cpu_time_on_study3_data(tmp_path):
     if model.config == "tiny/moe":
       assert int(_flag(model, "num_selected_experts")) * int(
           _flag(model, "expert_hidden_dim")) == 512, model.name
-  commands = {
-      name: {stage.name: stage.command()[1:] for stage in plan_lib.plan(
-          recipes_lib.load_recipe(name), run_dir=tmp_path,
-          cache_dir=tmp_path / "cache")}
-      for name in ("study3", "study4_screen")}
+  commands = _stage_commands(tmp_path, ("study3", "study4_screen"))
   for stage in ("corpus", "vocab"):
     assert commands["study3"][stage] == commands["study4_screen"][stage]
   assert not any("--split=test" in " ".join(command)
@@ -59,11 +64,7 @@ def test_study3_confirmation_dense_is_the_baselines_recipes_dense(tmp_path):
   # Seed 1 of the confirmation's dense model is copied from
   # study3_baselines (restore --from_run_dir --recipe=study3), which
   # requires the same training command, and the same corpus and vocab.
-  commands = {
-      name: {stage.name: stage.command()[1:] for stage in plan_lib.plan(
-          recipes_lib.load_recipe(name), run_dir=tmp_path,
-          cache_dir=tmp_path / "cache")}
-      for name in ("study3", "study3_baselines")}
+  commands = _stage_commands(tmp_path, ("study3", "study3_baselines"))
   # The ru baseline is the probe that chose the high third's recipe.
   for stage in ("corpus", "vocab", "train_dense_lr4x_ffn8th_s1",
                 "train_bilingual_ru_lr4x_ffn8th_s1"):
@@ -243,10 +244,6 @@ def test_study4_confirms_the_selection_at_its_equal_cost(tmp_path):
     assert list(model.extra_flags) == [
         f for f in screen[name].extra_flags
         if not f.startswith("--max_train_cpu_seconds=")]
-  commands = {
-      name: {stage.name: stage.command()[1:] for stage in plan_lib.plan(
-          recipes_lib.load_recipe(name), run_dir=tmp_path,
-          cache_dir=tmp_path / "cache")}
-      for name in ("study4_screen", "study4")}
+  commands = _stage_commands(tmp_path, ("study4_screen", "study4"))
   for stage in ("corpus", "vocab"):
     assert commands["study4"][stage] == commands["study4_screen"][stage]

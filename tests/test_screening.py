@@ -239,3 +239,22 @@ def test_at_equal_measured_cost_the_ranking_can_turn(tmp_path):
   plain = screening.markdown(recipe, rows, ce_target=2.96)
   lines = [l for l in plain.splitlines() if l.startswith("| ")][1:]
   assert [l.split("|")[2].strip() for l in lines] == ["b", "a", "c"]
+
+
+def test_the_tool_refuses_step_costs_of_another_recipe(tmp_path):
+  path = tmp_path / "screen.toml"
+  path.write_text(_RECIPE)
+  run_dir = tmp_path / "run"
+  _run(run_dir, "a_s1", [(10, 3.4), (20, 3.1)], bleu={"de": 1.0})
+  costs = tmp_path / "costs.jsonl"
+  costs.write_text("\n".join(json.dumps(line) for line in (
+      {"benchmark": "recipe_step", "model": "a"},
+      {"benchmark": "recipe_step", "model": "zz", "speed_vs_a": 0.9})) + "\n")
+  proc = subprocess.run(
+      [sys.executable, "-m", "m4moe.pipeline.screening", f"--recipe={path}",
+       f"--run_dir={run_dir}", f"--output={tmp_path / 'out'}",
+       f"--step_costs={costs}"],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode != 0
+  assert "--step_costs: zz are not candidates of" in proc.stderr
+  assert not (tmp_path / "out").exists()

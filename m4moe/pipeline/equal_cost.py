@@ -44,10 +44,8 @@ def read_step_costs(paths: Sequence[pathlib.Path]) -> dict[str, float]:
   ratios: dict[str, list[float]] = {}
   reference = None
   for path in paths:
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
-             if line.strip()]
-    records = [json.loads(line) for line in lines]
-    records = [r for r in records if r.get("benchmark") == "recipe_step"]
+    records = [r for r in _json_lines(path)
+               if r.get("benchmark") == "recipe_step"]
     if not records:
       raise StepCostError(f"{path}: no recipe_step lines; give the output "
                           "of m4moe-bench recipe_step")
@@ -65,6 +63,23 @@ def read_step_costs(paths: Sequence[pathlib.Path]) -> dict[str, float]:
                             f"speed_vs_{first}")
       ratios.setdefault(record["model"], []).append(1.0 / speed)
   return {model: statistics.fmean(values) for model, values in ratios.items()}
+
+
+def _json_lines(path: pathlib.Path) -> list[dict]:
+  """The file's JSON objects, one per non-empty line."""
+  out = []
+  for number, line in enumerate(
+      path.read_text(encoding="utf-8").splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise StepCostError(f"{path}:{number}: not a JSON line ({e.msg}); "
+                          "give the output of m4moe-bench recipe_step") from e
+    if isinstance(record, dict):
+      out.append(record)
+  return out
 
 
 def reference_steps(curve: Sequence[tuple[int, float]], cost: float

@@ -371,6 +371,12 @@ def main(argv: list[str]) -> None:
           [pathlib.Path(p) for p in values.step_costs])
     except (OSError, ValueError) as e:
       raise app.UsageError(f"--step_costs: {e}") from None
+    unknown = sorted(set(costs) - {model.name for model in recipe.models})
+    if unknown:
+      raise app.UsageError(
+          f"--step_costs: {', '.join(unknown)} are not candidates of "
+          f"{recipe.name}; measure with m4moe-bench recipe_step "
+          f"--step_recipe={values.recipe} and its model names")
     rows, budget = at_equal_cost(rows, files, costs)
   out = pathlib.Path(values.output)
   out.mkdir(parents=True, exist_ok=True)

@@ -93,23 +93,6 @@ def _expect(candidate: candidates_lib.Candidate, *, seed: int,
           "decoding": systems.Decoding().to_dict()}
 
 
-def _reused(path: pathlib.Path, expect: Mapping[str, Any]
-            ) -> dict[str, Any] | None:
-  """A finished run of exactly ``expect`` (None: none yet).
-
-  Raises:
-    ValueError: a finished run of something else is there.
-  """
-  if not path.is_file():
-    return None
-  record = json.loads(path.read_text(encoding="utf-8"))
-  changed = sorted(k for k, v in expect.items() if record.get(k) != v)
-  if changed:
-    raise ValueError(f"{path} ran with other {', '.join(changed)}: use a "
-                     "new --run_dir")
-  return record
-
-
 # Each system's own training logs, kept beside its final run record so that
 # a divergent or degenerate seed can be examined from the results alone.
 _LOGS = ("train.log", f"model/{metrics_log.METRICS_FILENAME}",
@@ -137,7 +120,7 @@ def final_run(*, candidate: candidates_lib.Candidate, seed: int,
   """One system and seed of the final comparison (reused when finished)."""
   path = run_dir / "final" / "runs" / f"{candidate.system}_s{seed}.json"
   expect = _expect(candidate, seed=seed, budget=budget)
-  record = _reused(path, expect)
+  record = selection.finished_record(path, expect=expect)
   if record is not None:
     return record
   root = runs_lib.fresh_dir(

@@ -155,21 +155,29 @@ def record_path(run_dir: pathlib.Path, candidate: str, seed: int
   return run_dir / "candidates" / f"{candidate}_s{seed}.json"
 
 
-def finished(path: pathlib.Path, *, expect: Mapping[str, Any]) -> bool:
-  """Whether ``path`` records a finished run of exactly ``expect``.
+def finished_record(path: pathlib.Path, *, expect: Mapping[str, Any]
+                    ) -> dict[str, Any] | None:
+  """The record at ``path`` of a finished run of exactly ``expect`` (None:
+  no run there yet).
 
   Raises:
     ValueError: the record exists but was run with other settings, budget
       or dev set (a different selection: use another --run_dir).
   """
   if not path.is_file():
-    return False
+    return None
   record = json.loads(path.read_text(encoding="utf-8"))
   changed = sorted(k for k, v in expect.items() if record.get(k) != v)
   if changed:
-    raise ValueError(f"{path} was run with other {', '.join(changed)}; use "
-                     "a new --run_dir for a different selection")
-  return True
+    raise ValueError(f"{path} ran with other {', '.join(changed)}: use a "
+                     "new --run_dir for a different selection or budget")
+  return record
+
+
+def finished(path: pathlib.Path, *, expect: Mapping[str, Any]) -> bool:
+  """Whether ``path`` records a finished run of exactly ``expect``
+  (:func:`finished_record`; the same error)."""
+  return finished_record(path, expect=expect) is not None
 
 
 def read_records(run_dir: pathlib.Path) -> list[dict[str, Any]]:
